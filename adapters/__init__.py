@@ -1,0 +1,1 @@
+"""Capture adapters, one module per framework; each imports its framework lazily."""

@@ -1,0 +1,53 @@
+"""Agent Lightning: train the LLM inside any existing agent with reinforcement learning.
+
+Public names are loaded on first use, so ``import agentlightning`` stays light (no torch, no framework).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "Call": "agentlightning.types",
+    "Reward": "agentlightning.types",
+    "Rollout": "agentlightning.types",
+    "Transition": "agentlightning.types",
+    "LLM": "agentlightning.types",
+    "ErrorInfo": "agentlightning.types",
+    "rollout": "agentlightning.decorator",
+    "RolloutAgent": "agentlightning.decorator",
+    "role": "agentlightning.role",
+    "emit_reward": "agentlightning.reward",
+    "instrument": "agentlightning.instrumentation",
+    "uninstrument": "agentlightning.instrumentation",
+    "run": "agentlightning.runner",
+    "transitions": "agentlightning.rl.transitions",
+    "train": "agentlightning.train",
+    "Client": "agentlightning.client",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from agentlightning.decorator import RolloutAgent, rollout
+    from agentlightning.instrumentation import instrument, uninstrument
+    from agentlightning.reward import emit_reward
+    from agentlightning.role import role
+    from agentlightning.types import LLM, Call, ErrorInfo, Reward, Rollout, Transition
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentlightning' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

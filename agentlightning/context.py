@@ -1,0 +1,143 @@
+"""Where captured data goes: the current rollout's recorder and the current role, held in ContextVars.
+
+A ContextVar follows the code that set it into asyncio tasks created under it and into threads started
+with ``contextvars.copy_context()``; parallel rollouts in separate threads, processes or tasks never mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar, Token
+
+from agentlightning.types import Call, Reward
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutRecorder:
+    """Collects the calls and rewards of one running rollout. Thread-safe; cheap to append to."""
+
+    def __init__(self, rollout_id: str, model_version: str | None = None) -> None:
+        self.rollout_id = rollout_id
+        self.model_version = model_version
+        self.calls: list[Call] = []
+        self.rewards: list[Reward] = []
+        self.logs: list[str] = []
+        # Facts for diagnostics: which endpoints the agent called, which role names were seen.
+        self.endpoints_seen: set[str] = set()
+        self.roles_seen: list[str] = []
+        self._sequence = 0
+        self._lock = threading.Lock()
+
+    def next_sequence(self) -> int:
+        """Reserve the next call position (calls are ordered by when they start)."""
+        with self._lock:
+            sequence = self._sequence
+            self._sequence += 1
+            return sequence
+
+    def add_call(self, call: Call) -> None:
+        """Attach a finished (or failed) call to this rollout."""
+        call.rollout_id = self.rollout_id
+        if call.role is not None and call.role not in self.roles_seen:
+            self.roles_seen.append(call.role)
+        if self.model_version is not None and "model_version" not in call.metadata:
+            call.metadata["model_version"] = self.model_version
+        with self._lock:
+            self.calls.append(call)
+
+    def add_reward(self, reward: Reward) -> None:
+        """Record a reward (episode-level or on a call)."""
+        with self._lock:
+            self.rewards.append(reward)
+
+    def last_llm_call_id(self) -> str | None:
+        """Id of the LLM call that finished most recently, if any."""
+        with self._lock:
+            for call in reversed(self.calls):
+                if call.kind == "llm":
+                    return call.call_id
+        return None
+
+    def ordered_calls(self) -> list[Call]:
+        """The calls sorted by sequence."""
+        with self._lock:
+            return sorted(self.calls, key=lambda call: call.sequence)
+
+
+_current_recorder: ContextVar[RolloutRecorder | None] = ContextVar("agl_current_recorder", default=None)
+_current_role: ContextVar[str | None] = ContextVar("agl_current_role", default=None)
+
+
+def current_recorder() -> RolloutRecorder | None:
+    """The recorder of the rollout running in this context, or None outside rollouts."""
+    return _current_recorder.get()
+
+
+def set_recorder(recorder: RolloutRecorder | None) -> Token[RolloutRecorder | None]:
+    """Make ``recorder`` current; pass the returned token to :func:`reset_recorder`."""
+    return _current_recorder.set(recorder)
+
+
+def reset_recorder(token: Token[RolloutRecorder | None]) -> None:
+    """Undo :func:`set_recorder`."""
+    _current_recorder.reset(token)
+
+
+def current_role() -> str | None:
+    """The role speaking now (innermost ``agl.role`` or framework adapter), or None."""
+    return _current_role.get()
+
+
+def set_role(role: str | None) -> Token[str | None]:
+    """Make ``role`` current; pass the returned token to :func:`reset_role`."""
+    return _current_role.set(role)
+
+
+def reset_role(token: Token[str | None]) -> None:
+    """Undo :func:`set_role`. Tolerates tokens from another context (framework callbacks may cross them)."""
+    try:
+        _current_role.reset(token)
+    except ValueError:
+        _current_role.set(token.old_value if token.old_value is not Token.MISSING else None)
+
+
+@contextlib.contextmanager
+def recording(recorder: RolloutRecorder) -> Iterator[RolloutRecorder]:
+    """Run a block with ``recorder`` current."""
+    token = set_recorder(recorder)
+    try:
+        yield recorder
+    finally:
+        reset_recorder(token)
+
+
+class RolloutLogHandler(logging.Handler):
+    """Copies log records emitted inside a rollout's context into that rollout's ``logs``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        recorder = _current_recorder.get()
+        if recorder is None:
+            return
+        try:
+            recorder.logs.append(f"{time.strftime('%H:%M:%S')} {record.levelname} {record.name}: {record.getMessage()}")
+        except Exception:  # a bad log message must never break the agent
+            return
+
+
+_log_handler_lock = threading.Lock()
+_log_handler: RolloutLogHandler | None = None
+
+
+def install_log_capture(level: int = logging.INFO) -> None:
+    """Attach the rollout log handler to the root logger once per process."""
+    global _log_handler
+    with _log_handler_lock:
+        if _log_handler is None:
+            _log_handler = RolloutLogHandler(level)
+            logging.getLogger().addHandler(_log_handler)
+
