@@ -1,0 +1,18 @@
+"""A local OpenAI-compatible mock server for testing agents without a model.
+
+    from agentlightning.testing import MockLLMServer, MockReply, MockToolCall, MockRequest
+"""
+
+from agentlightning.testing.replies import MockReply, MockRequest, MockToolCall
+from agentlightning.testing.server import MockLLMServer, echo_handler
+from agentlightning.testing.tokenizer import MockTokenizer, render_chat_prompt
+
+__all__ = [
+    "MockLLMServer",
+    "MockReply",
+    "MockRequest",
+    "MockTokenizer",
+    "MockToolCall",
+    "echo_handler",
+    "render_chat_prompt",
+]

@@ -1,0 +1,136 @@
+"""What the mock server receives (:class:`MockRequest`) and what it is told to answer (:class:`MockReply`)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentlightning.testing.tokenizer import message_text
+
+
+@dataclass
+class MockToolCall:
+    """A tool call the mock model makes: ``MockToolCall(name="add", arguments={"a": 1, "b": 2})``."""
+
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+    id: str | None = None
+
+    def arguments_json(self) -> str:
+        """The arguments as the JSON string the OpenAI API carries."""
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
+
+    def call_id(self) -> str:
+        """The tool call id (generated once when not given)."""
+        if self.id is None:
+            self.id = "call_" + uuid.uuid4().hex[:24]
+        return self.id
+
+
+@dataclass
+class MockReply:
+    """How the mock server answers one request.
+
+    - ``content`` / ``tool_calls``: the assistant message (both may be given);
+    - ``finish_reason``: defaults to 'tool_calls' when there are tool calls, else 'stop';
+    - ``latency``: seconds to wait before answering (streams wait before the first chunk);
+    - ``status`` / ``error_message``: a status >= 400 answers with an OpenAI-style error body instead;
+    - ``hang``: never answer (until the server stops), to exercise client timeouts.
+    """
+
+    content: str | None = None
+    tool_calls: list[MockToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    latency: float = 0.0
+    status: int = 200
+    error_message: str | None = None
+    hang: bool = False
+
+    def resolved_finish_reason(self) -> str:
+        """The finish reason to report."""
+        if self.finish_reason is not None:
+            return self.finish_reason
+        return "tool_calls" if self.tool_calls else "stop"
+
+
+@dataclass
+class MockRequest:
+    """One request the mock server received.
+
+    ``messages`` is the chat history: chat messages as sent, Responses ``input`` / ``instructions`` normalised to
+    chat messages, or a single user message holding a legacy completions ``prompt``.
+    """
+
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    received_at: float = field(default_factory=time.time)
+
+    @property
+    def model(self) -> str | None:
+        """The ``model`` field of the request."""
+        return self.body.get("model")
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The tool schemas offered, as sent."""
+        return self.body.get("tools")
+
+    @property
+    def stream(self) -> bool:
+        """Whether the client asked for a stream."""
+        return bool(self.body.get("stream"))
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The request's input as chat messages."""
+        if self.path.endswith("/chat/completions"):
+            return list(self.body.get("messages") or [])
+        if self.path.endswith("/responses"):
+            return responses_input_to_messages(self.body.get("input"), self.body.get("instructions"))
+        prompt = self.body.get("prompt")
+        if isinstance(prompt, list):
+            prompt = "".join(str(p) for p in prompt)
+        return [{"role": "user", "content": prompt or ""}]
+
+    @property
+    def last_user_text(self) -> str:
+        """Text of the last user message ('' when there is none)."""
+        for message in reversed(self.messages):
+            if message.get("role") == "user":
+                return message_text(message.get("content"))
+        return ""
+
+
+def responses_input_to_messages(input_: Any, instructions: str | None = None) -> list[dict[str, Any]]:
+    """Normalise a Responses API ``input`` (string or item list) and ``instructions`` to chat messages."""
+    messages: list[dict[str, Any]] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    if input_ is None:
+        return messages
+    if isinstance(input_, str):
+        messages.append({"role": "user", "content": input_})
+        return messages
+    for item in input_:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type", "message")
+        if kind == "message" or ("role" in item and kind not in ("function_call", "function_call_output")):
+            messages.append({"role": item.get("role", "user"), "content": message_text(item.get("content"))})
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+            }
+            if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
+                messages[-1]["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": str(item.get("output"))})
+    return messages

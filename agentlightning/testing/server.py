@@ -1,0 +1,313 @@
+"""``MockLLMServer``: a local OpenAI-compatible endpoint with scripted or rule-based replies.
+
+It serves ``/v1/chat/completions`` (streaming and tool calls included), ``/v1/completions``, ``/v1/responses`` and
+``GET /v1/models`` on 127.0.0.1 from a background thread, returns vLLM-style token ids and logprobs on request,
+and can inject latency, HTTP errors and hangs. Test agents with the real ``openai`` client without any model::
+
+    with MockLLMServer(replies=[MockReply(content="SELECT 1")]) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="x")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from agentlightning.testing import payloads
+from agentlightning.testing.payloads import Generation
+from agentlightning.testing.replies import MockReply, MockRequest
+from agentlightning.testing.tokenizer import MockTokenizer, render_chat_prompt
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[MockRequest], "MockReply | str"]
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                429: "rate_limit_exceeded", 500: "server_error", 503: "service_unavailable"}
+
+
+def echo_handler(request: MockRequest) -> MockReply:
+    """The default rule: answer ``"echo: <last user message>"``."""
+    return MockReply(content=f"echo: {request.last_user_text}")
+
+
+class MockLLMServer:
+    """A local OpenAI-compatible server for tests and offline agent development.
+
+    Give either ``handler`` (``MockRequest -> MockReply | str``, sync or async, called for every request) or
+    ``replies`` (served in order; a request beyond the script gets an HTTP 500 saying so). With neither, replies
+    echo the last user message. ``token_ids=True`` returns vLLM-style token ids on every response, as if each
+    request had ``"return_token_ids": true``.
+    """
+
+    def __init__(
+        self,
+        handler: Handler | None = None,
+        replies: Iterable[MockReply | str] | None = None,
+        *,
+        token_ids: bool = False,
+        models: Sequence[str] = ("mock-model",),
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        if handler is not None and replies is not None:
+            raise ValueError("MockLLMServer: give either handler= or replies=, not both")
+        self.tokenizer = MockTokenizer()
+        self.token_ids = token_ids
+        self.models = list(models)
+        self.host = host
+        self._port = port
+        self._lock = threading.Lock()
+        self._requests: list[MockRequest] = []
+        self._handler: Handler = echo_handler
+        self._script: list[MockReply] | None = None
+        self._script_position = 0
+        if handler is not None:
+            self.set_handler(handler)
+        elif replies is not None:
+            self.set_replies(replies)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping: asyncio.Event | None = None
+
+    # -- configuration ----------------------------------------------------------------------------------------
+
+    def set_handler(self, handler: Handler) -> None:
+        """Answer every following request with ``handler(request)``."""
+        if not callable(handler):
+            raise TypeError(f"MockLLMServer handler must be callable, got {type(handler).__name__}")
+        with self._lock:
+            self._handler, self._script = handler, None
+
+    def set_replies(self, replies: Iterable[MockReply | str]) -> None:
+        """Answer the following requests with ``replies``, in order (a str is ``MockReply(content=str)``)."""
+        script = [_as_reply(reply, "replies") for reply in replies]
+        with self._lock:
+            self._script, self._script_position = script, 0
+
+    @property
+    def requests(self) -> list[MockRequest]:
+        """The requests received so far, in order (a copy)."""
+        with self._lock:
+            return list(self._requests)
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The port listened on (known once started)."""
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (no ``/v1``)."""
+        return f"http://{self.host}:{self._port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, ``http://127.0.0.1:<port>/v1``."""
+        return f"{self.url}/v1"
+
+    def llm(self, model: str | None = None) -> Any:
+        """An ``agl.LLM`` pointing at this server."""
+        from agentlightning.types import LLM
+
+        return LLM(base_url=self.base_url, model=model or self.models[0], api_key="mock")
+
+    def start(self) -> MockLLMServer:
+        """Start listening (returns once the server accepts connections)."""
+        if self._thread is not None:
+            return self
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self._port))
+        self._port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self._app(), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
+        )
+        self._server = uvicorn.Server(config)
+        started = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            self._stopping = asyncio.Event()
+            loop.call_soon(started.set)
+            try:
+                loop.run_until_complete(self._server.serve(sockets=[sock]))  # type: ignore[union-attr]
+            finally:
+                sock.close()
+                loop.close()
+
+        self._thread = threading.Thread(target=serve, name=f"MockLLMServer:{self._port}", daemon=True)
+        self._thread.start()
+        started.wait(10)
+        while not self._server.started and self._thread.is_alive():
+            threading.Event().wait(0.005)
+        if not self._server.started:
+            raise RuntimeError(f"MockLLMServer could not start on {self.host}:{self._port}")
+        return self
+
+    def stop(self) -> None:
+        """Stop the server; hanging requests are released with a 503."""
+        if self._thread is None or self._server is None:
+            return
+        if self._loop is not None and self._stopping is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._stopping.set)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+        self._server.should_exit = True
+        self._thread.join(10)
+        self._thread = None
+        self._server = None
+
+    def __enter__(self) -> MockLLMServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<MockLLMServer {self.base_url} requests={len(self._requests)}>"
+
+    # -- HTTP --------------------------------------------------------------------------------------------------
+
+    def _app(self) -> Starlette:
+        return Starlette(routes=[
+            Route("/v1/chat/completions", self._serve, methods=["POST"]),
+            Route("/v1/completions", self._serve, methods=["POST"]),
+            Route("/v1/responses", self._serve, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+        ])
+
+    async def _models(self, _request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": model, "object": "model", "created": 0, "owned_by": "agentlightning-mock"} for model in self.models
+        ]})
+
+    async def _serve(self, http_request: Request) -> Response:
+        try:
+            body = json.loads(await http_request.body())
+        except json.JSONDecodeError as exc:
+            return _error(400, f"request body is not JSON: {exc}")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        request = MockRequest(path=http_request.url.path, body=body, headers=dict(http_request.headers))
+        with self._lock:
+            self._requests.append(request)
+            index = len(self._requests) - 1
+            scripted: MockReply | None = None
+            if self._script is not None:
+                scripted = self._next_scripted(index)
+            handler = self._handler
+        try:
+            reply = scripted if scripted is not None else await self._call_handler(request, handler)
+        except Exception as exc:  # a broken handler is reported to the client, not swallowed
+            logger.exception("MockLLMServer handler failed on request #%d", index)
+            return _error(500, f"MockLLMServer handler raised {type(exc).__name__}: {exc}")
+        if reply.latency > 0:
+            await asyncio.sleep(reply.latency)
+        if reply.hang:
+            assert self._stopping is not None
+            await self._stopping.wait()
+            return _error(503, "MockLLMServer stopped while the request was hanging")
+        if reply.status >= 400:
+            return _error(reply.status, reply.error_message or f"mock error {reply.status}")
+        return self._respond(request, reply)
+
+    def _next_scripted(self, index: int) -> MockReply:
+        assert self._script is not None
+        if self._script_position >= len(self._script):
+            return MockReply(status=500, error_message=(
+                f"MockLLMServer: no scripted reply left for request #{index} "
+                f"({len(self._script)} replies were scripted)"
+            ))
+        self._script_position += 1
+        return self._script[self._script_position - 1]
+
+    @staticmethod
+    async def _call_handler(request: MockRequest, handler: Handler) -> MockReply:
+        result = handler(request)
+        if inspect.isawaitable(result):
+            result = await result
+        return _as_reply(result, "handler result")
+
+    def _respond(self, request: MockRequest, reply: MockReply) -> Response:
+        body, model = request.body, request.model or self.models[0]
+        if request.path.endswith("/chat/completions"):
+            prompt_text = render_chat_prompt(request.messages, request.tools)
+        elif request.path.endswith("/responses"):
+            prompt_text = render_chat_prompt(request.messages, request.tools)
+        else:
+            prompt_text = request.messages[0]["content"]
+        completion_text = payloads.completion_text(reply)
+        top = body.get("top_logprobs") or 0
+        logprobs = body.get("logprobs")
+        gen = Generation(
+            reply=reply,
+            prompt_ids=self.tokenizer.encode(prompt_text),
+            completion_text=completion_text,
+            completion_ids=self.tokenizer.encode(completion_text),
+            with_token_ids=self.token_ids or bool(body.get("return_token_ids")),
+            with_logprobs=bool(logprobs) or (isinstance(logprobs, int) and not isinstance(logprobs, bool)
+                                             and logprobs > 0),
+            top_logprobs=int(top) if isinstance(top, int) else 0,
+        )
+        stream = bool(body.get("stream"))
+        if request.path.endswith("/chat/completions"):
+            n = body.get("n") or 1
+            if stream:
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return _sse(payloads.chat_chunks(gen, model, self.tokenizer, include_usage), done=True)
+            return JSONResponse(payloads.chat_completion(gen, model, int(n), self.tokenizer))
+        if request.path.endswith("/responses"):
+            if stream:
+                return _sse(payloads.response_events(gen, model), done=False, named_events=True)
+            return JSONResponse(payloads.response_object(gen, model))
+        if stream:
+            return _sse(payloads.completion_chunks(gen, model, self.tokenizer), done=True)
+        return JSONResponse(payloads.completion(gen, model, self.tokenizer))
+
+
+def _as_reply(value: Any, where: str) -> MockReply:
+    if isinstance(value, MockReply):
+        return value
+    if isinstance(value, str):
+        return MockReply(content=value)
+    raise TypeError(f"MockLLMServer {where} must be a MockReply or str, got {type(value).__name__} {value!r}")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": _ERROR_TYPES.get(status, "api_error"), "param": None, "code": None}},
+        status_code=status,
+    )
+
+
+def _sse(events: Iterator[dict[str, Any]], *, done: bool, named_events: bool = False) -> StreamingResponse:
+    async def body() -> AsyncIterator[bytes]:
+        for event in events:
+            prefix = f"event: {event['type']}\n" if named_events else ""
+            yield f"{prefix}data: {json.dumps(event)}\n\n".encode()
+        if done:
+            yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
