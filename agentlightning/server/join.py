@@ -1,0 +1,68 @@
+"""Joining the calls a client captured with the calls the server's proxy recorded for the same rollout.
+
+The proxy knows the exact token ids (from the serving backend); the client knows roles, tools and rewards.
+Calls are matched by response id first, then in order among the remaining LLM calls that went through the
+proxy. Proxy calls that no client call claims (an agent that could not be instrumented) are added as calls of
+their own, placed by start time.
+"""
+
+from __future__ import annotations
+
+from agentlightning.types import Call
+
+_SERVER_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+
+
+def join_calls(rollout_id: str, client_calls: list[Call], proxy_calls: list[Call]) -> list[Call]:
+    """Merge ``proxy_calls`` (in proxy order) into ``client_calls``; returns the calls renumbered in order."""
+    calls = sorted(client_calls, key=lambda call: call.sequence)
+    remaining = list(proxy_calls)
+    by_response = {call.response_id: call for call in remaining if call.response_id}
+    unmatched: list[Call] = []
+    for call in calls:
+        if call.kind != "llm":
+            continue
+        proxy = by_response.pop(call.response_id, None) if call.response_id else None
+        if proxy is not None:
+            remaining.remove(proxy)
+            _merge(call, proxy)
+        elif _went_through_proxy(call, rollout_id):
+            unmatched.append(call)
+    for call in unmatched:
+        # Both sides knowing (different) response ids means these are not the same call.
+        proxy = next((p for p in remaining if not (p.response_id and call.response_id)), None)
+        if proxy is not None:
+            remaining.remove(proxy)
+            _merge(call, proxy)
+    merged = _insert_by_time(calls, remaining)
+    for sequence, call in enumerate(merged):
+        call.sequence = sequence
+        call.rollout_id = rollout_id
+    return merged
+
+
+def _merge(call: Call, proxy: Call) -> None:
+    for field in _SERVER_FIELDS:
+        value = getattr(proxy, field)
+        if value is not None:
+            setattr(call, field, value)
+    if proxy.prompt_token_ids is not None or proxy.completion_token_ids is not None:
+        call.token_source = "server"
+    call.response_id = call.response_id or proxy.response_id
+    call.metadata["proxy_call_id"] = proxy.call_id
+    if "model_version" in proxy.metadata:
+        call.metadata["model_version"] = proxy.metadata["model_version"]
+
+
+def _went_through_proxy(call: Call, rollout_id: str) -> bool:
+    """Whether a client call could have been served by this rollout's proxy (unknown endpoints count)."""
+    endpoint = call.metadata.get("base_url") or call.metadata.get("endpoint")
+    return not isinstance(endpoint, str) or "://" not in endpoint or f"/rollouts/{rollout_id}/" in endpoint + "/"
+
+
+def _insert_by_time(calls: list[Call], extra: list[Call]) -> list[Call]:
+    merged = list(calls)
+    for proxy in sorted(extra, key=lambda call: call.start_time):
+        position = next((i for i, call in enumerate(merged) if call.start_time > proxy.start_time), len(merged))
+        merged.insert(position, proxy)
+    return merged

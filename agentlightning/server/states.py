@@ -1,0 +1,73 @@
+"""The rollout state machine, as plain data and pure functions.
+
+A rollout is ``queued`` until a worker leases it (``running``). An attempt ends with an outcome reported by the
+worker (``succeed``, ``fail``, ``timeout``), by the server when the worker stops heart-beating
+(``lease_expired``), or by a user (``cancel``). Retryable outcomes send the rollout back to ``queued`` with the
+next attempt number while attempts remain; otherwise the outcome's terminal state is final.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Event = Literal["dequeue", "succeed", "fail", "timeout", "lease_expired", "cancel"]
+
+# (state, event) -> state the event leads to, before retries are considered.
+TRANSITIONS: dict[tuple[str, str], str] = {
+    ("queued", "dequeue"): "running",
+    ("queued", "cancel"): "cancelled",
+    ("running", "succeed"): "succeeded",
+    ("running", "fail"): "failed",
+    ("running", "timeout"): "timeout",
+    ("running", "lease_expired"): "failed",
+    ("running", "cancel"): "cancelled",
+    # A late success from an attempt whose lease expired still finishes the rollout: finished work is never lost.
+    ("queued", "succeed"): "succeeded",
+}
+
+# Outcomes that are retried while attempts remain.
+RETRYABLE_EVENTS: frozenset[str] = frozenset({"fail", "timeout", "lease_expired"})
+
+# What a worker-reported rollout status means as an event.
+STATUS_EVENTS: dict[str, str] = {"succeeded": "succeed", "failed": "fail", "timeout": "timeout", "cancelled": "cancel"}
+
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "timeout", "cancelled"})
+
+
+class InvalidTransition(ValueError):
+    """An event that the rollout's current state does not allow."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Result of applying an event: the new state, the attempt it is in, and whether this was a retry."""
+
+    state: str
+    attempt: int
+    retried: bool
+
+
+def decide(state: str, event: str, attempt: int, max_attempts: int) -> Decision:
+    """Apply ``event`` to a rollout in ``state`` on attempt ``attempt`` (1-based) allowing ``max_attempts``."""
+    target = TRANSITIONS.get((state, event))
+    if target is None:
+        raise InvalidTransition(f"rollout in state {state!r} cannot take event {event!r}")
+    if event in RETRYABLE_EVENTS and attempt < max_attempts:
+        return Decision("queued", attempt + 1, True)
+    return Decision(target, attempt, False)
+
+
+def event_for_status(status: str) -> str:
+    """The event a worker's reported final rollout ``status`` stands for."""
+    event = STATUS_EVENTS.get(status)
+    if event is None:
+        raise InvalidTransition(
+            f"a result must have a final status ({', '.join(sorted(STATUS_EVENTS))}), got {status!r}"
+        )
+    return event
+
+
+def is_terminal(state: str) -> bool:
+    """Whether ``state`` is final."""
+    return state in TERMINAL_STATES

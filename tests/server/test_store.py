@@ -1,0 +1,156 @@
+"""The SQLite store: queue, leases, retries, idempotent results, joins, persistence across reopen."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from agentlightning.server.store import Conflict, NotFound, SQLiteStore, StoreError, dataset_id_for
+from agentlightning.types import Call, ErrorInfo, Reward, Rollout
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SQLiteStore:
+    s = SQLiteStore(tmp_path / "store.db")
+    yield s
+    s.close()
+
+
+def _result(lease, status: str = "succeeded", reward: float | None = 1.0, calls=None) -> Rollout:
+    return Rollout(
+        rollout_id=lease.rollout_id, task_id=lease.task_id, task=lease.task, attempt=lease.attempt, status=status,
+        calls=calls or [], rewards=[Reward(value=reward, source="final")] if reward is not None else [],
+        final_reward=reward, logs=[f"log of attempt {lease.attempt}"],
+        error=None if status == "succeeded" else ErrorInfo(type="ValueError", message="boom", traceback="tb"),
+    )
+
+
+def test_dataset_upload_is_idempotent_and_content_addressed(store: SQLiteStore) -> None:
+    records = [{"id": "a", "q": 1}, {"q": 2}]
+    info = store.add_dataset(records)
+    assert info.dataset_id == dataset_id_for(records) and info.size == 2
+    assert store.add_dataset(records).dataset_id == info.dataset_id
+    tasks = store.dataset_tasks(info.dataset_id)
+    assert [t.task_id for t in tasks] == ["a", f"{info.dataset_id}:1"]
+    assert tasks[1].payload == {"q": 2}
+    with pytest.raises(Conflict, match="different content"):
+        store.add_dataset([{"q": 3}], dataset_id=info.dataset_id)
+    with pytest.raises(StoreError, match="empty"):
+        store.add_dataset([])
+    with pytest.raises(NotFound, match="ds-nope"):
+        store.dataset_tasks("ds-nope")
+
+
+def test_enqueue_groups_and_dequeue_in_order(store: SQLiteStore) -> None:
+    info = store.add_dataset([{"id": "t1"}, {"id": "t2"}])
+    ids = store.enqueue(store.dataset_tasks(info.dataset_id), group_size=3, group_id="step-1", dataset_id=info.dataset_id)
+    assert len(ids) == 6
+    leases = [store.dequeue("w1", 10.0) for _ in range(6)]
+    assert [l.rollout_id for l in leases] == ids
+    assert {l.group_id for l in leases[:3]} == {"step-1:t1"} and {l.group_id for l in leases[3:]} == {"step-1:t2"}
+    assert store.dequeue("w1", 10.0) is None
+    assert store.counts() == {"running": 6}
+    with pytest.raises(StoreError, match="group_size"):
+        store.enqueue(store.dataset_tasks(info.dataset_id), group_size=0)
+
+
+def test_result_is_idempotent_and_joins_proxy_calls(store: SQLiteStore) -> None:
+    info = store.add_dataset([{"id": "t"}])
+    [rid] = store.enqueue(store.dataset_tasks(info.dataset_id))
+    lease = store.dequeue("w", 10.0)
+    proxy = Call(rollout_id=rid, name="m", response_id="resp-1", prompt_token_ids=[1, 2], completion_token_ids=[3],
+                 token_source="server", metadata={"model_version": "v7"})
+    store.record_proxy_call(proxy, attempt=1)
+    client = Call(rollout_id=rid, role="writer", response_id="resp-1", input=[{"role": "user", "content": "hi"}])
+    first = store.complete(rid, 1, "w", _result(lease, calls=[client]))
+    again = store.complete(rid, 1, "w", _result(lease, calls=[client]))
+    assert first.accepted and first.status == "succeeded"
+    assert again.duplicate and not again.accepted
+    rollout = store.get_rollout(rid)
+    assert rollout.status == "succeeded" and rollout.final_reward == 1.0 and rollout.model_version == "v7"
+    [call] = rollout.calls
+    assert call.role == "writer" and call.prompt_token_ids == [1, 2] and call.completion_token_ids == [3]
+    assert call.token_source == "server" and call.metadata["model_version"] == "v7"
+    assert [r.value for r in rollout.rewards] == [1.0]
+    assert store.rollout_state(rid) == ("succeeded", 1)
+
+
+def test_failures_retry_with_bounded_attempts_keeping_errors_and_logs(store: SQLiteStore) -> None:
+    info = store.add_dataset([{"id": "t"}])
+    [rid] = store.enqueue(store.dataset_tasks(info.dataset_id), max_attempts=2)
+    lease = store.dequeue("w", 10.0)
+    outcome = store.complete(rid, 1, "w", _result(lease, status="failed", reward=None))
+    assert outcome.retried and outcome.status == "queued" and outcome.attempt == 2
+    lease2 = store.dequeue("w", 10.0)
+    assert lease2.rollout_id == rid and lease2.attempt == 2
+    outcome = store.complete(rid, 2, "w", _result(lease2, status="failed", reward=None))
+    assert outcome.status == "failed" and not outcome.retried
+    rollout = store.get_rollout(rid)
+    assert rollout.status == "failed" and rollout.error.type == "ValueError" and rollout.attempt == 2
+    attempts = store.attempts(rid)
+    assert [(a.attempt, a.status) for a in attempts] == [(1, "failed"), (2, "failed")]
+    assert attempts[0].logs == ["log of attempt 1"] and attempts[0].error.traceback == "tb"
+
+
+def test_expired_lease_requeues_and_late_success_is_kept(store: SQLiteStore) -> None:
+    info = store.add_dataset([{"id": "t"}])
+    [rid] = store.enqueue(store.dataset_tasks(info.dataset_id), max_attempts=2)
+    lease = store.dequeue("w-dead", 0.01)
+    assert store.heartbeat(rid, 1, "w-dead", 0.01) == "ok"
+    [expired] = store.expire_leases(now=time.time() + 1)
+    assert expired.retried and expired.status == "queued"
+    assert "no longer running" in store.heartbeat(rid, 1, "w-dead", 10)
+    lease2 = store.dequeue("w2", 10.0)
+    assert lease2.attempt == 2
+    # The first worker was only slow: its success still finishes the rollout.
+    late = store.complete(rid, 1, "w-dead", _result(lease, reward=0.5))
+    assert late.accepted and late.status == "succeeded"
+    assert store.get_rollout(rid).final_reward == 0.5
+    with pytest.raises(Conflict, match="already finished"):
+        store.complete(rid, 2, "w2", _result(lease2))
+    assert store.attempts(rid)[0].error is None  # the late success overwrote the lease error for attempt 1
+
+
+def test_expired_lease_without_attempts_left_fails(store: SQLiteStore) -> None:
+    info = store.add_dataset([{"id": "t"}])
+    [rid] = store.enqueue(store.dataset_tasks(info.dataset_id), max_attempts=1)
+    store.dequeue("w", 0.01)
+    [outcome] = store.expire_leases(now=time.time() + 1)
+    assert outcome.status == "failed"
+    rollout = store.get_rollout(rid)
+    assert rollout.status == "failed" and rollout.error.type == "LeaseExpired"
+
+
+def test_everything_survives_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = SQLiteStore(path)
+    info = store.add_dataset([{"id": "t1"}, {"id": "t2"}])
+    ids = store.enqueue(store.dataset_tasks(info.dataset_id))
+    lease = store.dequeue("w", 30.0)
+    store.record_proxy_call(Call(rollout_id=lease.rollout_id, completion_token_ids=[9]), attempt=1)
+    store.close()
+    reopened = SQLiteStore(path)
+    assert reopened.rollout_state(lease.rollout_id) == ("running", 1)
+    assert [c.completion_token_ids for c in reopened.proxy_calls(lease.rollout_id)] == [[9]]
+    reopened.complete(lease.rollout_id, 1, "w", _result(lease))
+    assert reopened.get_rollout(lease.rollout_id).calls[0].completion_token_ids == [9]
+    assert reopened.dequeue("w", 30.0).rollout_id == ids[1]
+    assert reopened.get_dataset(info.dataset_id).size == 2
+    reopened.close()
+
+
+def test_list_and_cancel(store: SQLiteStore) -> None:
+    info = store.add_dataset([{"id": f"t{i}"} for i in range(5)])
+    ids = store.enqueue(store.dataset_tasks(info.dataset_id), dataset_id=info.dataset_id)
+    assert store.cancel(ids[0]).status == "cancelled"
+    assert not store.cancel(ids[0]).accepted
+    rows = store.list_rollouts(status="queued", limit=2)
+    assert [r.rollout_id for r in rows] == [ids[4], ids[3]]
+    assert len(store.list_rollouts(dataset_id=info.dataset_id)) == 5
+    assert store.finished(ids) == {ids[0]}
+    with pytest.raises(NotFound):
+        store.cancel("ro-unknown")
+    assert json.loads(store.get_rollout(ids[0]).model_dump_json())["status"] == "cancelled"
