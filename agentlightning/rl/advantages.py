@@ -1,0 +1,209 @@
+"""Advantage estimators over transitions, normalised at the rollout level, and per-rollout loss weights.
+
+Every statistic weighs rollouts equally, however many transitions they have: a rollout's transitions share a
+weight of 1 between them. With rewards ``r`` of rollout ``j`` (``n_j`` transitions) and a set ``S`` of
+rollouts (a group, or the whole batch):
+
+    mean(S) = 1/|S| * sum_j  (1/n_j) * sum_t r_jt
+    std(S)  = sqrt( sum_j (1/n_j) * sum_t (r_jt - mean(S))**2 / (|S| - ddof) )
+
+With identical credit (every transition of a rollout has the rollout's return) these are the plain mean and
+standard deviation of the rollouts' returns, the same numbers TRL's GRPO computes (``ddof=1``).
+
+Estimators (``A`` the advantage of a transition with reward ``r`` in group ``g``):
+
+- ``grpo``: ``A = (r - mean(g)) / (std(g) + eps)``; ``scale_std=False`` keeps only the centring;
+- ``dr_grpo``: ``A = r - mean(g)`` (Dr. GRPO: no std scaling);
+- ``reinforce++``: ``A = (r - mean(batch)) / (std(batch) + eps)`` — a batch baseline, normalised;
+- ``reinforce++_baseline``: ``A = (r - mean(g)) / (std of the centred values over the batch + eps)``.
+
+A group of one rollout (or too few for ``ddof``) is centred but not scaled, so identical credit gives it
+advantage 0. Transitions without a ``group_id`` form a group of their own rollout (with a warning).
+
+Loss weights (``weighting``), for a loss ``sum_b w_b * mean_tokens(loss_b) / sum_b w_b``:
+
+- ``rollout`` (default): ``1 / n_j`` — every rollout contributes the same total;
+- ``rollout_token``: ``len(completion) / tokens of the rollout`` — every rollout the same total, shared by
+  completion tokens, so every token of a rollout counts the same;
+- ``token``: ``len(completion)`` — every completion token of the batch counts the same (longer rollouts weigh more);
+- ``transition``: ``1`` — every transition counts the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agentlightning.types import Transition
+
+logger = logging.getLogger(__name__)
+
+Estimator = Literal["grpo", "dr_grpo", "reinforce++", "reinforce++_baseline"]
+Weighting = Literal["rollout", "rollout_token", "token", "transition"]
+
+ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "reinforce++", "reinforce++_baseline")
+WEIGHTINGS: tuple[str, ...] = ("rollout", "rollout_token", "token", "transition")
+_Centre = Callable[[Transition], float]
+_DEFAULT_SCALE = {"grpo": True, "dr_grpo": False, "reinforce++": True, "reinforce++_baseline": True}
+
+
+@dataclass
+class _RolloutRows:
+    """The transitions of one rollout."""
+
+    rollout_id: str
+    group: str
+    rows: list[Transition] = field(default_factory=list)
+
+
+def compute_advantages(
+    transitions: Sequence[Transition],
+    estimator: Estimator = "grpo",
+    scale_std: bool | None = None,
+    *,
+    eps: float = 1e-6,
+    std_ddof: int = 1,
+    weighting: Weighting = "rollout",
+) -> list[Transition]:
+    """Fill ``advantage`` and ``weight`` of ``transitions`` in place and return them.
+
+    ``scale_std`` defaults to the estimator's definition (False for ``dr_grpo``, True otherwise);
+    ``dr_grpo`` with ``scale_std=True`` is rejected (that is ``grpo``). A non-finite reward raises
+    ``ValueError`` naming the rollout and call.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; use one of {list(ESTIMATORS)}")
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"unknown weighting {weighting!r}; use one of {list(WEIGHTINGS)}")
+    if estimator == "dr_grpo" and scale_std:
+        raise ValueError("estimator='dr_grpo' is GRPO without std scaling; use estimator='grpo' to scale by std")
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    if isinstance(std_ddof, bool) or not isinstance(std_ddof, int) or std_ddof < 0:
+        raise ValueError(f"std_ddof must be an integer >= 0, got {std_ddof!r}")
+    scale = _DEFAULT_SCALE[estimator] if scale_std is None else bool(scale_std)
+    rollouts = _by_rollout(transitions)
+    if not rollouts:
+        return list(transitions)
+
+    if estimator == "reinforce++":
+        everything = list(rollouts.values())
+        centre = _mean(everything)
+        spread = _std(everything, lambda row: centre, std_ddof) if scale else None
+        for rollout in everything:
+            _set(rollout, lambda row: centre, spread, eps)
+    else:
+        groups: dict[str, list[_RolloutRows]] = {}
+        for rollout in rollouts.values():
+            groups.setdefault(rollout.group, []).append(rollout)
+        if estimator in ("grpo", "dr_grpo"):
+            singletons = sum(1 for members in groups.values() if len(members) == 1)
+            if singletons:
+                logger.warning(
+                    "%s: %d of %d groups have a single rollout; their advantages are only centred (0 with identical "
+                    "credit). Run several rollouts per task (group_size > 1) for a learning signal.",
+                    estimator, singletons, len(groups),
+                )
+            for members in groups.values():
+                centre = _mean(members)
+                spread = _std(members, lambda row: centre, std_ddof) if scale else None
+                for rollout in members:
+                    _set(rollout, lambda row: centre, spread, eps)
+        else:  # reinforce++_baseline: group mean baseline, batch-level scaling of the centred values
+            centres = {group: _mean(members) for group, members in groups.items()}
+            everything = list(rollouts.values())
+            spread = _std(everything, lambda row: centres[_group_of(row)], std_ddof) if scale else None
+            for rollout in everything:
+                _set(rollout, lambda row: centres[_group_of(row)], spread, eps)
+
+    for rollout in rollouts.values():
+        _set_weights(rollout, weighting)
+    return list(transitions)
+
+
+def _group_of(row: Transition) -> str:
+    return row.group_id if row.group_id is not None else f"rollout:{row.rollout_id}"
+
+
+def _by_rollout(transitions: Sequence[Transition]) -> dict[str, _RolloutRows]:
+    """Transitions grouped by rollout (in order), with rewards checked and group ids consistent."""
+    rollouts: dict[str, _RolloutRows] = {}
+    ungrouped = 0
+    for row in transitions:
+        if not isinstance(row, Transition):
+            raise TypeError(f"compute_advantages expects Transition records, got {type(row).__name__}")
+        reward = row.reward
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise ValueError(
+                f"transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r} has a non-finite "
+                f"reward {reward!r}"
+            )
+        group = _group_of(row)
+        entry = rollouts.get(row.rollout_id)
+        if entry is None:
+            entry = rollouts[row.rollout_id] = _RolloutRows(row.rollout_id, group)
+            ungrouped += row.group_id is None
+        elif entry.group != group:
+            raise ValueError(
+                f"rollout {row.rollout_id!r} has transitions in two groups ({entry.group!r} and {group!r})"
+            )
+        entry.rows.append(row)
+    if ungrouped:
+        logger.warning(
+            "%d rollouts have no group_id or task_id; each forms a group of its own for advantage estimation",
+            ungrouped,
+        )
+    return rollouts
+
+
+def _mean(members: Sequence[_RolloutRows]) -> float:
+    """Mean reward with every rollout weighing 1 (its transitions 1/n each)."""
+    return math.fsum(math.fsum(row.reward for row in rollout.rows) / len(rollout.rows) for rollout in members) / len(
+        members
+    )
+
+
+def _std(members: Sequence[_RolloutRows], centre_of: _Centre, ddof: int) -> float | None:
+    """Rollout-weighted standard deviation around ``centre_of(row)``; None when there are too few rollouts."""
+    dof = len(members) - ddof
+    if dof <= 0:
+        return None
+    total = math.fsum(
+        math.fsum((row.reward - centre_of(row)) ** 2 for row in rollout.rows) / len(rollout.rows)
+        for rollout in members
+    )
+    return math.sqrt(total / dof)
+
+
+def _set(rollout: _RolloutRows, centre_of: _Centre, spread: float | None, eps: float) -> None:
+    for row in rollout.rows:
+        advantage = row.reward - centre_of(row)
+        if spread is not None and spread + eps > 0:  # spread 0 means every reward equals the centre
+            advantage /= spread + eps
+        if not math.isfinite(advantage):
+            raise ValueError(
+                f"advantage of transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r} is "
+                f"{advantage!r} (reward {row.reward!r}, std {spread!r}, eps {eps!r})"
+            )
+        row.advantage = advantage
+
+
+def _set_weights(rollout: _RolloutRows, weighting: str) -> None:
+    rows = rollout.rows
+    if weighting == "rollout":
+        for row in rows:
+            row.weight = 1.0 / len(rows)
+    elif weighting == "transition":
+        for row in rows:
+            row.weight = 1.0
+    elif weighting == "token":
+        for row in rows:
+            row.weight = float(len(row.completion_token_ids))
+    else:
+        tokens = sum(len(row.completion_token_ids) for row in rows)
+        for row in rows:
+            row.weight = len(row.completion_token_ids) / tokens if tokens else 1.0 / len(rows)
+

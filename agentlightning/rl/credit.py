@@ -1,0 +1,94 @@
+"""Credit assignment: spread a rollout's episode return R over the LLM calls that become transitions.
+
+A credit function takes ``(rollout, calls)`` — the rollout and, in order, the LLM calls of the selected roles
+that become transitions — and returns one float per call. Built in:
+
+- ``identical`` (the paper's default): every call gets R;
+- ``last``: the final call gets R, earlier calls 0;
+- ``discounted(gamma)``: call ``t`` of ``T`` gets ``gamma ** (T - 1 - t) * R``.
+
+Any callable with the same signature can be passed instead of a name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from agentlightning.types import Call, Rollout
+
+CreditFunction = Callable[[Rollout, Sequence[Call]], Sequence[float]]
+
+
+def episode_return(rollout: Rollout) -> float:
+    """The rollout's final reward R, or ``ValueError`` naming the rollout when it has none."""
+    if rollout.final_reward is None:
+        raise ValueError(
+            f"rollout {rollout.rollout_id!r} (task {rollout.task_id!r}, status {rollout.status!r}) has no final "
+            "reward to assign credit from"
+        )
+    return rollout.final_reward
+
+
+def identical(rollout: Rollout, calls: Sequence[Call]) -> list[float]:
+    """Every call gets the episode return R."""
+    value = episode_return(rollout)
+    return [value] * len(calls)
+
+
+def last(rollout: Rollout, calls: Sequence[Call]) -> list[float]:
+    """Only the final call gets R; the calls before it get 0."""
+    value = episode_return(rollout)
+    return [0.0] * (len(calls) - 1) + [value] if calls else []
+
+
+def discounted(gamma: float) -> CreditFunction:
+    """Credit ``gamma ** (steps to the end) * R``: the final call gets R, the one before ``gamma * R``, ..."""
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"discounted(gamma): gamma must be a number in [0, 1], got {gamma!r}")
+
+    def credit(rollout: Rollout, calls: Sequence[Call]) -> list[float]:
+        value = episode_return(rollout)
+        count = len(calls)
+        return [value * gamma ** (count - 1 - index) for index in range(count)]
+
+    credit.__name__ = credit.__qualname__ = f"discounted({gamma})"
+    return credit
+
+
+CREDIT_FUNCTIONS: dict[str, CreditFunction] = {"identical": identical, "last": last}
+
+
+def resolve_credit(credit: str | CreditFunction) -> CreditFunction:
+    """The credit function named by ``credit`` (``'identical'``, ``'last'``), or ``credit`` itself if callable."""
+    if isinstance(credit, str):
+        try:
+            return CREDIT_FUNCTIONS[credit]
+        except KeyError:
+            raise ValueError(
+                f"unknown credit assignment {credit!r}; use one of {sorted(CREDIT_FUNCTIONS)}, "
+                "agentlightning.rl.credit.discounted(gamma), or a function (rollout, calls) -> list[float]"
+            ) from None
+    if not callable(credit):
+        raise ValueError(f"credit must be a name or a function (rollout, calls) -> list[float], got {credit!r}")
+    return credit
+
+
+def assign_credit(credit: CreditFunction, rollout: Rollout, calls: Sequence[Call]) -> list[float]:
+    """Run ``credit`` and check its answer: one finite number per call, else ``ValueError`` naming the place."""
+    name = getattr(credit, "__qualname__", repr(credit))
+    values = list(credit(rollout, calls))
+    if len(values) != len(calls):
+        raise ValueError(
+            f"credit function {name!r} returned {len(values)} values for the {len(calls)} calls of rollout "
+            f"{rollout.rollout_id!r}"
+        )
+    checked: list[float] = []
+    for call, value in zip(calls, values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(
+                f"credit function {name!r} gave call {call.call_id!r} of rollout {rollout.rollout_id!r} a "
+                f"non-finite value {value!r}"
+            )
+        checked.append(float(value))
+    return checked

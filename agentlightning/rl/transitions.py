@@ -1,0 +1,310 @@
+"""From rollouts to training transitions: one transition per LLM call of a selected role.
+
+Each transition carries the call's prompt and completion token ids, its sampling logprobs, role, model version
+(``call.metadata['model_version']``, else the rollout's), group (the rollout's ``group_id``, else its
+``task_id``) and its reward:
+
+    reward = credit(rollout, calls)[i] + sum of the intermediate rewards attached to call i
+
+where the intermediate rewards are the call-level rewards the rollout recorded (``agl.emit_reward`` and stored
+'air' rewards, when ``include_emitted``) plus those produced by the ``air`` rules. Episode-level rewards other
+than the final one are not spread over calls.
+
+Which rollouts count:
+
+- 'succeeded' rollouts with a final reward; without one they are skipped, unless ``missing_reward`` gives a value;
+- 'failed' and 'timeout' rollouts follow ``failed``: ``'if_rewarded'`` (default: kept only if the agent gave a
+  final reward before failing), ``'include'`` (kept; a missing reward is replaced by ``missing_reward``, and the
+  rollout is skipped if that is None), ``'exclude'``;
+- 'queued', 'running' and 'cancelled' rollouts are never used.
+
+Nothing is dropped silently: :func:`extract_transitions` returns counts for every skip, and :func:`transitions`
+logs them as warnings.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agentlightning.rl.air import AIR, AirRule, CallRewardFunction, as_air
+from agentlightning.rl.credit import CreditFunction, assign_credit, resolve_credit
+from agentlightning.rl.tokens import (
+    RetokenizeError,
+    Tokenizer,
+    merge_duplicates,
+    retokenize_completion,
+    retokenize_prompt,
+)
+from agentlightning.roles import role_matches, unmatched_patterns
+from agentlightning.types import Call, Rollout, Transition, check_finite
+
+logger = logging.getLogger(__name__)
+
+FailedPolicy = Literal["if_rewarded", "include", "exclude"]
+AirArgument = AIR | Iterable[AirRule | CallRewardFunction] | AirRule | CallRewardFunction | None
+
+_FAILED_STATUSES = frozenset({"failed", "timeout"})
+_FAILED_POLICIES = ("if_rewarded", "include", "exclude")
+
+
+@dataclass
+class ExtractionStats:
+    """What extraction used and what it skipped, and why."""
+
+    rollouts_seen: int = 0
+    rollouts_used: int = 0
+    rollouts_skipped: Counter[str] = field(default_factory=Counter)  # reason -> rollouts
+    calls_skipped: Counter[str] = field(default_factory=Counter)  # reason -> LLM calls of selected roles
+    calls_not_selected: int = 0  # LLM calls whose role was not selected (context only)
+    calls_retokenized: int = 0
+    logprobs_dropped: int = 0  # calls whose logprobs did not match their completion length
+    duplicates_merged: int = 0  # records of one response merged (proxy + client)
+    rewards_unassigned: int = 0  # call-level rewards on calls that produced no transition
+    roles_seen: Counter[str | None] = field(default_factory=Counter)
+    unmatched_roles: list[str] = field(default_factory=list)  # requested patterns matching no role seen
+    transitions: int = 0
+
+    def problems(self) -> list[str]:
+        """Plain-words lines for every skip or fallback (empty when everything was used as recorded)."""
+        lines: list[str] = []
+        for reason, count in sorted(self.rollouts_skipped.items()):
+            lines.append(f"{count} of {self.rollouts_seen} rollouts skipped: {reason}")
+        for reason, count in sorted(self.calls_skipped.items()):
+            lines.append(f"{count} LLM calls of selected roles skipped: {reason}")
+        if self.calls_retokenized:
+            lines.append(
+                f"{self.calls_retokenized} calls had no recorded token ids and were re-tokenized from text "
+                "(token_source='retokenized'; may drift from what the model sampled)"
+            )
+        if self.logprobs_dropped:
+            lines.append(f"{self.logprobs_dropped} calls had logprobs not matching their completion; logprobs dropped")
+        if self.rewards_unassigned:
+            lines.append(
+                f"{self.rewards_unassigned} call-level rewards were attached to calls that produced no transition "
+                "(role not selected or call skipped) and were not used"
+            )
+        if self.unmatched_roles:
+            seen = sorted(role for role in self.roles_seen if role is not None)
+            unnamed = self.roles_seen.get(None, 0)
+            lines.append(
+                f"roles {self.unmatched_roles} matched no LLM call; roles seen: {seen or 'none'}"
+                + (f" ({unnamed} calls had no role)" if unnamed else "")
+            )
+        if self.rollouts_seen and not self.transitions:
+            lines.append(f"no transitions were produced from {self.rollouts_seen} rollouts")
+        return lines
+
+
+@dataclass
+class Extraction:
+    """Transitions and the statistics of how they were extracted."""
+
+    transitions: list[Transition]
+    stats: ExtractionStats
+
+
+def extract_transitions(
+    rollouts: Iterable[Rollout],
+    roles: Sequence[str] | None = None,
+    credit: str | CreditFunction = "identical",
+    air: AirArgument = None,
+    tokenizer: Tokenizer | None = None,
+    *,
+    failed: FailedPolicy = "if_rewarded",
+    missing_reward: float | None = None,
+    include_emitted: bool = True,
+) -> Extraction:
+    """Transitions of ``rollouts`` with full statistics; see the module docstring for the rules.
+
+    ``roles``: role names or globs to train; None uses each rollout's ``trainable_roles`` (from
+    ``@agl.rollout(roles=...)``), and all roles when that is None too. ``credit``: 'identical' (default),
+    'last', ``discounted(gamma)`` or a function ``(rollout, calls) -> list[float]``. ``air``: AIR rules (or
+    functions ``Call -> float | None``). ``tokenizer``: enables re-tokenization of calls without token ids.
+    """
+    patterns = _check_roles(roles)
+    if failed not in _FAILED_POLICIES:
+        raise ValueError(f"failed={failed!r} is not a policy; use one of {list(_FAILED_POLICIES)}")
+    if missing_reward is not None:
+        missing_reward = check_finite(missing_reward, "extract_transitions(missing_reward=...)")
+    credit_function = resolve_credit(credit)
+    rules = as_air(air)
+    stats = ExtractionStats()
+    found: list[Transition] = []
+    for rollout in rollouts:
+        if not isinstance(rollout, Rollout):
+            raise TypeError(f"transitions() expects Rollout records, got {type(rollout).__name__}: {rollout!r:.80}")
+        stats.rollouts_seen += 1
+        usable = _usable_rollout(rollout, failed, missing_reward, stats)
+        if usable is None:
+            continue
+        selected = patterns if patterns is not None else rollout.trainable_roles
+        made = _rollout_transitions(usable, selected, credit_function, rules, tokenizer, include_emitted, stats)
+        if made:
+            stats.rollouts_used += 1
+            found.extend(made)
+    if patterns is not None and stats.rollouts_seen:
+        stats.unmatched_roles = unmatched_patterns(patterns, stats.roles_seen)
+    stats.transitions = len(found)
+    return Extraction(found, stats)
+
+
+def transitions(
+    rollouts: Iterable[Rollout],
+    roles: Sequence[str] | None = None,
+    credit: str | CreditFunction = "identical",
+    air: AirArgument = None,
+    tokenizer: Tokenizer | None = None,
+    *,
+    failed: FailedPolicy = "if_rewarded",
+    missing_reward: float | None = None,
+    include_emitted: bool = True,
+) -> list[Transition]:
+    """Training transitions of ``rollouts`` after credit assignment and AIR (``agl.transitions``).
+
+    Same arguments as :func:`extract_transitions`; every skip or fallback is logged as a warning.
+    """
+    extraction = extract_transitions(
+        rollouts, roles, credit, air, tokenizer,
+        failed=failed, missing_reward=missing_reward, include_emitted=include_emitted,
+    )
+    for line in extraction.stats.problems():
+        logger.warning("agl.transitions: %s", line)
+    return extraction.transitions
+
+
+def _check_roles(roles: Sequence[str] | None) -> list[str] | None:
+    if roles is None:
+        return None
+    if isinstance(roles, str):
+        raise ValueError(f"roles must be a list of role names or globs, got the string {roles!r}; use [{roles!r}]")
+    patterns = list(roles)
+    if not patterns or not all(isinstance(pattern, str) and pattern for pattern in patterns):
+        raise ValueError(f"roles must be a non-empty list of role names or globs (or None for all), got {roles!r}")
+    return patterns
+
+
+def _usable_rollout(
+    rollout: Rollout, failed: FailedPolicy, missing_reward: float | None, stats: ExtractionStats
+) -> Rollout | None:
+    """The rollout to extract from (with a substituted final reward when needed), or None with the reason counted."""
+    status = rollout.status
+    if status in _FAILED_STATUSES:
+        if failed == "exclude":
+            stats.rollouts_skipped[f"status {status!r} excluded (failed='exclude')"] += 1
+            return None
+        if rollout.final_reward is None and (failed == "if_rewarded" or missing_reward is None):
+            stats.rollouts_skipped[f"status {status!r} without a final reward"] += 1
+            return None
+    elif status != "succeeded":
+        stats.rollouts_skipped[f"status {status!r} (not a finished episode)"] += 1
+        return None
+    if rollout.final_reward is not None:
+        check_finite(rollout.final_reward, f"final reward of rollout {rollout.rollout_id!r}")
+        return rollout
+    if missing_reward is None:
+        stats.rollouts_skipped["no final reward (pass missing_reward=... to use a default)"] += 1
+        return None
+    return rollout.model_copy(update={"final_reward": missing_reward})
+
+
+def _call_tokens(
+    call: Call, tokenizer: Tokenizer | None, stats: ExtractionStats
+) -> tuple[list[int], list[int], str | None] | None:
+    """Prompt ids, completion ids and token source of a call, or None with the reason counted."""
+    prompt, completion, source = call.prompt_token_ids, call.completion_token_ids, call.token_source
+    if prompt is None or completion is None:
+        if tokenizer is None:
+            stats.calls_skipped["no token ids recorded and no tokenizer given for re-tokenization"] += 1
+            return None
+        try:
+            prompt = prompt if prompt is not None else retokenize_prompt(call, tokenizer)
+            completion = completion if completion is not None else retokenize_completion(call, tokenizer)
+        except RetokenizeError as exc:
+            stats.calls_skipped[f"no token ids recorded and re-tokenization impossible: {exc}"] += 1
+            return None
+        source = "retokenized"
+        stats.calls_retokenized += 1
+    if not completion:
+        reason = "empty completion" + (" (the call ended in an error)" if call.status == "error" else "")
+        stats.calls_skipped[reason] += 1
+        return None
+    return prompt, completion, source
+
+
+def _rollout_transitions(
+    rollout: Rollout,
+    patterns: Sequence[str] | None,
+    credit: CreditFunction,
+    rules: AIR | None,
+    tokenizer: Tokenizer | None,
+    include_emitted: bool,
+    stats: ExtractionStats,
+) -> list[Transition]:
+    llm_calls, merged = merge_duplicates(rollout.llm_calls)
+    stats.duplicates_merged += merged
+    calls: list[Call] = []
+    tokens: list[tuple[list[int], list[int], str | None]] = []
+    for call in llm_calls:
+        stats.roles_seen[call.role] += 1
+        if not role_matches(call.role, patterns):
+            stats.calls_not_selected += 1
+            continue
+        found = _call_tokens(call, tokenizer, stats)
+        if found is not None:
+            calls.append(call)
+            tokens.append(found)
+    intermediate = _intermediate_rewards(rollout, rules, include_emitted)
+    kept_ids = {call.call_id for call in calls}
+    stats.rewards_unassigned += sum(count for call_id, (_, count) in intermediate.items() if call_id not in kept_ids)
+    if not calls:
+        stats.rollouts_skipped["no LLM call of a selected role with token ids"] += 1
+        return []
+    credited = assign_credit(credit, rollout, calls)
+    made: list[Transition] = []
+    for index, (call, (prompt, completion, source), value) in enumerate(zip(calls, tokens, credited)):
+        logprobs = call.completion_logprobs if source != "retokenized" else None
+        if logprobs is not None and len(logprobs) != len(completion):
+            stats.logprobs_dropped += 1
+            logprobs = None
+        reward = value + intermediate.get(call.call_id, (0.0, 0))[0]
+        check_finite(reward, f"reward of call {call.call_id!r} in rollout {rollout.rollout_id!r}")
+        # Fields come from validated records; model_construct skips re-validating long token lists.
+        made.append(
+            Transition.model_construct(
+                rollout_id=rollout.rollout_id,
+                task_id=rollout.task_id,
+                group_id=rollout.group_id if rollout.group_id is not None else rollout.task_id,
+                index=index,
+                call_id=call.call_id,
+                role=call.role,
+                prompt_token_ids=prompt,
+                completion_token_ids=completion,
+                completion_logprobs=logprobs,
+                token_source=source,
+                reward=reward,
+                advantage=None,
+                weight=1.0,
+                model_version=call.metadata.get("model_version") or rollout.model_version,
+            )
+        )
+    return made
+
+
+def _intermediate_rewards(rollout: Rollout, rules: AIR | None, include_emitted: bool) -> dict[str, tuple[float, int]]:
+    """Sum and count of the call-level rewards of ``rollout`` per call id."""
+    rewards = (
+        [reward for reward in rollout.rewards if reward.call_id is not None and reward.source != "final"]
+        if include_emitted
+        else []
+    )
+    if rules is not None:
+        rewards.extend(rules.rewards(rollout))
+    totals: dict[str, tuple[float, int]] = {}
+    for reward in rewards:
+        total, count = totals.get(reward.call_id, (0.0, 0))  # type: ignore[arg-type]
+        totals[reward.call_id] = (total + reward.value, count + 1)  # type: ignore[index]
+    return totals
