@@ -1,0 +1,4 @@
+"""Examples from the Agent Lightning paper (not part of the installed package).
+
+Run them from the repository root as modules, e.g. ``python -m examples.spider.train --dry-run``.
+"""

@@ -1,0 +1,1 @@
+"""calc_x example (see README.md)."""

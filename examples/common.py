@@ -1,0 +1,116 @@
+"""Helpers shared by the examples: where the data lives, command-line options, evaluation summaries."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
+
+logger = logging.getLogger(__name__)
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A data file an example needs is not where the data directory says."""
+
+
+def data_file(data_dir: Path, relative: str) -> Path:
+    """``data_dir / relative``, or a :class:`DataNotFoundError` naming both and how to fix it."""
+    path = Path(data_dir) / relative
+    if not path.exists():
+        raise DataNotFoundError(
+            f"{relative!r} not found under data directory {str(data_dir)!r} (looked for {str(path)!r}); "
+            "pass --data-dir pointing at your copy of the data (layout: see the example's README)"
+        )
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSON-lines file; a bad line is an error naming the file and line number."""
+    rows: list[dict[str, Any]] = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+    return rows
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every example shares."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help=f"directory holding the example data (default: {DEFAULT_DATA_DIR})",
+    )
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default: WARNING)")
+    return parser
+
+
+def endpoint_parser(description: str) -> argparse.ArgumentParser:
+    """Options of the ``eval.py`` scripts: any OpenAI-compatible endpoint and how much to evaluate."""
+    parser = base_parser(description)
+    parser.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", required=True, help="model name to send in requests")
+    parser.add_argument("--api-key", default="EMPTY", help="API key for the endpoint (default: EMPTY)")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N held-out tasks")
+    parser.add_argument("--workers", type=int, default=4, help="rollouts run in parallel (default: 4)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0)")
+    parser.add_argument("--output", type=Path, default=None, help="write one JSON line per rollout here")
+    return parser
+
+
+@dataclass(frozen=True)
+class EvalSummary:
+    """Scores of one evaluation run."""
+
+    n: int
+    mean_reward: float
+    accuracy: float
+    failed: int
+
+    def line(self, name: str) -> str:
+        """A one-line human summary."""
+        return (
+            f"{name}: {self.n} tasks, mean reward {self.mean_reward:.4f}, "
+            f"accuracy (reward >= 1) {self.accuracy:.4f}, failed rollouts {self.failed}"
+        )
+
+
+def summarise(rollouts: Sequence[Any]) -> EvalSummary:
+    """Mean reward (a failed rollout counts 0), share of rollouts with reward 1, and failures."""
+    rewards = [r.final_reward if r.final_reward is not None else 0.0 for r in rollouts]
+    failed = sum(1 for r in rollouts if r.status != "succeeded")
+    return EvalSummary(
+        n=len(rollouts),
+        mean_reward=statistics.fmean(rewards) if rewards else 0.0,
+        accuracy=(sum(1 for value in rewards if value >= 1.0 - 1e-9) / len(rewards)) if rewards else 0.0,
+        failed=failed,
+    )
+
+
+def write_rollouts(path: Path, rollouts: Sequence[Any]) -> None:
+    """One JSON line per rollout (the full record: calls, rewards, errors)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for rollout in rollouts:
+            handle.write(rollout.model_dump_json() + "\n")
+
+
+def execute_all(agent: Any, tasks: Sequence[Any], llm: Any, workers: int) -> list[Any]:
+    """Run ``agent`` once per task with capture, ``workers`` at a time, results in task order."""
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(lambda task: agent.execute(task, llm), tasks))

@@ -1,0 +1,1 @@
+"""rag example (see README.md)."""

@@ -1,0 +1,1 @@
+"""spider example (see README.md)."""
