@@ -1,0 +1,141 @@
+"""Shared by the framework adapters: recording a tool execution as a ``Call`` and finding the LLM call that asked
+for it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentlightning.context import RolloutRecorder
+from agentlightning.types import Call
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PendingTool:
+    """A tool execution that has started: its position in the rollout is fixed when it starts."""
+
+    recorder: RolloutRecorder
+    name: str
+    arguments: Any
+    role: str | None
+    sequence: int
+    tool_call_id: str | None = None
+    adapter: str = ""
+    start_time: float = field(default_factory=time.time)
+
+    def finish(self, output: Any = None, error: str | None = None) -> Call:
+        """Record the tool call as finished: ``error`` (type and message) marks it failed."""
+        call = Call(
+            kind="tool",
+            sequence=self.sequence,
+            role=self.role,
+            name=self.name,
+            input=self.arguments,
+            output=output,
+            status="error" if error is not None else "ok",
+            error=error,
+            parent_call_id=requesting_llm_call(
+                self.recorder, tool_call_id=self.tool_call_id, name=self.name, arguments=self.arguments, role=self.role
+            ),
+            start_time=self.start_time,
+            end_time=time.time(),
+            metadata={"adapter": self.adapter, **({"tool_call_id": self.tool_call_id} if self.tool_call_id else {})},
+        )
+        self.recorder.add_call(call)
+        return call
+
+
+def start_tool(
+    recorder: RolloutRecorder,
+    *,
+    name: str,
+    arguments: Any,
+    role: str | None,
+    adapter: str,
+    tool_call_id: str | None = None,
+) -> PendingTool:
+    """Reserve the tool call's sequence number now (calls are ordered by start)."""
+    return PendingTool(
+        recorder=recorder,
+        name=name,
+        arguments=arguments,
+        role=role,
+        sequence=recorder.next_sequence(),
+        tool_call_id=tool_call_id,
+        adapter=adapter,
+    )
+
+
+def error_text(error: BaseException) -> str:
+    """``'ValueError: message'``, the form every adapter stores in ``Call.error``."""
+    return f"{type(error).__name__}: {error}"
+
+
+def requesting_llm_call(
+    recorder: RolloutRecorder,
+    *,
+    tool_call_id: str | None = None,
+    name: str | None = None,
+    arguments: Any = None,
+    role: str | None = None,
+) -> str | None:
+    """The id of the LLM call whose output requested this tool call.
+
+    Matches, newest first: the tool-call id; else the tool name and arguments (preferring a call of ``role``); else
+    the tool name; else the latest LLM call of the rollout.
+    """
+    snapshot = list(recorder.calls)  # copying a list is atomic; other threads may append meanwhile
+    llm_calls = [call for call in reversed(snapshot) if call.kind == "llm"]
+    if tool_call_id is not None:
+        for call in llm_calls:
+            if any(request.get("id") == tool_call_id for request in _requested_tools(call)):
+                return call.call_id
+    if name is not None:
+        wanted = _normalised_arguments(arguments)
+        by_name: str | None = None
+        for call in llm_calls:
+            for request in _requested_tools(call):
+                if request.get("name") != name:
+                    continue
+                if wanted is not None and _normalised_arguments(request.get("arguments")) == wanted:
+                    if role is None or call.role == role:
+                        return call.call_id
+                by_name = by_name or call.call_id
+        if by_name is not None:
+            return by_name
+    return llm_calls[0].call_id if llm_calls else None
+
+
+def _requested_tools(call: Call) -> list[dict[str, Any]]:
+    """The tool calls an LLM call's output asked for, as ``{'id', 'name', 'arguments'}`` dicts."""
+    output = call.output
+    if not isinstance(output, dict):
+        return []
+    requests = []
+    for item in output.get("tool_calls") or []:
+        if not isinstance(item, dict):
+            continue
+        function = item.get("function") if isinstance(item.get("function"), dict) else item
+        requests.append(
+            {
+                "id": item.get("id") or item.get("call_id"),
+                "name": function.get("name"),
+                "arguments": function.get("arguments"),
+            }
+        )
+    return requests
+
+
+def _normalised_arguments(arguments: Any) -> Any:
+    """Arguments in a comparable form: JSON text is parsed, dicts compare by value."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments

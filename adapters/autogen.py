@@ -1,0 +1,141 @@
+"""AutoGen AgentChat adapter: each model call is attributed to the agent making it, tool executions are recorded.
+
+Patched (with ``wrapt``, restored by :func:`uninstall`):
+
+- ``AssistantAgent._call_llm`` and ``AssistantAgent._reflect_on_tool_use_flow``: the agent's ``name`` is the current
+  role while the model client runs (streaming or not), whichever team or runtime drives the agent;
+- ``AssistantAgent._execute_tool_call``: every tool execution (``FunctionTool``, MCP tools from ``autogen-ext``,
+  any workbench, handoffs) becomes a ``kind="tool"`` call with status, result, and the LLM call that requested it;
+- ``SelectorGroupChatManager._select_speaker``: the speaker-selection model calls of a ``SelectorGroupChat`` carry
+  the team's name as their role.
+
+Custom ``BaseChatAgent`` subclasses that call a model client themselves can name their role with ``agl.role``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import wrapt
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.teams._group_chat._selector_group_chat import SelectorGroupChatManager
+
+from agentlightning.adapters._tools import error_text, start_tool
+from agentlightning.context import current_recorder, reset_role, set_role
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_originals: list[tuple[type, str, Any]] = []
+
+
+async def _stepped_in_role(generator: Any, role: str) -> AsyncIterator[Any]:
+    """Iterate an async generator with ``role`` current during each of its steps (and only then)."""
+    try:
+        while True:
+            token = set_role(role)
+            try:
+                item = await generator.__anext__()
+            except StopAsyncIteration:
+                return
+            finally:
+                reset_role(token)
+            yield item
+    finally:
+        await generator.aclose()
+
+
+def _argument(function: Callable[..., Any], name: str) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """A getter for argument ``name`` of ``function`` from a call's ``args`` / ``kwargs``."""
+    signature = inspect.signature(function)
+    parameters = [p for p in signature.parameters if p != "cls"]
+    position = parameters.index(name)
+
+    def get(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return kwargs[name] if name in kwargs else args[position]
+
+    return get
+
+
+def _agent_llm_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
+    agent_name = _argument(function, "agent_name")
+
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        name = agent_name(args, kwargs)
+        generator = wrapped(*args, **kwargs)
+        return _stepped_in_role(generator, name) if isinstance(name, str) and name else generator
+
+    return wrapper
+
+
+def _tool_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
+    tool_call_of = _argument(function, "tool_call")
+    agent_name = _argument(function, "agent_name")
+
+    async def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        recorder = current_recorder()
+        if recorder is None:
+            return await wrapped(*args, **kwargs)
+        tool_call = tool_call_of(args, kwargs)
+        pending = start_tool(
+            recorder,
+            name=tool_call.name,
+            arguments=_parsed(tool_call.arguments),
+            role=agent_name(args, kwargs),
+            adapter="autogen",
+            tool_call_id=tool_call.id,
+        )
+        try:
+            call, result = await wrapped(*args, **kwargs)
+        except BaseException as exc:
+            pending.finish(None, error=error_text(exc))
+            raise
+        pending.finish(result.content, error=f"ToolError: {result.content}" if result.is_error else None)
+        return call, result
+
+    return wrapper
+
+
+async def _selector_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    token = set_role(getattr(instance, "_name", None) or "selector")
+    try:
+        return await wrapped(*args, **kwargs)
+    finally:
+        reset_role(token)
+
+
+def _parsed(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except (TypeError, ValueError):
+        return arguments
+
+
+def _patch(owner: type, attribute: str, wrapper: Callable[..., Any]) -> None:
+    _originals.append((owner, attribute, owner.__dict__[attribute]))
+    wrapt.wrap_function_wrapper(owner, attribute, wrapper)
+
+
+def install() -> None:
+    """Patch AgentChat so agent names become roles and tool executions are recorded. Idempotent."""
+    with _lock:
+        if _originals:
+            return
+        for attribute in ("_call_llm", "_reflect_on_tool_use_flow"):
+            _patch(AssistantAgent, attribute, _agent_llm_wrapper(getattr(AssistantAgent, attribute)))
+        _patch(AssistantAgent, "_execute_tool_call", _tool_wrapper(AssistantAgent._execute_tool_call))
+        _patch(SelectorGroupChatManager, "_select_speaker", _selector_wrapper)
+        logger.debug("AutoGen capture adapter installed")
+
+
+def uninstall() -> None:
+    """Restore AgentChat's original methods. Idempotent."""
+    with _lock:
+        while _originals:
+            owner, attribute, original = _originals.pop()
+            setattr(owner, attribute, original)

@@ -1,0 +1,315 @@
+"""LangChain adapter: who is speaking (the nearest named runnable) and what the tools did.
+
+A callback handler is registered globally through ``register_configure_hook``, so every runnable gets it without a
+``callbacks=`` argument. It keeps a small run tree (run id -> parent, role hints, rollout recorder) and, while a
+chat model or LLM run executes, makes the role of its nearest named ancestor current. The openai-client capture
+reads that role when it records the call. Role hints, nearest first, on the model run and then each ancestor:
+
+- metadata ``{"agl_role": "writer"}`` set on that runnable,
+- a tag ``"agl_role:writer"`` set on that runnable,
+- a name the user gave: ``run_name`` / ``with_config(run_name=...)``, a ``RunnableLambda``/``@chain`` function's
+  name, a LangGraph node name. LangChain's own class names (``RunnableSequence``, ``ChatOpenAI``...) are skipped.
+
+A role set with ``agl.role`` inside a named runnable (around the model call) wins over the runnable's name.
+Tool runs become ``kind="tool"`` calls with status, error, and the LLM call that requested them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import ToolMessage
+from langchain_core.runnables import Runnable
+from langchain_core.tracers import context as tracer_context
+
+from agentlightning.adapters._tools import PendingTool, error_text, start_tool
+from agentlightning.context import RolloutRecorder, current_recorder, current_role, reset_role, set_role
+
+logger = logging.getLogger(__name__)
+
+ROLE_KEY = "agl_role"
+ROLE_TAG_PREFIX = "agl_role:"
+
+
+@dataclass
+class _Run:
+    """What the handler remembers of a running runnable."""
+
+    parent_id: UUID | None
+    hint: str | None  # role named at this run (metadata, tag or user-given name)
+    metadata_role: str | None
+    tag_role: str | None
+    recorder: RolloutRecorder | None
+    role_at_start: str | None
+    role_token: Token[str | None] | None = None
+    tool: PendingTool | None = None
+
+
+class AgentLightningCallbackHandler(BaseCallbackHandler):
+    """Sets the current role during model runs and records tool runs. Registered globally by :func:`install`."""
+
+    run_inline = True  # called in the caller's context (never in an executor), so the role it sets is seen
+    raise_error = False
+
+    def __init__(self) -> None:
+        self._runs: dict[UUID, _Run] = {}
+        self._generic_names: dict[str, bool] = {}
+
+    # -- run tree -------------------------------------------------------------------------------------------
+
+    def _remember(
+        self,
+        run_id: UUID,
+        parent_run_id: UUID | None,
+        name: str | None,
+        tags: list[str] | None,
+        metadata: dict[str, Any] | None,
+    ) -> _Run:
+        parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
+        metadata_role = (metadata or {}).get(ROLE_KEY)
+        metadata_role = metadata_role if isinstance(metadata_role, str) and metadata_role else None
+        tag_role = next((t[len(ROLE_TAG_PREFIX) :] for t in reversed(tags or []) if t.startswith(ROLE_TAG_PREFIX)), None)
+        hint: str | None = None
+        if metadata_role is not None and (parent is None or parent.metadata_role != metadata_role):
+            hint = metadata_role
+        elif tag_role and (parent is None or parent.tag_role != tag_role):
+            hint = tag_role
+        elif name and not self._is_generic(name):
+            hint = name
+        recorder = current_recorder() or (parent.recorder if parent is not None else None)
+        run = _Run(parent_run_id, hint, metadata_role, tag_role or None, recorder, current_role())
+        self._runs[run_id] = run
+        return run
+
+    def _is_generic(self, name: str) -> bool:
+        """Whether ``name`` is a LangChain default (a class name of LangChain itself), not a name the user gave."""
+        known = self._generic_names.get(name)
+        if known is None:
+            base = name.split("<", 1)[0]
+            known = base in _framework_runnable_names()
+            self._generic_names[name] = known
+        return known
+
+    def _role_of(self, run: _Run | None) -> tuple[_Run, str] | None:
+        """The nearest run (``run`` itself or an ancestor) naming a role, with that role."""
+        seen = 0
+        while run is not None and seen < 1000:
+            if run.hint is not None:
+                return run, run.hint
+            run = self._runs.get(run.parent_id) if run.parent_id is not None else None
+            seen += 1
+        return None
+
+    def _speaking(self, run: _Run | None) -> str | None:
+        """The role of the nearest named run from ``run`` up; an ``agl.role`` entered inside that run wins."""
+        found = self._role_of(run)
+        now = current_role()
+        if found is None:
+            return now
+        owner, role = found
+        if now is not None and now != owner.role_at_start and owner is not run:
+            return now
+        return role
+
+    def _forget(self, run_id: UUID) -> _Run | None:
+        return self._runs.pop(run_id, None)
+
+    # -- chains ---------------------------------------------------------------------------------------------
+
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._remember(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._forget(run_id)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._forget(run_id)
+
+    # -- models ---------------------------------------------------------------------------------------------
+
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any] | None,
+        messages: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._model_start(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
+
+    def on_llm_start(
+        self,
+        serialized: dict[str, Any] | None,
+        prompts: list[str],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._model_start(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
+
+    def _model_start(
+        self,
+        run_id: UUID,
+        parent_run_id: UUID | None,
+        name: str | None,
+        tags: list[str] | None,
+        metadata: dict[str, Any] | None,
+    ) -> None:
+        # A model run's `name` is only ever an explicit run_name (LangChain passes None otherwise).
+        run = self._remember(run_id, parent_run_id, name, tags, metadata)
+        role = self._speaking(run)
+        if role is not None and role != current_role():  # prompts of one generate() share the role: set it once
+            run.role_token = set_role(role)
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._model_end(run_id)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._model_end(run_id)
+
+    def _model_end(self, run_id: UUID) -> None:
+        run = self._forget(run_id)
+        if run is not None and run.role_token is not None:
+            reset_role(run.role_token)
+
+    # -- tools ----------------------------------------------------------------------------------------------
+
+    def on_tool_start(
+        self,
+        serialized: dict[str, Any] | None,
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        inputs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        run = self._remember(run_id, parent_run_id, None, tags, metadata)
+        if run.recorder is None:
+            return
+        parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
+        name = kwargs.get("name") or (serialized or {}).get("name") or "tool"
+        run.tool = start_tool(
+            run.recorder,
+            name=name,
+            arguments=inputs if inputs is not None else input_str,
+            role=self._speaking(parent),
+            adapter="langchain",
+            tool_call_id=kwargs.get("tool_call_id"),
+        )
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        run = self._forget(run_id)
+        if run is None or run.tool is None:
+            return
+        if isinstance(output, ToolMessage):
+            failed = output.status == "error"
+            content = output.content
+            run.tool.finish(content, error=f"ToolException: {content}" if failed else None)
+        else:
+            run.tool.finish(output if _is_jsonable_scalar(output) else str(output))
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        run = self._forget(run_id)
+        if run is not None and run.tool is not None:
+            run.tool.finish(None, error=error_text(error))
+
+    # -- other runs keep the tree connected -----------------------------------------------------------------
+
+    def on_retriever_start(
+        self,
+        serialized: dict[str, Any] | None,
+        query: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._remember(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
+
+    def on_retriever_end(self, documents: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._forget(run_id)
+
+    def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._forget(run_id)
+
+
+def _is_jsonable_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool, list, dict))
+
+
+def _framework_runnable_names() -> set[str]:
+    """Class names of every Runnable defined by LangChain / LangGraph packages (their default run names)."""
+    names = {"RunnableLambda", "<lambda>", "LangGraph"}
+    stack: list[type] = [Runnable]
+    seen: set[type] = set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if cls.__module__.split(".", 1)[0].startswith(("langchain", "langgraph")):
+            names.add(cls.__name__)
+        stack.extend(cls.__subclasses__())
+    return names
+
+
+_lock = threading.Lock()
+_hook_var: ContextVar[AgentLightningCallbackHandler | None] | None = None
+
+
+def install() -> None:
+    """Register the handler for every LangChain run in this process. Idempotent."""
+    global _hook_var
+    with _lock:
+        if _hook_var is not None:
+            return
+        handler = AgentLightningCallbackHandler()
+        _hook_var = ContextVar("agl_langchain_handler", default=handler)
+        tracer_context.register_configure_hook(_hook_var, inheritable=True)
+        logger.debug("LangChain capture adapter installed")
+
+
+def uninstall() -> None:
+    """Remove the handler; runs started afterwards are no longer attributed. Idempotent."""
+    global _hook_var
+    with _lock:
+        if _hook_var is None:
+            return
+        hooks = tracer_context._configure_hooks  # noqa: SLF001 - LangChain has no public unregister
+        for entry in [entry for entry in hooks if entry[0] is _hook_var]:
+            with contextlib.suppress(ValueError):
+                hooks.remove(entry)
+        _hook_var = None
+
+
+def installed_handler() -> AgentLightningCallbackHandler | None:
+    """The registered handler, or None when the adapter is not installed."""
+    return _hook_var.get() if _hook_var is not None else None

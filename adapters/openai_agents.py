@@ -1,0 +1,163 @@
+"""OpenAI Agents SDK adapter: a tracing processor that names the speaking agent and records function tools.
+
+The SDK opens an agent span per agent turn sequence, a generation span (Chat Completions model) or response span
+(Responses model) around each model request, and a function span around each tool execution. The processor keeps
+the span tree of running spans and:
+
+- while a generation / response span is open, makes the name of the agent span above it the current role, so the
+  openai-client capture records the call under that agent (handoffs and ``agent.as_tool`` included: the nearest
+  agent span is the agent that made the request);
+- turns each function span into a ``kind="tool"`` call: name, arguments, output, ``status="error"`` when the SDK
+  recorded an error on the span (a tool that raised), and the LLM call that requested it.
+
+The processor is added next to the SDK's own processors (``agents.add_trace_processor``). It only sees spans while
+tracing is on: ``set_tracing_disabled(True)`` or ``RunConfig(tracing_disabled=True)`` also switch this capture off
+(the LLM calls are still recorded, without agent names). To keep traces from being exported to OpenAI, replace the
+SDK's default processor before the first rollout starts (``agents.set_trace_processors([])``): this processor is
+added afterwards, when the adapter installs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from contextvars import Token
+from dataclasses import dataclass
+from typing import Any
+
+from agents import add_trace_processor
+from agents.tracing import (
+    AgentSpanData,
+    FunctionSpanData,
+    GenerationSpanData,
+    ResponseSpanData,
+    Span,
+    Trace,
+    TracingProcessor,
+    get_trace_provider,
+)
+
+from agentlightning.adapters._tools import PendingTool, start_tool
+from agentlightning.context import current_recorder, current_role, reset_role, set_role
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _OpenSpan:
+    parent_id: str | None
+    trace_id: str
+    agent: str | None = None
+    role_token: Token[str | None] | None = None
+    tool: PendingTool | None = None
+
+
+class AgentLightningTracingProcessor(TracingProcessor):
+    """Attributes model requests to agents and records function tools into the current rollout."""
+
+    def __init__(self) -> None:
+        self._spans: dict[str, _OpenSpan] = {}
+
+    def _agent_above(self, span_id: str | None) -> str | None:
+        hops = 0
+        while span_id is not None and hops < 1000:
+            open_span = self._spans.get(span_id)
+            if open_span is None:
+                return None
+            if open_span.agent is not None:
+                return open_span.agent
+            span_id = open_span.parent_id
+            hops += 1
+        return None
+
+    def on_trace_start(self, trace: Trace) -> None:
+        return None
+
+    def on_trace_end(self, trace: Trace) -> None:
+        # Spans of a finished trace that never ended (a cancelled run) are dropped.
+        for span_id in [key for key, value in self._spans.items() if value.trace_id == trace.trace_id]:
+            self._spans.pop(span_id, None)
+
+    def on_span_start(self, span: Span[Any]) -> None:
+        data = span.span_data
+        open_span = _OpenSpan(parent_id=span.parent_id, trace_id=span.trace_id)
+        if isinstance(data, AgentSpanData):
+            open_span.agent = data.name
+        self._spans[span.span_id] = open_span
+        if isinstance(data, (GenerationSpanData, ResponseSpanData)):
+            agent = self._agent_above(span.parent_id)
+            if agent is not None and agent != current_role():
+                open_span.role_token = set_role(agent)
+        elif isinstance(data, FunctionSpanData):
+            recorder = current_recorder()
+            if recorder is not None:
+                open_span.tool = start_tool(
+                    recorder,
+                    name=data.name,
+                    arguments=None,  # the SDK fills the span's input after it starts
+                    role=self._agent_above(span.parent_id),
+                    adapter="openai_agents",
+                )
+
+    def on_span_end(self, span: Span[Any]) -> None:
+        open_span = self._spans.pop(span.span_id, None)
+        if open_span is None:
+            return
+        if open_span.role_token is not None:
+            reset_role(open_span.role_token)
+        if open_span.tool is not None:
+            data = span.span_data
+            open_span.tool.arguments = _parsed(data.input)
+            error = span.error
+            message = None
+            if error is not None:
+                detail = (error.get("data") or {}).get("error")
+                message = f"{error.get('message')}: {detail}" if detail else str(error.get("message"))
+            open_span.tool.finish(data.output, error=message)
+
+    def shutdown(self) -> None:
+        self._spans.clear()
+
+    def force_flush(self) -> None:
+        return None
+
+
+def _parsed(arguments: Any) -> Any:
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+_lock = threading.Lock()
+_processor: AgentLightningTracingProcessor | None = None
+
+
+def install() -> None:
+    """Add the processor to the SDK's trace provider. Idempotent."""
+    global _processor
+    with _lock:
+        if _processor is not None and _processor in _registered():
+            return
+        _processor = _processor or AgentLightningTracingProcessor()
+        add_trace_processor(_processor)
+        logger.debug("OpenAI Agents SDK capture adapter installed")
+
+
+def uninstall() -> None:
+    """Remove the processor, keeping every other processor. Idempotent."""
+    global _processor
+    with _lock:
+        if _processor is None:
+            return
+        get_trace_provider().set_processors([p for p in _registered() if p is not _processor])
+        _processor = None
+
+
+def _registered() -> list[TracingProcessor]:
+    """The processors the SDK's provider calls now."""
+    multi = getattr(get_trace_provider(), "_multi_processor", None)
+    return list(getattr(multi, "_processors", ()))
