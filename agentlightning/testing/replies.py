@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentlightning.testing.tokenizer import message_text
+from agentlightning.messages import message_text, responses_input_to_messages
 
 
 @dataclass
@@ -104,33 +104,3 @@ class MockRequest:
                 return message_text(message.get("content"))
         return ""
 
-
-def responses_input_to_messages(input_: Any, instructions: str | None = None) -> list[dict[str, Any]]:
-    """Normalise a Responses API ``input`` (string or item list) and ``instructions`` to chat messages."""
-    messages: list[dict[str, Any]] = []
-    if instructions:
-        messages.append({"role": "system", "content": instructions})
-    if input_ is None:
-        return messages
-    if isinstance(input_, str):
-        messages.append({"role": "user", "content": input_})
-        return messages
-    for item in input_:
-        if not isinstance(item, dict):
-            continue
-        kind = item.get("type", "message")
-        if kind == "message" or ("role" in item and kind not in ("function_call", "function_call_output")):
-            messages.append({"role": item.get("role", "user"), "content": message_text(item.get("content"))})
-        elif kind == "function_call":
-            call = {
-                "id": item.get("call_id"),
-                "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
-            }
-            if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
-                messages[-1]["tool_calls"].append(call)
-            else:
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": str(item.get("output"))})
-    return messages

@@ -11,6 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from agentlightning.messages import message_text
+
 BYTE_OFFSET = 3
 
 
@@ -46,23 +48,6 @@ class MockTokenizer:
     def logprob(token_id: int) -> float:
         """The log-probability the mock 'model' assigns to ``token_id`` (deterministic, in [-0.85, -0.05])."""
         return -((token_id % 17) + 1) / 20
-
-
-def message_text(content: Any) -> str:
-    """The text of a chat message ``content`` (a string, None, or a list of content parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict):
-                parts.append(str(part.get("text") or part.get("refusal") or ""))
-            else:
-                parts.append(str(part))
-        return "".join(parts)
-    return str(content)
 
 
 def render_tool_calls(tool_calls: Sequence[dict[str, Any]]) -> str:

@@ -1,0 +1,648 @@
+"""Capture of the ``openai`` client: every chat / completions / responses call becomes a :class:`~agentlightning.Call`.
+
+Patched with wrapt (class attributes, so every client instance, ``with_options`` copy and framework built on the
+client is covered): ``chat.completions.create`` / ``parse``, ``responses.create`` / ``parse``, legacy
+``completions.create``, sync and async. Streams are recorded when they are consumed (or closed / collected);
+``with_raw_response`` and ``with_streaming_response`` calls are recorded once.
+
+Outside a rollout a wrapped call costs one ContextVar lookup. Inside one, a failure of capture itself is logged and
+the agent's call proceeds unchanged; an error raised by the API is recorded (status 'error') and re-raised as is.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import wrapt
+
+from agentlightning.context import RolloutRecorder, _current_recorder, current_role
+from agentlightning.messages import as_plain, responses_input_to_messages
+from agentlightning.telemetry import emit_call_span
+from agentlightning.types import Call, new_id
+
+logger = logging.getLogger(__name__)
+
+# (module, class, method, api name recorded in Call.metadata["api"], is_async)
+_TARGETS: tuple[tuple[str, str, str, str, bool], ...] = (
+    ("openai.resources.chat.completions.completions", "Completions", "create", "chat.completions", False),
+    ("openai.resources.chat.completions.completions", "Completions", "parse", "chat.completions.parse", False),
+    ("openai.resources.chat.completions.completions", "AsyncCompletions", "create", "chat.completions", True),
+    ("openai.resources.chat.completions.completions", "AsyncCompletions", "parse", "chat.completions.parse", True),
+    ("openai.resources.responses.responses", "Responses", "create", "responses", False),
+    ("openai.resources.responses.responses", "Responses", "parse", "responses.parse", False),
+    ("openai.resources.responses.responses", "AsyncResponses", "create", "responses", True),
+    ("openai.resources.responses.responses", "AsyncResponses", "parse", "responses.parse", True),
+    ("openai.resources.completions", "Completions", "create", "completions", False),
+    ("openai.resources.completions", "AsyncCompletions", "create", "completions", True),
+)
+
+# Request fields recorded as sampling parameters (everything else is input, tools or transport options).
+SAMPLING_KEYS: frozenset[str] = frozenset({
+    "temperature", "top_p", "max_tokens", "max_completion_tokens", "max_output_tokens", "n", "stop", "seed",
+    "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "logit_bias", "tool_choice",
+    "parallel_tool_calls", "reasoning_effort", "reasoning", "response_format", "text", "best_of", "echo",
+    "suffix", "user", "service_tier", "store", "truncation", "verbosity", "stream_options", "modalities",
+})
+
+_lock = threading.Lock()
+_originals: list[tuple[type, str, Any]] = []
+_active = False
+unattributed_calls = 0
+"""How many patched calls ran outside any rollout in this process (for diagnostics; approximate under threads)."""
+
+
+# -- install / uninstall -----------------------------------------------------------------------------------------
+
+
+def install() -> None:
+    """Patch the openai client classes (idempotent)."""
+    global _active
+    with _lock:
+        if _originals:
+            _active = True
+            return
+        for module_name, class_name, method, api, is_async in _TARGETS:
+            try:
+                cls = getattr(importlib.import_module(module_name), class_name)
+                original = cls.__dict__[method]
+            except (ImportError, AttributeError, KeyError):
+                logger.warning("openai capture: %s.%s.%s not found; that API is not captured",
+                               module_name, class_name, method)
+                continue
+            wrapper = _async_wrapper(api) if is_async else _sync_wrapper(api)
+            setattr(cls, method, wrapt.FunctionWrapper(original, wrapper))
+            _originals.append((cls, method, original))
+        _active = True
+
+
+def uninstall() -> None:
+    """Restore the original openai methods (idempotent)."""
+    global _active
+    with _lock:
+        for cls, method, original in reversed(_originals):
+            setattr(cls, method, original)
+        _originals.clear()
+        _active = False
+
+
+def is_installed() -> bool:
+    """Whether the openai client is patched now."""
+    return _active
+
+
+# -- the wrappers ------------------------------------------------------------------------------------------------
+
+
+def _sync_wrapper(api: str) -> Callable[..., Any]:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        recorder = _current_recorder.get()
+        if recorder is None or not _active:
+            _count_unattributed()
+            return wrapped(*args, **kwargs)
+        pending = _start(api, recorder, instance, kwargs)
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            if pending is not None:
+                pending.fail(exc)
+            raise
+        return _handle_result(pending, result) if pending is not None else result
+
+    return wrapper
+
+
+def _async_wrapper(api: str) -> Callable[..., Any]:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        recorder = _current_recorder.get()
+        if recorder is None or not _active:
+            _count_unattributed()
+            return wrapped(*args, **kwargs)
+        return _acall(api, recorder, wrapped, instance, args, kwargs)
+
+    return wrapper
+
+
+async def _acall(
+    api: str, recorder: RolloutRecorder, wrapped: Callable[..., Any], instance: Any,
+    args: tuple[Any, ...], kwargs: dict[str, Any],
+) -> Any:
+    pending = _start(api, recorder, instance, kwargs)
+    try:
+        result = await wrapped(*args, **kwargs)
+    except BaseException as exc:
+        if pending is not None:
+            pending.fail(exc)
+        raise
+    return _handle_result(pending, result) if pending is not None else result
+
+
+def _count_unattributed() -> None:
+    global unattributed_calls
+    unattributed_calls += 1
+
+
+def _start(api: str, recorder: RolloutRecorder, instance: Any, kwargs: dict[str, Any]) -> _Pending | None:
+    """Begin recording a call; never raises (a capture bug must not break the agent)."""
+    try:
+        return _Pending(api, recorder, instance, kwargs)
+    except Exception:  # noqa: BLE001
+        logger.warning("openai capture failed at call start; this call is not recorded", exc_info=True)
+        return None
+
+
+def _handle_result(pending: _Pending, result: Any) -> Any:
+    """Record ``result`` (or arrange to record it when a stream / raw response is consumed); return it as is."""
+    try:
+        return pending.handle(result)
+    except Exception:  # noqa: BLE001
+        logger.warning("openai capture failed to record a %s call; the agent continues", pending.api, exc_info=True)
+        return result
+
+
+# -- one call being recorded ---------------------------------------------------------------------------------------
+
+
+class _Pending:
+    """A call between its start and the moment its result is known."""
+
+    __slots__ = ("api", "recorder", "kwargs", "start_time", "sequence", "role", "endpoint", "done")
+
+    def __init__(self, api: str, recorder: RolloutRecorder, instance: Any, kwargs: dict[str, Any]) -> None:
+        self.api = api
+        self.recorder = recorder
+        self.start_time = time.time()
+        self.sequence = recorder.next_sequence()
+        self.role = current_role()
+        client = getattr(instance, "_client", None)
+        self.endpoint = str(client.base_url).rstrip("/") if client is not None else None
+        if self.endpoint:
+            recorder.endpoints_seen.add(self.endpoint)
+        # Materialise one-shot iterables so that reading them here does not starve the real call.
+        for key in ("messages", "tools", "input"):
+            value = kwargs.get(key)
+            if value is not None and not isinstance(value, (list, tuple, str, dict)) and hasattr(value, "__iter__"):
+                kwargs[key] = list(value)
+        self.kwargs = kwargs
+        self.done = False
+
+    # result dispatch
+
+    def handle(self, result: Any) -> Any:
+        Stream, AsyncStream, LegacyAPIResponse, APIResponse, AsyncAPIResponse = _openai_types()  # noqa: N806
+        if isinstance(result, Stream):
+            _observe_sync_stream(result, self)
+        elif isinstance(result, AsyncStream):
+            _observe_async_stream(result, self)
+        elif isinstance(result, LegacyAPIResponse):
+            if getattr(result, "_stream", False):
+                _observe_on_parse(result, self)
+            else:
+                self.record(_response_fields(self.api, result.http_response.json()), raw=True)
+        elif isinstance(result, (APIResponse, AsyncAPIResponse)):
+            _observe_on_parse(result, self)
+        else:
+            self.record(_response_fields(self.api, result))
+        return result
+
+    def fail(self, exc: BaseException) -> None:
+        """Record the call as failed by ``exc`` (the caller re-raises it)."""
+        try:
+            status = getattr(exc, "status_code", None)
+            self._add(
+                output=None, status="error", error=f"{type(exc).__name__}: {exc}",
+                extra={"error_type": type(exc).__name__, **({"http_status": status} if status else {})},
+            )
+        except Exception:  # noqa: BLE001
+            logger.warning("openai capture failed to record a failed %s call", self.api, exc_info=True)
+
+    def record(self, fields: dict[str, Any], *, raw: bool = False, stream: bool = False,
+               error: BaseException | None = None) -> None:
+        """Record a completed (or, with ``error``, interrupted) call from extracted response fields."""
+        extra: dict[str, Any] = {}
+        if raw:
+            extra["raw_response"] = True
+        if stream:
+            extra["stream"] = True
+        for key in ("usage", "response_model"):
+            if fields.get(key) is not None:
+                extra[key] = fields[key]
+        if fields.get("choices", 1) > 1:
+            extra["choices"] = fields["choices"]
+        status, message = "ok", None
+        if error is not None:
+            status, message = "error", f"{type(error).__name__}: {error}"
+            extra["error_type"] = type(error).__name__
+        prompt_ids, completion_ids = fields.get("prompt_token_ids"), fields.get("completion_token_ids")
+        self._add(
+            output=fields.get("output"),
+            status=status,
+            error=message,
+            extra=extra,
+            response_id=fields.get("response_id"),
+            prompt_token_ids=prompt_ids,
+            completion_token_ids=completion_ids,
+            completion_logprobs=fields.get("completion_logprobs"),
+            token_source="response" if completion_ids is not None or prompt_ids is not None else None,
+        )
+
+    def _add(self, *, output: Any, status: str, error: str | None, extra: dict[str, Any], **fields: Any) -> None:
+        if self.done:
+            return
+        self.done = True
+        kwargs = self.kwargs
+        metadata: dict[str, Any] = {"endpoint": self.endpoint, "api": self.api, "stream": bool(kwargs.get("stream"))}
+        metadata["sampling"] = _sampling(kwargs)
+        metadata.update(extra)
+        call = Call.model_construct(
+            call_id=new_id("call"),
+            sequence=self.sequence,
+            kind="llm",
+            role=self.role,
+            name=kwargs.get("model"),
+            input=_request_input(self.api, kwargs),
+            output=output,
+            tools=_plain_list(kwargs.get("tools")),
+            status=status,
+            error=error,
+            start_time=self.start_time,
+            end_time=time.time(),
+            metadata=metadata,
+            **fields,
+        )
+        self.recorder.add_call(call)
+        try:
+            emit_call_span(call)
+        except Exception:  # noqa: BLE001
+            logger.warning("could not emit the OpenTelemetry span of call %s", call.call_id, exc_info=True)
+
+
+# -- request side ------------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _openai_types() -> tuple[type, ...]:
+    """Stream, AsyncStream, LegacyAPIResponse, APIResponse, AsyncAPIResponse (imported once)."""
+    from openai import AsyncStream, Stream
+    from openai._legacy_response import LegacyAPIResponse
+    from openai._response import APIResponse, AsyncAPIResponse
+
+    return Stream, AsyncStream, LegacyAPIResponse, APIResponse, AsyncAPIResponse
+
+
+@functools.cache
+def _sentinel_types() -> tuple[type, ...]:
+    from openai import NotGiven, Omit
+
+    return NotGiven, Omit
+
+
+def _given(value: Any) -> bool:
+    return value is not None and not isinstance(value, _sentinel_types())
+
+
+def _sampling(kwargs: dict[str, Any]) -> dict[str, Any]:
+    sampling = {key: _jsonable(value) for key, value in kwargs.items() if key in SAMPLING_KEYS and _given(value)}
+    extra_body = kwargs.get("extra_body")
+    if isinstance(extra_body, dict):
+        sampling.update({key: _jsonable(value) for key, value in extra_body.items()})
+    return sampling
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, type):  # e.g. response_format=SomePydanticModel for .parse()
+        return value.__name__
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    plain = as_plain(value)
+    return plain if plain is not value else repr(value)
+
+
+def _plain_list(value: Any) -> list[Any] | None:
+    if not _given(value):
+        return None
+    return [item if type(item) is dict else _jsonable(item) for item in value]
+
+
+def _request_input(api: str, kwargs: dict[str, Any]) -> Any:
+    if api.startswith("chat"):
+        return _plain_list(kwargs.get("messages"))
+    if api.startswith("responses"):
+        return responses_input_to_messages(kwargs.get("input"), kwargs.get("instructions") or None)
+    prompt = kwargs.get("prompt")
+    return _jsonable(prompt) if _given(prompt) else None
+
+
+# -- response side -----------------------------------------------------------------------------------------------
+
+
+def _get(obj: Any, name: str) -> Any:
+    """A field of a response object or of its JSON dict (extra vLLM fields included)."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _usage(usage: Any) -> dict[str, Any] | None:
+    if usage is None:
+        return None
+    plain = usage if isinstance(usage, dict) else as_plain(usage)
+    return plain if isinstance(plain, dict) else None
+
+
+def _tool_call_dict(tool_call: Any) -> dict[str, Any]:
+    function = _get(tool_call, "function")
+    return {
+        "id": _get(tool_call, "id"),
+        "type": _get(tool_call, "type") or "function",
+        "function": {"name": _get(function, "name"), "arguments": _get(function, "arguments")},
+    }
+
+
+def _response_fields(api: str, response: Any) -> dict[str, Any]:
+    """Output, token ids, usage and ids of a finished (non-stream) response, object or JSON dict."""
+    if api.startswith("chat"):
+        return _chat_fields(response)
+    if api.startswith("responses"):
+        return _responses_fields(response)
+    return _completion_fields(response)
+
+
+def _chat_fields(response: Any) -> dict[str, Any]:
+    choices = _get(response, "choices") or []
+    choice = choices[0] if choices else None
+    message = _get(choice, "message")
+    tool_calls = _get(message, "tool_calls")
+    output: dict[str, Any] = {
+        "content": _get(message, "content"),
+        "tool_calls": [_tool_call_dict(tc) for tc in tool_calls] if tool_calls else [],
+        "finish_reason": _get(choice, "finish_reason"),
+    }
+    refusal = _get(message, "refusal")
+    if refusal:
+        output["refusal"] = refusal
+    logprobs = _get(_get(choice, "logprobs"), "content")
+    return {
+        "output": output,
+        "response_id": _get(response, "id"),
+        "response_model": _get(response, "model"),
+        "usage": _usage(_get(response, "usage")),
+        "prompt_token_ids": _get(response, "prompt_token_ids") or _get(choice, "prompt_token_ids"),
+        "completion_token_ids": _get(choice, "token_ids"),
+        "completion_logprobs": [_get(entry, "logprob") for entry in logprobs] if logprobs else None,
+        "choices": len(choices),
+    }
+
+
+def _completion_fields(response: Any) -> dict[str, Any]:
+    choices = _get(response, "choices") or []
+    choice = choices[0] if choices else None
+    logprobs = _get(_get(choice, "logprobs"), "token_logprobs")
+    return {
+        "output": {"content": _get(choice, "text"), "tool_calls": [], "finish_reason": _get(choice, "finish_reason")},
+        "response_id": _get(response, "id"),
+        "response_model": _get(response, "model"),
+        "usage": _usage(_get(response, "usage")),
+        "prompt_token_ids": _get(choice, "prompt_token_ids") or _get(response, "prompt_token_ids"),
+        "completion_token_ids": _get(choice, "token_ids"),
+        "completion_logprobs": list(logprobs) if logprobs else None,
+        "choices": len(choices),
+    }
+
+
+def _responses_fields(response: Any) -> dict[str, Any]:
+    texts: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    for item in _get(response, "output") or []:
+        kind = _get(item, "type")
+        if kind == "message":
+            for part in _get(item, "content") or []:
+                if _get(part, "type") == "output_text":
+                    texts.append(_get(part, "text") or "")
+        elif kind == "function_call":
+            tool_calls.append({"id": _get(item, "call_id"), "type": "function",
+                               "function": {"name": _get(item, "name"), "arguments": _get(item, "arguments")}})
+    status = _get(response, "status")
+    if status == "incomplete":
+        finish = _get(_get(response, "incomplete_details"), "reason") or "incomplete"
+        finish = "length" if finish == "max_output_tokens" else finish
+    else:
+        finish = "tool_calls" if tool_calls else "stop"
+    return {
+        "output": {"content": "".join(texts) if texts else None, "tool_calls": tool_calls, "finish_reason": finish},
+        "response_id": _get(response, "id"),
+        "response_model": _get(response, "model"),
+        "usage": _usage(_get(response, "usage")),
+        "prompt_token_ids": _get(response, "prompt_token_ids"),
+        "completion_token_ids": _get(response, "output_token_ids"),
+        "completion_logprobs": None,
+    }
+
+
+# -- streams -----------------------------------------------------------------------------------------------------
+
+
+class _StreamAccumulator:
+    """Folds stream chunks / events into the fields of the complete response."""
+
+    def __init__(self, api: str) -> None:
+        self.api = api
+        self.texts: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.prompt_ids: list[int] | None = None
+        self.completion_ids: list[int] | None = None
+        self.logprobs: list[float] | None = None
+        self.final_response: Any = None
+
+    def add(self, chunk: Any) -> None:
+        if self.api.startswith("responses"):
+            kind = _get(chunk, "type")
+            if kind in ("response.completed", "response.incomplete", "response.failed"):
+                self.final_response = _get(chunk, "response")
+            elif kind == "response.output_text.delta":
+                self.texts.append(_get(chunk, "delta") or "")
+            return
+        self.response_id = self.response_id or _get(chunk, "id")
+        self.model = self.model or _get(chunk, "model")
+        usage = _get(chunk, "usage")
+        if usage is not None:
+            self.usage = _usage(usage)
+        prompt_ids = _get(chunk, "prompt_token_ids")
+        for choice in _get(chunk, "choices") or []:
+            if (_get(choice, "index") or 0) != 0:
+                continue
+            prompt_ids = prompt_ids or _get(choice, "prompt_token_ids")
+            ids = _get(choice, "token_ids")
+            if ids is not None:
+                self.completion_ids = (self.completion_ids or []) + list(ids)
+            if self.api == "completions":
+                self.texts.append(_get(choice, "text") or "")
+                token_logprobs = _get(_get(choice, "logprobs"), "token_logprobs")
+                if token_logprobs:
+                    self.logprobs = (self.logprobs or []) + list(token_logprobs)
+            else:
+                self._chat_delta(_get(choice, "delta"))
+                entries = _get(_get(choice, "logprobs"), "content")
+                if entries:
+                    self.logprobs = (self.logprobs or []) + [_get(entry, "logprob") for entry in entries]
+            self.finish_reason = _get(choice, "finish_reason") or self.finish_reason
+        if prompt_ids is not None and self.prompt_ids is None:
+            self.prompt_ids = list(prompt_ids)
+
+    def _chat_delta(self, delta: Any) -> None:
+        content = _get(delta, "content")
+        if content:
+            self.texts.append(content)
+        for tc in _get(delta, "tool_calls") or []:
+            slot = self.tool_calls.setdefault(_get(tc, "index") or 0,
+                                              {"id": None, "type": "function", "function": {"name": None, "arguments": ""}})
+            slot["id"] = _get(tc, "id") or slot["id"]
+            function = _get(tc, "function")
+            if function is not None:
+                slot["function"]["name"] = _get(function, "name") or slot["function"]["name"]
+                slot["function"]["arguments"] += _get(function, "arguments") or ""
+
+    def fields(self) -> dict[str, Any]:
+        if self.final_response is not None:
+            return _responses_fields(self.final_response)
+        text = "".join(self.texts)
+        output: dict[str, Any] = {
+            "content": text if text or not self.tool_calls else None,
+            "tool_calls": [self.tool_calls[i] for i in sorted(self.tool_calls)],
+            "finish_reason": self.finish_reason,
+        }
+        return {
+            "output": output,
+            "response_id": self.response_id,
+            "response_model": self.model,
+            "usage": self.usage,
+            "prompt_token_ids": self.prompt_ids,
+            "completion_token_ids": self.completion_ids,
+            "completion_logprobs": self.logprobs,
+        }
+
+
+def _add_chunk(accumulator: _StreamAccumulator, chunk: Any) -> None:
+    try:
+        accumulator.add(chunk)
+    except Exception:  # noqa: BLE001
+        logger.warning("openai capture could not read a stream chunk", exc_info=True)
+
+
+def _finish_stream(pending: _Pending, accumulator: _StreamAccumulator, error: BaseException | None,
+                   complete: bool) -> None:
+    try:
+        fields = accumulator.fields()
+        if not complete and error is None:
+            fields["output"]["finish_reason"] = fields["output"].get("finish_reason") or "incomplete_stream"
+        pending.record(fields, stream=True, error=error)
+    except Exception:  # noqa: BLE001
+        logger.warning("openai capture failed to record a streamed %s call", pending.api, exc_info=True)
+
+
+def _observe_sync_stream(stream: Any, pending: _Pending) -> None:
+    """Record ``stream`` when it is consumed, fails, or is closed / collected early (same object returned)."""
+    if getattr(stream, "_agl_observed", False):
+        return
+    accumulator = _StreamAccumulator(pending.api)
+    inner: Iterator[Any] = stream._iterator
+
+    def observed() -> Iterator[Any]:
+        error: BaseException | None = None
+        complete = False
+        try:
+            for chunk in inner:
+                _add_chunk(accumulator, chunk)
+                yield chunk
+            complete = True
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            _finish_stream(pending, accumulator, error, complete)
+
+    stream._iterator = observed()
+    stream._agl_observed = True
+
+
+def _observe_async_stream(stream: Any, pending: _Pending) -> None:
+    """Async twin of :func:`_observe_sync_stream`."""
+    if getattr(stream, "_agl_observed", False):
+        return
+    accumulator = _StreamAccumulator(pending.api)
+    inner: AsyncIterator[Any] = stream._iterator
+
+    async def observed() -> AsyncIterator[Any]:
+        error: BaseException | None = None
+        complete = False
+        try:
+            async for chunk in inner:
+                _add_chunk(accumulator, chunk)
+                yield chunk
+            complete = True
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            _finish_stream(pending, accumulator, error, complete)
+
+    stream._iterator = observed()
+    stream._agl_observed = True
+
+
+def _observe_on_parse(raw: Any, pending: _Pending) -> None:
+    """For raw responses whose body is read later: record when ``raw.parse()`` is called (once)."""
+    Stream, AsyncStream = _openai_types()[:2]  # noqa: N806
+    original = raw.parse
+
+    def observe(parsed: Any) -> Any:
+        try:
+            if isinstance(parsed, Stream):
+                _observe_sync_stream(parsed, pending)
+            elif isinstance(parsed, AsyncStream):
+                _observe_async_stream(parsed, pending)
+            else:
+                pending.record(_response_fields(pending.api, parsed), raw=True)
+        except Exception:  # noqa: BLE001
+            logger.warning("openai capture failed to record a raw %s response", pending.api, exc_info=True)
+        return parsed
+
+    if _is_coroutine_function(original):
+
+        @functools.wraps(original)
+        async def aparse(*args: Any, **kwargs: Any) -> Any:
+            return observe(await original(*args, **kwargs))
+
+        raw.parse = aparse
+    else:
+
+        @functools.wraps(original)
+        def parse(*args: Any, **kwargs: Any) -> Any:
+            return observe(original(*args, **kwargs))
+
+        raw.parse = parse
+
+
+def _is_coroutine_function(func: Any) -> bool:
+    return inspect.iscoroutinefunction(func)
+
