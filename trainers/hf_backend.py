@@ -1,0 +1,393 @@
+"""In-process OpenAI-compatible server for a Hugging Face model (CPU or GPU), serving the trainer's live weights.
+
+``HFBackendServer(model, tokenizer)`` listens on 127.0.0.1 and answers:
+
+- ``POST /v1/chat/completions`` (stream or not): the model's chat template with ``tools`` rendered, Hermes-style
+  ``<tool_call>{json}</tool_call>`` output parsed into ``tool_calls``; ``temperature``, ``top_p``, ``top_k``,
+  ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``seed``, ``n``;
+- ``POST /v1/completions``: a text prompt or a list of token ids;
+- ``GET /v1/models``.
+
+Every response carries vLLM-style exact token ids — ``prompt_token_ids`` at the top level and
+``choices[i].token_ids`` — whether or not the request asked (``return_token_ids``), per-token ``logprobs`` when
+asked, and the ``model_version`` that produced it (also as the ``X-Model-Version`` header). Concurrent requests
+are decoded together (see :mod:`agentlightning.trainers.generation`). Streaming responses are sent once the
+completion is generated (one content chunk plus a final chunk), with the token ids on the chunks as vLLM does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from agentlightning.trainers.generation import GenerationEngine, Sample, SamplingParams
+from agentlightning.trainers.tool_calls import parse_tool_calls
+
+logger = logging.getLogger(__name__)
+
+
+class BadRequest(ValueError):
+    """A request the server cannot serve; answered with HTTP 400 and an OpenAI-style error body."""
+
+
+class HFBackendServer:
+    """OpenAI-compatible endpoint over ``model`` (used live: weight updates show up in the next batch).
+
+    Use as a context manager or call :meth:`start` / :meth:`stop`. Wrap weight changes in :meth:`updating`,
+    which pauses generation and sets the new ``model_version``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_name: str = "policy",
+        model_version: str = "v0",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_batch_size: int = 32,
+        batch_wait_s: float = 0.005,
+        default_max_tokens: int = 512,
+        max_model_len: int | None = None,
+    ) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("HFBackendServer: the tokenizer has no chat_template (see trainers.models.prepare_tokenizer)")
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.host = host
+        self.default_max_tokens = default_max_tokens
+        self.engine = GenerationEngine(
+            model, tokenizer, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, max_model_len=max_model_len
+        )
+        self.engine.model_version = model_version
+        self._port = port
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>`` (no ``/v1``)."""
+        return f"http://{self.host}:{self._port}"
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL: ``http://127.0.0.1:<port>/v1``."""
+        return f"{self.url}/v1"
+
+    def start(self) -> HFBackendServer:
+        """Start the generation thread and the HTTP server; returns once it accepts connections."""
+        if self._thread is not None:
+            return self
+        self.engine.start()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self._port))
+        self._port = sock.getsockname()[1]
+        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, lifespan="off")
+        server = uvicorn.Server(config)
+        self._server = server
+
+        def serve() -> None:
+            try:
+                asyncio.run(server.serve(sockets=[sock]))
+            finally:
+                sock.close()
+
+        self._thread = threading.Thread(target=serve, name=f"HFBackendServer:{self._port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if not server.started:
+            self.stop()
+            raise RuntimeError(f"HFBackendServer could not start on {self.host}:{self._port}")
+        logger.info("HF backend serving %s (%s) at %s", self.model_name, self.model_version, self.base_url)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (idempotent)."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        self._thread = None
+        self._server = None
+        self.engine.stop()
+
+    def __enter__(self) -> HFBackendServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def model_version(self) -> str:
+        """Version of the weights served now."""
+        return str(self.engine.model_version)
+
+    @contextmanager
+    def updating(self, new_version: str) -> Iterator[None]:
+        """Pause generation while the block changes the weights; serve them as ``new_version`` afterwards."""
+        with self.engine.paused():
+            yield
+            self.engine.model_version = new_version
+
+    # -- HTTP ---------------------------------------------------------------------------------------------------
+
+    def _app(self) -> Starlette:
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/health", self._health, methods=["GET"]),
+            ]
+        )
+
+    async def _health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model_version": self.model_version})
+
+    async def _models(self, request: Request) -> Response:
+        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentlightning",
+                "model_version": self.model_version}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def _chat(self, request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            messages = _messages(body.get("messages"))
+            tools = body.get("tools") or None
+            prompt_ids = self._render(messages, tools)
+            params, n = self._params(body, len(prompt_ids))
+            samples, version = await self._run(prompt_ids, params, n)
+        except BadRequest as exc:
+            return _error(400, str(exc))
+        choices = []
+        for index, sample in enumerate(samples):
+            content, tool_calls = parse_tool_calls(sample.text) if tools else (sample.text, [])
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            choices.append({
+                "index": index,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else sample.finish_reason,
+                "token_ids": sample.token_ids,
+                "logprobs": self._logprobs(sample) if body.get("logprobs") else None,
+            })
+        payload = self._envelope("chat.completion", prompt_ids, samples, version, body)
+        payload["choices"] = choices
+        if body.get("stream"):
+            return self._stream(payload, version)
+        return JSONResponse(payload, headers={"X-Model-Version": version})
+
+    async def _completions(self, request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                prompt = prompt[0]
+            if isinstance(prompt, str):
+                prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+            elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+                prompt_ids = list(prompt)
+            else:
+                raise BadRequest(f"'prompt' must be a string or a list of token ids, got {json.dumps(prompt)[:80]}")
+            if body.get("stream"):
+                raise BadRequest("stream=true is not supported on /v1/completions; use /v1/chat/completions")
+            params, n = self._params(body, len(prompt_ids))
+            samples, version = await self._run(prompt_ids, params, n)
+        except BadRequest as exc:
+            return _error(400, str(exc))
+        payload = self._envelope("text_completion", prompt_ids, samples, version, body)
+        payload["choices"] = [
+            {
+                "index": index,
+                "text": sample.text,
+                "finish_reason": sample.finish_reason,
+                "token_ids": sample.token_ids,
+                "logprobs": {"token_logprobs": sample.logprobs,
+                             "tokens": self._token_strings(sample.token_ids)} if body.get("logprobs") else None,
+            }
+            for index, sample in enumerate(samples)
+        ]
+        return JSONResponse(payload, headers={"X-Model-Version": version})
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        try:
+            rendered = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # noqa: BLE001 - template errors are the request's fault
+            raise BadRequest(f"could not render the messages with the chat template: {exc}") from None
+        return list(self.tokenizer.encode(rendered, add_special_tokens=False))
+
+    def _params(self, body: dict[str, Any], prompt_length: int) -> tuple[SamplingParams, int]:
+        n = body.get("n") or 1
+        if not isinstance(n, int) or n < 1:
+            raise BadRequest(f"'n' must be a positive integer, got {n!r}")
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or self.default_max_tokens
+        room = self.engine.max_model_len - prompt_length
+        if room < 1:
+            raise BadRequest(
+                f"prompt of {prompt_length} tokens leaves no room in the model's context of "
+                f"{self.engine.max_model_len} tokens"
+            )
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else list(stop)
+        try:
+            params = SamplingParams(
+                max_tokens=min(int(max_tokens), room),
+                temperature=float(body["temperature"]) if body.get("temperature") is not None else 1.0,
+                top_p=float(body["top_p"]) if body.get("top_p") is not None else 1.0,
+                top_k=int(body["top_k"]) if body.get("top_k") is not None else 0,
+                stop=[str(s) for s in stop],
+                seed=int(body["seed"]) if body.get("seed") is not None else None,
+            )
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(f"bad sampling parameter: {exc}") from None
+        if params.max_tokens < 1 or params.temperature < 0 or not 0 < params.top_p <= 1:
+            raise BadRequest(
+                f"sampling parameters out of range: max_tokens={params.max_tokens}, "
+                f"temperature={params.temperature}, top_p={params.top_p}"
+            )
+        return params, n
+
+    async def _run(self, prompt_ids: list[int], params: SamplingParams, n: int) -> tuple[list[Sample], str]:
+        futures = []
+        for index in range(n):
+            row_params = params
+            if params.seed is not None and index:
+                row_params = SamplingParams(**{**params.__dict__, "seed": params.seed + index})
+            try:
+                futures.append(self.engine.submit(prompt_ids, row_params))
+            except ValueError as exc:
+                raise BadRequest(str(exc)) from None
+        samples = [await asyncio.wrap_future(future) for future in futures]
+        # Rows of one request may land in different batches around an update: report the newest version.
+        return samples, max((str(sample.model_version) for sample in samples), key=_version_order)
+
+    def _envelope(
+        self, kind: str, prompt_ids: list[int], samples: list[Sample], version: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        completion_tokens = sum(len(sample.token_ids) for sample in samples)
+        return {
+            "id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": body.get("model") or self.model_name,
+            "model_version": version,
+            "prompt_token_ids": prompt_ids,
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+            },
+        }
+
+    def _token_strings(self, token_ids: list[int]) -> list[str]:
+        return [self.tokenizer.decode([token]) for token in token_ids]
+
+    def _logprobs(self, sample: Sample) -> dict[str, Any]:
+        return {
+            "content": [
+                {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
+                for token, logprob in zip(self._token_strings(sample.token_ids), sample.logprobs, strict=True)
+            ]
+        }
+
+    def _stream(self, payload: dict[str, Any], version: str) -> Response:
+        def events() -> Iterator[str]:
+            base = {key: payload[key] for key in ("id", "created", "model", "model_version")}
+            base["object"] = "chat.completion.chunk"
+            first = dict(base, prompt_token_ids=payload["prompt_token_ids"], choices=[
+                {"index": c["index"], "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                for c in payload["choices"]
+            ])
+            yield f"data: {json.dumps(first)}\n\n"
+            for choice in payload["choices"]:
+                delta: dict[str, Any] = {"content": choice["message"]["content"]}
+                if choice["message"].get("tool_calls"):
+                    delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(choice["message"]["tool_calls"])]
+                chunk = dict(base, choices=[{
+                    "index": choice["index"], "delta": delta, "finish_reason": None,
+                    "token_ids": choice["token_ids"], "logprobs": choice["logprobs"],
+                }])
+                yield f"data: {json.dumps(chunk)}\n\n"
+                last = dict(base, choices=[
+                    {"index": choice["index"], "delta": {}, "finish_reason": choice["finish_reason"]}
+                ])
+                yield f"data: {json.dumps(last)}\n\n"
+            yield f"data: {json.dumps(dict(base, choices=[], usage=payload['usage']))}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"X-Model-Version": version})
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadRequest("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _messages(raw: Any) -> list[dict[str, Any]]:
+    """OpenAI chat messages -> template-ready dicts (content parts joined to text)."""
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("'messages' must be a non-empty list")
+    messages = []
+    for position, message in enumerate(raw):
+        if not isinstance(message, dict) or "role" not in message:
+            raise BadRequest(f"messages[{position}] must be an object with a 'role', got {json.dumps(message)[:80]}")
+        item = dict(message)
+        content = item.get("content")
+        if isinstance(content, list):
+            item["content"] = "".join(
+                part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text")
+            )
+        elif content is None:
+            item["content"] = ""
+        elif not isinstance(content, str):
+            raise BadRequest(f"messages[{position}].content must be a string or a list of parts")
+        if item["role"] == "developer":
+            item["role"] = "system"
+        messages.append(item)
+    return messages
+
+
+def _version_order(version: str) -> tuple[int, str]:
+    digits = "".join(ch for ch in version if ch.isdigit())
+    return (int(digits) if digits else -1, version)
+
+
+def _error(status: int, message: str) -> Response:
+    logger.warning("HF backend: %s", message)
+    return JSONResponse(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}},
+        status_code=status,
+    )
