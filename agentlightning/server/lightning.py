@@ -1,0 +1,202 @@
+"""``LightningServer``: the server (store, rollout queue, proxy) run in-process, on a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+from agentlightning.server.app import create_app, enqueue_rollouts
+from agentlightning.server.auth import check_bind
+from agentlightning.server.records import ModelVersion
+from agentlightning.server.runtime import Runtime, Settings, Upstream
+from agentlightning.server.store import SQLiteStore, Store
+from agentlightning.types import Rollout
+
+logger = logging.getLogger(__name__)
+
+
+class LightningServer:
+    """The Lightning Server in this process.
+
+    ``store_path`` is the SQLite file (created if missing; reopening it resumes where the last server stopped).
+    ``upstream_url`` is any OpenAI-compatible base URL (``http://host:port/v1``); it can be set or changed later
+    with :meth:`set_upstream`. Listening beyond loopback requires ``token``. ``port=0`` picks a free port.
+
+        with LightningServer("runs/store.db", upstream_url="http://127.0.0.1:8000/v1") as server:
+            ids = server.enqueue([{"question": "2+2"}], group_size=4)
+            rollouts = server.wait(ids)
+    """
+
+    def __init__(
+        self,
+        store_path: str | Path = "agl-store.db",
+        upstream_url: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        *,
+        model_name: str | None = None,
+        model_version: str | None = None,
+        upstream_api_key: str | None = None,
+        logprobs: bool = False,
+        settings: Settings | None = None,
+        public_url: str | None = None,
+        store: Store | None = None,
+    ) -> None:
+        check_bind(host, token)
+        self.host = host
+        self.port = port
+        self._public_url = public_url
+        self.runtime = Runtime(store=store or SQLiteStore(store_path), settings=settings or Settings(), token=token)
+        if upstream_url is not None:
+            self.set_upstream(upstream_url, model_name, model_version, api_key=upstream_api_key, logprobs=logprobs)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the running server (the address clients use unless ``public_url`` was given)."""
+        if self._public_url:
+            return self._public_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def store(self) -> Store:
+        """The store (usable directly for queries)."""
+        return self.runtime.store
+
+    def start(self) -> LightningServer:
+        """Bind and serve on a background thread; returns once requests are accepted."""
+        if self._thread is not None:
+            return self
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        self.runtime.public_url = self.url
+        config = uvicorn.Config(
+            create_app(self.runtime), log_level="warning", access_log=False, lifespan="on",
+            timeout_graceful_shutdown=3, backlog=4096, timeout_keep_alive=75,
+        )
+        self._server = uvicorn.Server(config)
+        server = self._server
+
+        def serve() -> None:
+            try:
+                asyncio.run(server.serve(sockets=[sock]))
+            finally:
+                sock.close()
+
+        self._thread = threading.Thread(target=serve, name=f"LightningServer:{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"LightningServer could not start on {self.host}:{self.port}")
+            time.sleep(0.005)
+        logger.info("Lightning server listening on %s (store %s)", self.url, getattr(self.store, "path", "?"))
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the store (everything written stays on disk)."""
+        if self._thread is not None and self._server is not None:
+            self._server.should_exit = True
+            self._thread.join(15)
+        self._thread = None
+        self._server = None
+        self.store.close()
+
+    def __enter__(self) -> LightningServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- model ------------------------------------------------------------------------------------------------
+
+    def set_upstream(
+        self,
+        url: str,
+        model_name: str | None = None,
+        model_version: str | None = None,
+        *,
+        api_key: str | None = None,
+        logprobs: bool | None = None,
+    ) -> ModelVersion:
+        """Forward the proxy to ``url`` serving ``model_name``; calls recorded from now on carry ``model_version``
+        (default: ``model_name``). ``logprobs=True`` asks the upstream for sampling logprobs on every call."""
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"upstream url must start with http:// or https://, got {url!r}")
+        current = self.runtime.upstream
+        version = model_version or model_name or "unversioned"
+        self.runtime.upstream = Upstream(
+            url=url.rstrip("/"),
+            model_name=model_name,
+            model_version=version,
+            api_key=api_key if api_key is not None else (current.api_key if current else None),
+            logprobs=logprobs if logprobs is not None else (current.logprobs if current else False),
+        )
+        return self.store.set_model_version(version, model_name or "", url)
+
+    # -- data and rollouts --------------------------------------------------------------------------------------
+
+    def add_dataset(self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None) -> str:
+        """Store tasks and return the dataset id (content-derived unless given; re-adding is a no-op)."""
+        return self.store.add_dataset(records, dataset_id=dataset_id, name=name).dataset_id
+
+    def enqueue(
+        self,
+        tasks_or_dataset_id: str | Sequence[Any],
+        group_size: int = 1,
+        group_id: str | None = None,
+        *,
+        timeout: float | None = None,
+        max_attempts: int | None = None,
+    ) -> list[str]:
+        """Queue ``group_size`` rollouts for each task (a dataset id, or task payloads). Rollouts of one task share
+        the group id ``f"{group_id}:{task_id}"`` (``group_id`` defaults to a fresh id)."""
+        tasks: str | list[Any] = tasks_or_dataset_id if isinstance(tasks_or_dataset_id, str) else list(tasks_or_dataset_id)
+        return enqueue_rollouts(self.runtime, tasks, group_size=group_size, group_id=group_id, timeout=timeout,
+                                max_attempts=max_attempts)
+
+    def wait(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
+        """Block until every rollout finished; returns them in the given order with calls joined.
+
+        Raises ``TimeoutError`` (saying how many are unfinished) after ``timeout`` seconds."""
+        ids = list(rollout_ids)
+        pending = set(ids)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.005
+        while pending:
+            pending -= self.store.finished(pending)
+            if not pending:
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{len(pending)} of {len(ids)} rollouts unfinished after {timeout} s, "
+                                   f"e.g. {sorted(pending)[:3]}; counts: {self.store.counts()}")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.2)
+        return [self.store.get_rollout(rollout_id) for rollout_id in ids]  # type: ignore[misc]
+
+    def request_stop(self) -> None:
+        """Tell clients to exit: their next request is answered with ``stop``."""
+        self.runtime.request_stop()
+
+    def wait_for_dataset(self, timeout: float | None = None) -> str | None:
+        """The dataset id the first client attached (``Client.train``), waiting up to ``timeout`` seconds."""
+        return self.runtime.wait_attached(timeout)

@@ -1,0 +1,243 @@
+"""The per-rollout OpenAI-compatible proxy: ``/rollouts/{rollout_id}/v1/{chat/completions,completions,responses}``.
+
+Each request is checked against the rollout's state, forwarded upstream with ``return_token_ids`` (and logprobs
+when the server trains with them), and recorded as a ``Call`` of the rollout with the exact token ids
+(``token_source="server"``) and the model version served. Streams are passed through byte for byte while being
+recorded. Upstream 5xx/429 and connection errors are retried with backoff while it is safe (before any byte
+reached the agent); otherwise the upstream's answer is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from agentlightning.server.extract import ENDPOINTS, StreamAccumulator, fill_from_body, new_call
+from agentlightning.server.runtime import Runtime, Upstream
+from agentlightning.types import Call
+
+logger = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.PoolTimeout)
+
+
+def openai_error(status: int, message: str, code: str, kind: str = "invalid_request_error") -> JSONResponse:
+    """An error in the OpenAI format, which agents' clients turn into a readable exception."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
+
+
+class Proxy:
+    """Forwards a rollout's LLM requests upstream and records them."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        """Open the pooled upstream connection (inside the server's event loop)."""
+        settings = self.runtime.settings
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.upstream_timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=60),
+        )
+
+    async def close(self) -> None:
+        """Close upstream connections."""
+        if self.client is not None:
+            await self.client.aclose()
+
+    async def handle(self, request: Request, rollout_id: str, path: str) -> Response:
+        """Serve ``POST /rollouts/{rollout_id}/v1/{path}``."""
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is None:
+            return openai_error(404, f"unknown endpoint /v1/{path}: the proxy serves chat/completions, completions "
+                                     "and responses", "unknown_endpoint")
+        refusal, attempt = self._check_rollout(rollout_id)
+        if refusal is not None:
+            return refusal
+        upstream = self.runtime.upstream
+        if upstream is None:
+            return openai_error(503, "no upstream model is configured on the server (agl server --upstream URL, "
+                                     "or LightningServer.set_upstream)", "no_upstream", "server_error")
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
+        if not isinstance(body, dict):
+            return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
+        call = new_call(rollout_id, endpoint, body, time.time(), upstream.model_version)
+        payload = _upstream_body(body, endpoint, upstream)
+        url = f"{upstream.url.rstrip('/')}/{path}"
+        headers = {"content-type": "application/json", "accept-encoding": "identity"}
+        if upstream.api_key:
+            headers["authorization"] = f"Bearer {upstream.api_key}"
+        if body.get("stream"):
+            return await self._stream(url, headers, payload, call, attempt, endpoint)
+        return await self._forward(url, headers, payload, call, attempt, endpoint)
+
+    def _check_rollout(self, rollout_id: str) -> tuple[Response | None, int]:
+        state = self.runtime.store.rollout_state(rollout_id)
+        if state is None:
+            return openai_error(404, f"unknown rollout {rollout_id!r}: this is not the LLM endpoint of any rollout on "
+                                     "this server (use the llm.base_url given with the rollout)", "rollout_not_found"), 0
+        status, attempt = state
+        if status != "running":
+            return openai_error(409, f"rollout {rollout_id!r} is {status}, not running: its LLM endpoint only "
+                                     "serves the attempt that holds its lease", f"rollout_{status}"), attempt
+        return None, attempt
+
+    async def _forward(
+        self, url: str, headers: dict[str, str], payload: bytes, call: Call, attempt: int, endpoint: str
+    ) -> Response:
+        assert self.client is not None
+        settings = self.runtime.settings
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                response = await self.client.post(url, content=payload, headers=headers)
+            except _RETRY_ERRORS as exc:
+                if tries <= settings.upstream_retries:
+                    await self._backoff(tries, None, endpoint, type(exc).__name__)
+                    continue
+                message = f"upstream {url} unreachable after {tries} tries: {type(exc).__name__}: {exc}"
+                return self._failed(call, attempt, endpoint, 502, message, "upstream_unreachable")
+            except httpx.TimeoutException as exc:
+                message = f"upstream {url} did not answer within {settings.upstream_timeout} s ({type(exc).__name__})"
+                return self._failed(call, attempt, endpoint, 504, message, "upstream_timeout")
+            if response.status_code in RETRY_STATUSES and tries <= settings.upstream_retries:
+                await self._backoff(tries, response.headers.get("retry-after"), endpoint, str(response.status_code))
+                continue
+            break
+        call.end_time = time.time()
+        call.metadata["upstream_tries"] = tries
+        content = response.content
+        record = BackgroundTask(self._record_body, call, attempt, endpoint, response.status_code, content)
+        media_type = response.headers.get("content-type", "application/json")
+        return Response(content, status_code=response.status_code, media_type=media_type, background=record)
+
+    async def _record_body(self, call: Call, attempt: int, endpoint: str, status: int, content: bytes) -> None:
+        """Runs on the event loop right after the answer was sent (an async background task, so no thread hop)."""
+        try:
+            data = json.loads(content)
+        except ValueError:
+            data = None
+        if status >= 400:
+            call.status = "error"
+            call.error = f"upstream HTTP {status}: {_error_message(data, content)}"
+        else:
+            fill_from_body(call, endpoint, data)
+        self._record(call, attempt, endpoint)
+
+    async def _stream(
+        self, url: str, headers: dict[str, str], payload: bytes, call: Call, attempt: int, endpoint: str
+    ) -> Response:
+        assert self.client is not None
+        settings = self.runtime.settings
+        tries = 0
+        while True:
+            tries += 1
+            upstream_request = self.client.build_request("POST", url, content=payload, headers=headers)
+            try:
+                response = await self.client.send(upstream_request, stream=True)
+            except _RETRY_ERRORS as exc:
+                if tries <= settings.upstream_retries:
+                    await self._backoff(tries, None, endpoint, type(exc).__name__)
+                    continue
+                message = f"upstream {url} unreachable after {tries} tries: {type(exc).__name__}: {exc}"
+                return self._failed(call, attempt, endpoint, 502, message, "upstream_unreachable")
+            except httpx.TimeoutException as exc:
+                message = f"upstream {url} did not answer within {settings.upstream_timeout} s ({type(exc).__name__})"
+                return self._failed(call, attempt, endpoint, 504, message, "upstream_timeout")
+            if response.status_code >= 400:
+                content = await response.aread()
+                await response.aclose()
+                if response.status_code in RETRY_STATUSES and tries <= settings.upstream_retries:
+                    await self._backoff(tries, response.headers.get("retry-after"), endpoint, str(response.status_code))
+                    continue
+                call.end_time = time.time()
+                record = BackgroundTask(self._record_body, call, attempt, endpoint, response.status_code, content)
+                return Response(content, status_code=response.status_code,
+                                media_type=response.headers.get("content-type"), background=record)
+            break
+        call.metadata["upstream_tries"] = tries
+        accumulator = StreamAccumulator(endpoint)
+
+        async def passthrough() -> AsyncIterator[bytes]:
+            completed = False
+            try:
+                async for chunk in response.aiter_raw():
+                    accumulator.feed(chunk)
+                    yield chunk
+                completed = True
+            finally:
+                await response.aclose()
+                call.end_time = time.time()
+                accumulator.fill(call)
+                if not completed:
+                    call.status = "error"
+                    call.error = "stream interrupted before the upstream finished"
+                self._record(call, attempt, endpoint)
+
+        return StreamingResponse(passthrough(), status_code=response.status_code,
+                                 media_type=response.headers.get("content-type", "text/event-stream"))
+
+    def _failed(self, call: Call, attempt: int, endpoint: str, status: int, message: str, code: str) -> Response:
+        call.end_time = time.time()
+        call.status = "error"
+        call.error = message
+        self._record(call, attempt, endpoint)
+        logger.warning("proxy for rollout %s: %s", call.rollout_id, message)
+        return openai_error(status, message, code, "upstream_error")
+
+    async def _backoff(self, tries: int, retry_after: str | None, endpoint: str, reason: str) -> None:
+        settings = self.runtime.settings
+        delay = min(settings.retry_backoff * 2 ** (tries - 1), settings.retry_backoff_max)
+        if retry_after is not None:
+            try:
+                delay = min(max(delay, float(retry_after)), settings.retry_backoff_max)
+            except ValueError:
+                pass
+        self.runtime.metrics.inc("agl_proxy_upstream_retries_total", endpoint=endpoint, reason=reason)
+        logger.info("upstream answered %s on %s; retrying in %.2f s (try %d)", reason, endpoint, delay, tries + 1)
+        await asyncio.sleep(delay)
+
+    def _record(self, call: Call, attempt: int, endpoint: str) -> None:
+        metrics = self.runtime.metrics
+        metrics.inc("agl_proxy_calls_total", endpoint=endpoint, status=call.status)
+        if call.end_time is not None:
+            metrics.observe("agl_proxy_call_seconds", call.end_time - call.start_time, endpoint=endpoint)
+        try:
+            self.runtime.store.record_proxy_call(call, attempt)
+        except Exception:  # recording must never break the agent's call
+            logger.exception("could not record proxy call of rollout %s", call.rollout_id)
+
+
+def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream) -> bytes:
+    """The request as sent upstream: served model name, token ids requested, logprobs when training wants them."""
+    payload = dict(body)
+    if upstream.model_name:
+        payload["model"] = upstream.model_name
+    payload["return_token_ids"] = True
+    if upstream.logprobs:
+        if endpoint == "chat.completions":
+            payload["logprobs"] = True
+        elif endpoint == "completions" and not payload.get("logprobs"):
+            payload["logprobs"] = 1
+    return json.dumps(payload).encode()
+
+
+def _error_message(data: Any, content: bytes) -> str:
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        return str(data["error"].get("message"))
+    return content[:500].decode(errors="replace")

@@ -1,0 +1,107 @@
+"""What a running server holds besides its store: settings, the upstream model, stop and wake-up signals."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+from agentlightning.server.metrics import Metrics
+from agentlightning.server.store import Store
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """The OpenAI-compatible endpoint the proxy forwards to, and the model version it serves."""
+
+    url: str
+    model_name: str | None = None
+    model_version: str | None = None
+    api_key: str | None = None
+    logprobs: bool = False
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Server behaviour. Seconds unless named otherwise."""
+
+    lease_seconds: float = 30.0
+    rollout_timeout: float | None = 600.0
+    max_attempts: int = 3
+    max_body_bytes: int = 64 * 1024 * 1024
+    upstream_timeout: float = 600.0
+    upstream_retries: int = 3
+    retry_backoff: float = 0.05
+    retry_backoff_max: float = 2.0
+    dequeue_wait_max: float = 10.0
+    flush_interval: float = 0.05
+
+
+@dataclass
+class Runtime:
+    """Shared state of a server process. Thread-safe where the in-process API (another thread) touches it."""
+
+    store: Store
+    settings: Settings = field(default_factory=Settings)
+    token: str | None = None
+    public_url: str | None = None
+    upstream: Upstream | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    stop_requested: bool = False
+    attached: list[str] = field(default_factory=list)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _work: asyncio.Event | None = None
+    _attach_cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Called once the server's event loop runs."""
+        self._loop = loop
+        self._work = asyncio.Event()
+
+    def work_event(self) -> asyncio.Event:
+        """The event set at the next wake-up (grab it *before* looking at the queue, then wait on it)."""
+        assert self._work is not None, "server loop not started"
+        return self._work
+
+    def notify_work(self) -> None:
+        """Wake up workers waiting for a rollout (callable from any thread)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            if _running_in(loop):
+                self._wake()
+            else:
+                loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # loop closed meanwhile
+            return
+
+    def _wake(self) -> None:
+        if self._work is not None:
+            self._work.set()
+            self._work = asyncio.Event()
+
+    def request_stop(self) -> None:
+        """Tell every worker to exit at its next request."""
+        self.stop_requested = True
+        self.notify_work()
+
+    def attach(self, dataset_id: str) -> None:
+        """A client announced it serves ``dataset_id``."""
+        with self._attach_cond:
+            if dataset_id not in self.attached:
+                self.attached.append(dataset_id)
+            self._attach_cond.notify_all()
+
+    def wait_attached(self, timeout: float | None) -> str | None:
+        """The first dataset a client attached, waiting up to ``timeout`` seconds."""
+        with self._attach_cond:
+            self._attach_cond.wait_for(lambda: bool(self.attached), timeout)
+            return self.attached[0] if self.attached else None
+
+
+def _running_in(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
