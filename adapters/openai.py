@@ -17,6 +17,7 @@ import inspect
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -54,8 +55,9 @@ SAMPLING_KEYS: frozenset[str] = frozenset({
 _lock = threading.Lock()
 _originals: list[tuple[type, str, Any]] = []
 _active = False
-unattributed_calls = 0
-"""How many patched calls ran outside any rollout in this process (for diagnostics; approximate under threads)."""
+# The latest patched calls made outside any rollout, as (unix time, resource): diagnostics uses them to explain
+# rollouts that captured nothing (typically a thread started without copying the context).
+_stray_calls: deque[tuple[float, Any]] = deque(maxlen=64)
 
 
 # -- install / uninstall -----------------------------------------------------------------------------------------
@@ -97,6 +99,16 @@ def is_installed() -> bool:
     return _active
 
 
+def unattributed_since(start: float) -> list[tuple[float, str | None]]:
+    """(time, base URL) of the recent patched calls made outside any rollout since unix time ``start``."""
+    return [(when, _endpoint(resource)) for when, resource in list(_stray_calls) if when >= start]
+
+
+def _endpoint(resource: Any) -> str | None:
+    client = getattr(resource, "_client", None)
+    return str(client.base_url).rstrip("/") if client is not None else None
+
+
 # -- the wrappers ------------------------------------------------------------------------------------------------
 
 
@@ -104,7 +116,7 @@ def _sync_wrapper(api: str) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         recorder = _current_recorder.get()
         if recorder is None or not _active:
-            _count_unattributed()
+            _stray_calls.append((time.time(), instance))
             return wrapped(*args, **kwargs)
         pending = _start(api, recorder, instance, kwargs)
         try:
@@ -122,7 +134,7 @@ def _async_wrapper(api: str) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         recorder = _current_recorder.get()
         if recorder is None or not _active:
-            _count_unattributed()
+            _stray_calls.append((time.time(), instance))
             return wrapped(*args, **kwargs)
         return _acall(api, recorder, wrapped, instance, args, kwargs)
 
@@ -141,11 +153,6 @@ async def _acall(
             pending.fail(exc)
         raise
     return _handle_result(pending, result) if pending is not None else result
-
-
-def _count_unattributed() -> None:
-    global unattributed_calls
-    unattributed_calls += 1
 
 
 def _start(api: str, recorder: RolloutRecorder, instance: Any, kwargs: dict[str, Any]) -> _Pending | None:
@@ -180,8 +187,7 @@ class _Pending:
         self.start_time = time.time()
         self.sequence = recorder.next_sequence()
         self.role = current_role()
-        client = getattr(instance, "_client", None)
-        self.endpoint = str(client.base_url).rstrip("/") if client is not None else None
+        self.endpoint = _endpoint(instance)
         if self.endpoint:
             recorder.endpoints_seen.add(self.endpoint)
         # Materialise one-shot iterables so that reading them here does not starve the real call.

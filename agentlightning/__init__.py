@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "instrument": "agentlightning.instrumentation",
     "uninstrument": "agentlightning.instrumentation",
     "run": "agentlightning.runner",
+    "arun": "agentlightning.runner",
     "transitions": "agentlightning.rl.transitions",
     "train": "agentlightning.train",
     "Client": "agentlightning.client",

@@ -30,6 +30,7 @@ class RolloutRecorder:
         # Facts for diagnostics: which endpoints the agent called, which role names were seen.
         self.endpoints_seen: set[str] = set()
         self.roles_seen: list[str] = []
+        self.llm_base_url: str | None = None  # the endpoint the agent was given, when known
         self._sequence = 0
         self._lock = threading.Lock()
 

@@ -88,7 +88,7 @@ class RolloutAgent:
         """Run the agent once on ``task`` with capture and return the finished rollout (never raises for
         agent errors: they are recorded in the rollout)."""
         rollout = self.new_rollout(task, model_version=llm.model_version, **rollout_fields)
-        recorder = self.start_recorder(rollout)
+        recorder = self.start_recorder(rollout, llm)
         try:
             with recording(recorder):
                 if self.is_async:
@@ -105,7 +105,7 @@ class RolloutAgent:
         """Async :meth:`execute`. Sync agents run in a worker thread; ``timeout`` (seconds) cancels async agents
         and abandons sync ones, marking the rollout 'timeout'."""
         rollout = self.new_rollout(task, model_version=llm.model_version, **rollout_fields)
-        recorder = self.start_recorder(rollout)
+        recorder = self.start_recorder(rollout, llm)
         try:
             with recording(recorder):
                 if self.is_async:
@@ -124,12 +124,22 @@ class RolloutAgent:
         rollout.error = ErrorInfo(type="Timeout", message=f"agent {self.name!r} did not finish within {timeout} s")
         return self._close(rollout, recorder, "timeout")
 
-    def start_recorder(self, rollout: Rollout) -> RolloutRecorder:
-        """Prepare capture for ``rollout``: adapters installed, a recorder to make current while the agent runs."""
+    def start_recorder(self, rollout: Rollout, llm: LLM | None = None) -> RolloutRecorder:
+        """Prepare capture for ``rollout``: adapters installed, a recorder to make current while the agent runs.
+
+        ``llm`` (the endpoint given to the agent) lets diagnostics compare it with the endpoints actually called.
+        """
         _check_json_task(rollout.task, self.name)
         enable_auto_instrumentation()
         install_log_capture()
-        return RolloutRecorder(rollout.rollout_id, model_version=rollout.model_version)
+        recorder = RolloutRecorder(rollout.rollout_id, model_version=rollout.model_version)
+        if llm is not None:
+            recorder.llm_base_url = llm.base_url
+        return recorder
+
+    def invoke(self, task: Any, llm: LLM, rollout: Rollout) -> Any:
+        """Call the agent function with the arguments it takes (a coroutine for async agents); no capture set-up."""
+        return self.func(*self._arguments(task, llm, rollout))
 
     # -- internals ------------------------------------------------------------------------------------------
 

@@ -1,10 +1,15 @@
-"""Plain-words explanations for rollouts that captured no LLM call or no reward.
+"""Plain-words explanations for rollouts that captured no LLM call, no usable call, or no reward.
 
 "Empty transitions / reward is None" was the reference project's most common complaint: instead of training on
-nothing, every rollout says what capture saw.
+nothing, every rollout says what capture saw — which endpoints the agent called compared with ``llm.base_url``,
+whether the openai client was patched, calls made outside the rollout's context, and which roles were seen or
+excluded by ``roles=``.
 """
 
 from __future__ import annotations
+
+import sys
+from typing import Any
 
 from agentlightning.context import RolloutRecorder
 from agentlightning.instrumentation import installed_adapters
@@ -13,37 +18,102 @@ from agentlightning.types import Rollout
 
 
 def explain_rollout(rollout: Rollout, recorder: RolloutRecorder) -> list[str]:
-    """Diagnostics for a finished rollout: empty capture, missing reward, role filters selecting nothing."""
+    """Diagnostics for a finished rollout: empty capture, failed calls, role filters, missing reward."""
     notes: list[str] = []
     llm_calls = rollout.llm_calls
-    adapters = installed_adapters()
     if not llm_calls:
-        endpoints = sorted(recorder.endpoints_seen)
+        notes.append(_no_llm_call(rollout, recorder))
+    elif all(call.status == "error" for call in llm_calls):
+        first = llm_calls[0]
         notes.append(
-            "no LLM call was captured. "
-            + (f"The agent called {', '.join(endpoints)}; " if endpoints else "No endpoint was called through a "
-               "patched client; ")
-            + (f"installed capture adapters: {', '.join(adapters)}. " if adapters else "no capture adapter is "
-               "installed (is the openai package importable?). ")
-            + "Make sure the agent sends its requests with the openai client (or a framework built on it) to "
-            "llm.base_url, inside the rollout (threads started by the agent need contextvars.copy_context())."
+            f"all {len(llm_calls)} LLM calls failed; the first to {first.metadata.get('endpoint')} raised "
+            f"{first.error}."
         )
-    roles_seen = sorted({call.role for call in llm_calls if call.role is not None})
-    if llm_calls and rollout.trainable_roles is not None:
-        selected = [call for call in llm_calls if role_matches(call.role, rollout.trainable_roles)]
-        unnamed = sum(1 for call in llm_calls if call.role is None)
-        if not selected:
-            notes.append(
-                f"roles={rollout.trainable_roles} selected none of the {len(llm_calls)} LLM calls; role names seen: "
-                f"{roles_seen or 'none'}" + (f" ({unnamed} calls had no role)" if unnamed else "") + "."
-            )
-        else:
-            missing = unmatched_patterns(rollout.trainable_roles, roles_seen)
-            if missing:
-                notes.append(f"roles {missing} never appeared in this rollout; role names seen: {roles_seen}.")
+    notes.extend(_role_notes(rollout))
     if rollout.status == "succeeded" and rollout.final_reward is None:
         notes.append(
             "no final reward: the agent returned None and did not call agl.emit_reward(value, final=True); "
             "return a float, call agl.emit_reward(..., final=True), or pass @agl.rollout(reward=fn)."
+        )
+    return notes
+
+
+def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder) -> str:
+    parts = ["no LLM call was captured."]
+    endpoints = sorted(recorder.endpoints_seen)
+    expected = recorder.llm_base_url
+    if endpoints:
+        parts.append(
+            f"Calls to {', '.join(endpoints)} started but never finished (a stream that was never consumed, or a "
+            "call still running when the rollout ended)."
+        )
+    parts.append(_patch_state())
+    stray = _calls_outside_context(rollout)
+    if stray is not None:
+        count, endpoint = stray
+        parts.append(
+            f"{count} openai call(s) ran while this rollout was running but outside its context (last one to "
+            f"{endpoint}): threads started by the agent need contextvars.copy_context().run(...), and clients "
+            "must be called from the rollout's own task or thread."
+        )
+        if expected and endpoint and endpoint != expected.rstrip("/"):
+            parts.append(f"Note that endpoint differs from llm.base_url={expected}.")
+    elif expected:
+        parts.append(
+            f"The agent was given llm.base_url={expected}; make sure it sends its requests there with the openai "
+            "client (or a framework built on it), inside the rollout."
+        )
+    else:
+        parts.append(
+            "Make sure the agent sends its requests with the openai client (or a framework built on it) to "
+            "llm.base_url, inside the rollout."
+        )
+    return " ".join(parts)
+
+
+def _patch_state() -> str:
+    adapters = installed_adapters()
+    if "openai" in adapters:
+        return f"The openai client is patched (installed capture adapters: {', '.join(adapters)})."
+    if "openai" not in sys.modules:
+        return ("The openai client was never imported in this process, so it is not patched; an agent using another "
+                "HTTP client is only captured through the server's proxy.")
+    return "The openai client is NOT patched (agl.uninstrument('openai') was called, or patching failed: see logs)."
+
+
+def _calls_outside_context(rollout: Rollout) -> tuple[int, str | None] | None:
+    """(count, endpoint of the last one) of patched openai calls made outside any rollout during this rollout."""
+    adapter = sys.modules.get("agentlightning.adapters.openai")
+    if adapter is None:
+        return None
+    stray: list[tuple[float, Any]] = adapter.unattributed_since(rollout.timings.get("start", 0.0))
+    if not stray:
+        return None
+    return len(stray), stray[-1][1]
+
+
+def _role_notes(rollout: Rollout) -> list[str]:
+    llm_calls = rollout.llm_calls
+    if not llm_calls or rollout.trainable_roles is None:
+        return []
+    roles_seen = sorted({call.role for call in llm_calls if call.role is not None})
+    unnamed = sum(1 for call in llm_calls if call.role is None)
+    selected = [call for call in llm_calls if role_matches(call.role, rollout.trainable_roles)]
+    if not selected:
+        note = (
+            f"roles={rollout.trainable_roles} selected none of the {len(llm_calls)} LLM calls, so this rollout "
+            f"gives no transitions; role names seen: {roles_seen or 'none'}"
+        )
+        if unnamed:
+            note += (f" ({unnamed} calls had no role: name them with agl.role('...') or let a framework adapter "
+                     "name them)")
+        return [note + "."]
+    notes = []
+    missing = unmatched_patterns(rollout.trainable_roles, roles_seen)
+    if missing:
+        excluded = sorted({c.role or "<no role>" for c in llm_calls if not role_matches(c.role, rollout.trainable_roles)})
+        notes.append(
+            f"roles {missing} never appeared in this rollout; role names seen: {roles_seen}"
+            + (f"; calls excluded as context only: {excluded}" if excluded else "") + "."
         )
     return notes

@@ -1,0 +1,361 @@
+"""Capture of the real ``openai`` client against the mock server: every API shape becomes exactly one Call."""
+
+from __future__ import annotations
+
+import gc
+import json
+
+import openai
+import pytest
+from pydantic import BaseModel
+
+import agentlightning as agl
+from agentlightning.context import RolloutRecorder, recording
+from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
+from agentlightning.testing.tokenizer import render_chat_prompt
+
+MESSAGES = [{"role": "system", "content": "You write SQL."}, {"role": "user", "content": "count users"}]
+TOOLS = [{"type": "function", "function": {"name": "run_sql", "parameters": {"type": "object"}}}]
+
+
+@pytest.fixture(autouse=True)
+def _instrumented() -> None:
+    agl.instrument("openai")
+
+
+@pytest.fixture
+def server() -> MockLLMServer:
+    with MockLLMServer(token_ids=True) as srv:
+        yield srv
+
+
+def sync_client(server: MockLLMServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+
+
+def only_call(recorder: RolloutRecorder) -> agl.Call:
+    calls = recorder.ordered_calls()
+    assert len(calls) == 1, [c.metadata["api"] for c in calls]
+    return calls[0]
+
+
+def test_sync_chat_call_records_everything(server: MockLLMServer) -> None:
+    server.set_replies(["SELECT count(*) FROM users"])
+    recorder = RolloutRecorder("ro-sync")
+    with recording(recorder), agl.role("writer"):
+        sync_client(server).chat.completions.create(
+            model="qwen", messages=MESSAGES, temperature=0.3, max_tokens=64, logprobs=True, tools=TOOLS,
+            extra_body={"top_k": 5},
+        )
+    call = only_call(recorder)
+    tok = server.tokenizer
+    assert (call.kind, call.role, call.name, call.status, call.rollout_id) == ("llm", "writer", "qwen", "ok", "ro-sync")
+    assert call.input == MESSAGES and call.tools == TOOLS
+    assert call.output == {"content": "SELECT count(*) FROM users", "tool_calls": [], "finish_reason": "stop"}
+    assert call.prompt_token_ids == tok.encode(render_chat_prompt(MESSAGES, TOOLS))
+    assert call.completion_token_ids == tok.encode("SELECT count(*) FROM users")
+    assert call.completion_logprobs == [tok.logprob(i) for i in call.completion_token_ids]
+    assert call.token_source == "response"
+    assert call.metadata["endpoint"] == server.base_url
+    assert call.metadata["api"] == "chat.completions" and call.metadata["stream"] is False
+    assert call.metadata["sampling"] == {"temperature": 0.3, "max_tokens": 64, "logprobs": True, "top_k": 5}
+    assert call.metadata["usage"]["completion_tokens"] == len(call.completion_token_ids)
+    assert call.response_id and call.response_id.startswith("chatcmpl-")
+    assert call.start_time <= call.end_time
+    assert recorder.endpoints_seen == {server.base_url}
+
+
+def test_no_token_ids_means_no_token_source() -> None:
+    with MockLLMServer() as server:
+        recorder = RolloutRecorder("ro")
+        with recording(recorder):
+            sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
+    call = only_call(recorder)
+    assert call.prompt_token_ids is None and call.completion_token_ids is None and call.token_source is None
+
+
+async def test_async_chat_and_responses(server: MockLLMServer) -> None:
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    recorder = RolloutRecorder("ro-async")
+    with recording(recorder):
+        await client.chat.completions.create(model="m", messages=MESSAGES)
+        await client.responses.create(model="m", input="hello", instructions="be nice")
+    await client.close()
+    chat, response = recorder.ordered_calls()
+    assert chat.output["content"] == "echo: count users" and chat.sequence == 0
+    assert response.metadata["api"] == "responses" and response.sequence == 1
+    assert response.input == [{"role": "system", "content": "be nice"}, {"role": "user", "content": "hello"}]
+    assert response.output == {"content": "echo: hello", "tool_calls": [], "finish_reason": "stop"}
+    assert response.prompt_token_ids == server.tokenizer.encode(render_chat_prompt(response.input))
+
+
+def test_streaming_recorded_when_consumed(server: MockLLMServer) -> None:
+    server.set_replies(["one two three"])
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        stream = sync_client(server).chat.completions.create(
+            model="m", messages=MESSAGES, stream=True, logprobs=True, stream_options={"include_usage": True}
+        )
+        assert recorder.calls == []  # nothing read yet
+        chunks = list(stream)
+    call = only_call(recorder)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "one two three"
+    assert call.output == {"content": "one two three", "tool_calls": [], "finish_reason": "stop"}
+    assert call.metadata["stream"] is True and call.metadata["usage"]["completion_tokens"] == 13
+    assert call.completion_token_ids == server.tokenizer.encode("one two three")
+    assert call.completion_logprobs == [server.tokenizer.logprob(i) for i in call.completion_token_ids]
+    assert call.prompt_token_ids == server.tokenizer.encode(render_chat_prompt(MESSAGES))
+
+
+def test_stream_context_manager_helper_and_tool_call_stream(server: MockLLMServer) -> None:
+    server.set_replies([MockReply(content="let me", tool_calls=[MockToolCall("run_sql", {"q": "SELECT 1"})])])
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        with sync_client(server).chat.completions.stream(model="m", messages=MESSAGES, tools=TOOLS) as stream:
+            final = stream.get_final_completion()
+    call = only_call(recorder)
+    assert final.choices[0].message.tool_calls[0].function.name == "run_sql"
+    assert call.output["content"] == "let me" and call.output["finish_reason"] == "tool_calls"
+    assert call.output["tool_calls"] == [{"id": final.choices[0].message.tool_calls[0].id, "type": "function",
+                                          "function": {"name": "run_sql", "arguments": '{"q": "SELECT 1"}'}}]
+
+
+def test_stream_closed_early_is_recorded_once(server: MockLLMServer) -> None:
+    server.set_replies(["a b c d e f"])
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        with sync_client(server).chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
+            next(iter(stream))
+            next(iter(stream))
+        del stream
+        gc.collect()
+    call = only_call(recorder)
+    assert call.output["content"] == "a" and call.output["finish_reason"] == "incomplete_stream"
+
+
+async def test_async_stream(server: MockLLMServer) -> None:
+    server.set_replies(["async words"])
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        pieces = [chunk.choices[0].delta.content async for chunk in stream if chunk.choices]
+    await client.close()
+    assert "".join(p or "" for p in pieces) == "async words"
+    assert only_call(recorder).output["content"] == "async words"
+
+
+def test_raw_response_recorded_once(server: MockLLMServer) -> None:
+    recorder = RolloutRecorder("ro")
+    client = sync_client(server)
+    with recording(recorder):
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+        first, second = raw.parse(), raw.parse()
+        assert raw.headers["content-type"].startswith("application/json")
+    call = only_call(recorder)
+    assert first is second and first.choices[0].message.content == "echo: count users"
+    assert call.output["content"] == "echo: count users" and call.metadata["raw_response"] is True
+    assert call.completion_token_ids == first.choices[0].model_extra["token_ids"]
+
+
+def test_raw_streaming_and_streaming_response(server: MockLLMServer) -> None:
+    recorder = RolloutRecorder("ro")
+    client = sync_client(server)
+    with recording(recorder):
+        raw = client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES, stream=True)
+        assert recorder.calls == []
+        text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+        with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES) as response:
+            parsed = response.parse()
+    raw_call, streaming_call = recorder.ordered_calls()
+    assert raw_call.output["content"] == text == "echo: count users" and raw_call.metadata["stream"] is True
+    assert streaming_call.output["content"] == parsed.choices[0].message.content
+
+
+async def test_async_raw_response_recorded_once(server: MockLLMServer) -> None:
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        raw = await client.chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+        raw.parse()
+        async with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES) as resp:
+            await resp.parse()
+    await client.close()
+    assert [c.output["content"] for c in recorder.ordered_calls()] == ["echo: count users"] * 2
+
+
+class Answer(BaseModel):
+    sql: str
+    confidence: float
+
+
+def test_parse_structured_output(server: MockLLMServer) -> None:
+    server.set_replies(['{"sql": "SELECT 1", "confidence": 0.9}'])
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        parsed = sync_client(server).chat.completions.parse(model="m", messages=MESSAGES, response_format=Answer)
+    call = only_call(recorder)
+    assert parsed.choices[0].message.parsed == Answer(sql="SELECT 1", confidence=0.9)
+    assert call.metadata["api"] == "chat.completions.parse"
+    assert call.metadata["sampling"]["response_format"] == "Answer"
+    assert json.loads(call.output["content"]) == {"sql": "SELECT 1", "confidence": 0.9}
+    json.dumps(call.model_dump(mode="json"))
+
+
+def test_responses_stream_and_tool_calls(server: MockLLMServer) -> None:
+    server.set_replies(["streamed answer", MockReply(tool_calls=[MockToolCall("run_sql", {"q": "x"}, id="call_1")])])
+    recorder = RolloutRecorder("ro")
+    client = sync_client(server)
+    with recording(recorder):
+        with client.responses.stream(model="m", input="q") as stream:
+            stream.get_final_response()
+        client.responses.create(model="m", input=[{"role": "user", "content": "use a tool"}],
+                                tools=[{"type": "function", "name": "run_sql", "parameters": {}}])
+    streamed, tool = recorder.ordered_calls()
+    assert streamed.output["content"] == "streamed answer" and streamed.metadata["stream"] is True
+    assert tool.output["tool_calls"] == [{"id": "call_1", "type": "function",
+                                          "function": {"name": "run_sql", "arguments": '{"q": "x"}'}}]
+    assert tool.output["finish_reason"] == "tool_calls"
+
+
+def test_tool_calls_non_stream(server: MockLLMServer) -> None:
+    server.set_replies([MockReply(tool_calls=[MockToolCall("run_sql", {"q": "SELECT 1"}, id="call_9")])])
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        sync_client(server).chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS)
+    call = only_call(recorder)
+    assert call.output == {"content": None, "finish_reason": "tool_calls", "tool_calls": [
+        {"id": "call_9", "type": "function", "function": {"name": "run_sql", "arguments": '{"q": "SELECT 1"}'}}]}
+
+
+def test_legacy_completions(server: MockLLMServer) -> None:
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        sync_client(server).completions.create(model="m", prompt="2+2=", logprobs=1)
+    call = only_call(recorder)
+    assert call.input == "2+2=" and call.output["content"] == "echo: 2+2="
+    assert call.prompt_token_ids == server.tokenizer.encode("2+2=")
+    assert call.completion_logprobs == [server.tokenizer.logprob(i) for i in call.completion_token_ids]
+
+
+@pytest.mark.parametrize(("status", "error"), [(500, openai.InternalServerError), (429, openai.RateLimitError)])
+def test_api_errors_recorded_and_reraised_unchanged(server: MockLLMServer, status: int, error: type) -> None:
+    server.set_replies([MockReply(status=status, error_message="overloaded")])
+    recorder = RolloutRecorder("ro")
+    with recording(recorder), pytest.raises(error, match="overloaded") as raised:
+        sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
+    assert type(raised.value) is error
+    call = only_call(recorder)
+    assert call.status == "error" and "overloaded" in call.error and call.error.startswith(error.__name__)
+    assert call.metadata["http_status"] == status and call.output is None
+
+
+def test_timeout_recorded_as_error(server: MockLLMServer) -> None:
+    server.set_replies([MockReply(hang=True)])
+    recorder = RolloutRecorder("ro")
+    with recording(recorder), pytest.raises(openai.APITimeoutError):
+        sync_client(server).with_options(timeout=0.2).chat.completions.create(model="m", messages=MESSAGES)
+    assert only_call(recorder).error.startswith("APITimeoutError")
+
+
+def test_outside_rollout_nothing_recorded_but_remembered(server: MockLLMServer) -> None:
+    from agentlightning.adapters import openai as adapter
+
+    before = adapter.unattributed_since(0.0)
+    reply = sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
+    assert reply.choices[0].message.content == "echo: count users"
+    stray = adapter.unattributed_since(0.0)
+    assert len(stray) == min(len(before) + 1, 64) and stray[-1][1] == server.base_url
+
+
+def test_capture_bug_never_breaks_the_agent(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    from agentlightning.adapters import openai as adapter
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("capture bug")
+
+    monkeypatch.setattr(adapter, "_response_fields", broken)
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        reply = sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
+    assert reply.choices[0].message.content == "echo: count users"
+    assert recorder.calls == [] and "capture bug" in caplog.text
+    monkeypatch.setattr(adapter._Pending, "__init__", broken)
+    with recording(recorder):
+        assert sync_client(server).chat.completions.create(model="m", messages=MESSAGES).choices
+
+
+def test_generator_messages_are_not_consumed_by_capture(server: MockLLMServer) -> None:
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        sync_client(server).chat.completions.create(model="m", messages=(m for m in MESSAGES))
+    assert server.requests[-1].messages == MESSAGES and only_call(recorder).input == MESSAGES
+
+
+def test_pydantic_messages_passed_back_are_recorded_as_dicts(server: MockLLMServer) -> None:
+    client = sync_client(server)
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        first = client.chat.completions.create(model="m", messages=MESSAGES)
+        client.chat.completions.create(model="m", messages=[*MESSAGES, first.choices[0].message,
+                                                            {"role": "user", "content": "again"}])
+    second = recorder.ordered_calls()[1]
+    assert second.input[2]["role"] == "assistant" and second.input[2]["content"] == "echo: count users"
+    json.dumps(second.model_dump(mode="json"))
+
+
+def test_install_uninstall_idempotent(server: MockLLMServer) -> None:
+    from openai.resources.chat.completions.completions import Completions
+
+    from agentlightning.adapters import openai as adapter
+
+    adapter.install()
+    adapter.install()
+    wrapped = Completions.__dict__["create"]
+    adapter.uninstall()
+    adapter.uninstall()
+    try:
+        assert not adapter.is_installed() and Completions.__dict__["create"] is wrapped.__wrapped__
+        recorder = RolloutRecorder("ro")
+        with recording(recorder):
+            sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
+        assert recorder.calls == []
+    finally:
+        adapter.install()
+    assert adapter.is_installed()
+
+
+def test_otel_span_with_genai_attributes(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agentlightning import telemetry
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    monkeypatch.setattr(telemetry, "_cached", (None, None))
+    server.set_replies(["ok", MockReply(status=500)])
+    recorder = RolloutRecorder("ro-otel")
+    with recording(recorder), agl.role("writer"), tracer.start_as_current_span("agent"):
+        client = sync_client(server)
+        client.chat.completions.create(model="qwen", messages=MESSAGES, temperature=0.5)
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model="qwen", messages=MESSAGES)
+    spans = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
+    assert [s.name for s in spans] == ["chat qwen", "chat qwen"]
+    ok, failed = spans
+    attributes = dict(ok.attributes)
+    assert attributes["gen_ai.operation.name"] == "chat" and attributes["gen_ai.request.model"] == "qwen"
+    assert attributes["gen_ai.request.temperature"] == 0.5 and attributes["gen_ai.usage.output_tokens"] == 2
+    assert attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert attributes["agentlightning.rollout_id"] == "ro-otel" and attributes["agentlightning.role"] == "writer"
+    assert attributes["server.address"] == "127.0.0.1" and attributes["server.port"] == server.port
+    assert ok.parent is not None and ok.kind == trace.SpanKind.CLIENT
+    assert failed.status.status_code == trace.StatusCode.ERROR
+    assert dict(failed.attributes)["error.type"] == "InternalServerError"
