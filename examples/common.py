@@ -114,3 +114,60 @@ def execute_all(agent: Any, tasks: Sequence[Any], llm: Any, workers: int) -> lis
     """Run ``agent`` once per task with capture, ``workers`` at a time, results in task order."""
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return list(pool.map(lambda task: agent.execute(task, llm), tasks))
+
+
+@dataclass
+class DryRunResult:
+    """What a ``--dry-run`` produced: the captured rollouts and the transitions LightningRL made of them."""
+
+    rollouts: list[Any]
+    transitions: list[Any]
+
+    def roles(self) -> list[str | None]:
+        """Roles of the transitions, in order."""
+        return [transition.role for transition in self.transitions]
+
+
+def mock_dry_run(
+    agent: Any,
+    tasks: Sequence[Any],
+    handler: Any,
+    *,
+    group_size: int = 2,
+    n_workers: int = 4,
+    air: Any = None,
+) -> DryRunResult:
+    """Run ``agent`` on every task ``group_size`` times against a local mock model (rule-based ``handler``) with
+    vLLM-style token ids, then make GRPO transitions of the trainable roles, exactly as training would."""
+    import agentlightning as agl
+    from agentlightning.rl.advantages import compute_advantages
+    from agentlightning.testing import MockLLMServer
+
+    repeated = [task for task in tasks for _ in range(group_size)]
+    with MockLLMServer(handler=handler, token_ids=True) as server:
+        rollouts = agl.run(agent, repeated, llm=server.llm(), n_workers=n_workers, timeout=120)
+    transitions = compute_advantages(agl.transitions(rollouts, roles=agent.roles, air=air), "grpo")
+    return DryRunResult(rollouts=rollouts, transitions=transitions)
+
+
+def print_dry_run(result: DryRunResult) -> None:
+    """A readable table of the rollouts and the transitions (command-line output of ``--dry-run``)."""
+    print(f"{'task':<28} {'status':<10} {'reward':>6}  calls (kind:role[:status])")
+    for rollout in result.rollouts:
+        calls = " ".join(
+            f"{call.kind}:{call.role}" + ("" if call.status == "ok" else f":{call.status}") for call in rollout.calls
+        )
+        reward = "-" if rollout.final_reward is None else f"{rollout.final_reward:.3f}"
+        print(f"{str(rollout.task_id)[:28]:<28} {rollout.status:<10} {reward:>6}  {calls}")
+        if rollout.error is not None:
+            print(f"    error: {rollout.error.type}: {rollout.error.message}")
+    print(f"\n{len(result.transitions)} transitions for training:")
+    print(f"{'task':<28} {'role':<22} {'prompt':>6} {'compl.':>6} {'reward':>7} {'adv.':>7}")
+    for transition in result.transitions:
+        advantage = "-" if transition.advantage is None else f"{transition.advantage:+.3f}"
+        print(
+            f"{str(transition.task_id)[:28]:<28} {str(transition.role):<22} {len(transition.prompt_token_ids):>6} "
+            f"{len(transition.completion_token_ids):>6} {transition.reward:>7.3f} {advantage:>7}"
+        )
+    summary = summarise(result.rollouts)
+    print("\n" + summary.line("dry run"))

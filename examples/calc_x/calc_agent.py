@@ -1,0 +1,116 @@
+"""A math word-problem solver in AutoGen AgentChat: an assistant with a calculator tool.
+
+The assistant (named ``calculator_assistant``, which is its role for Agent Lightning's AutoGen adapter) reasons
+step by step, calls ``calculator`` for arithmetic and ends with ``### ANSWER: <number> ###``. The calculator is a
+``FunctionTool`` over the safe evaluator in :mod:`examples.calc_x.calculator`; a bad expression makes the tool call
+fail (AutoGen reports the error to the model, Agent Lightning records the tool call with status 'error', and the
+AIR rule in ``train.py`` turns it into a penalty on the LLM call that made it).
+
+With ``calculator="mcp"`` the same calculator is served by an MCP server over stdio (``examples.calc_x.mcp_server``,
+needs the ``mcp`` package) and reached through autogen-ext's MCP workbench, as in the paper's setup.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.messages import TextMessage
+from autogen_core.models import ModelFamily, ModelInfo
+from autogen_core.tools import FunctionTool
+from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+import agentlightning as agl
+from examples.calc_x.calculator import calculate
+from examples.calc_x.reward import extract_answer, score
+
+logger = logging.getLogger(__name__)
+
+AGENT_NAME = "calculator_assistant"
+SYSTEM_MESSAGE = (
+    "You solve math word problems. Think step by step. Use the `calculator` tool for every arithmetic step: pass "
+    "it one arithmetic expression such as (12 + 8) * 3 / 4. When you know the final answer, end your reply with "
+    "### ANSWER: <answer> ### where <answer> is just the number (or the letter of the correct choice)."
+)
+MAX_TOOL_ITERATIONS = 5
+CALCULATORS = ("function", "mcp")
+
+MODEL_INFO = ModelInfo(
+    vision=False, function_calling=True, json_output=False, family=ModelFamily.UNKNOWN, structured_output=False
+)
+
+
+def calculator_tool() -> FunctionTool:
+    """The calculator as an AutoGen ``FunctionTool``."""
+    return FunctionTool(
+        calculate,
+        name="calculator",
+        description="Evaluate one arithmetic expression (+ - * / // % ** ^, parentheses, sqrt, round, min, max) "
+        "and return its value.",
+    )
+
+
+def model_client(llm: agl.LLM) -> OpenAIChatCompletionClient:
+    """An AutoGen model client for the rollout's endpoint."""
+    settings: dict[str, Any] = {"temperature": 0.7, "max_tokens": 512}
+    settings.update(llm.sampling_parameters)
+    return OpenAIChatCompletionClient(
+        model=llm.model, base_url=llm.base_url, api_key=llm.api_key, model_info=MODEL_INFO, max_retries=1, **settings
+    )
+
+
+async def solve(question: str, llm: agl.LLM, *, calculator: str = "function") -> str:
+    """Run the assistant on ``question`` and return its final text reply."""
+    if calculator not in CALCULATORS:
+        raise ValueError(f"calculator must be one of {CALCULATORS}, got {calculator!r}")
+    client = model_client(llm)
+    try:
+        if calculator == "mcp":
+            return await _solve_with_mcp(question, client)
+        agent = AssistantAgent(
+            AGENT_NAME,
+            model_client=client,
+            tools=[calculator_tool()],
+            system_message=SYSTEM_MESSAGE,
+            reflect_on_tool_use=True,
+            max_tool_iterations=MAX_TOOL_ITERATIONS,
+        )
+        return _final_text(await agent.run(task=question))
+    finally:
+        await client.close()
+
+
+async def _solve_with_mcp(question: str, client: OpenAIChatCompletionClient) -> str:
+    try:
+        from autogen_ext.tools.mcp import McpWorkbench, StdioServerParams
+    except ImportError as exc:
+        raise ImportError("calculator='mcp' needs the mcp package: pip install mcp") from exc
+    server = StdioServerParams(command=sys.executable, args=["-m", "examples.calc_x.mcp_server"], read_timeout_seconds=30)
+    async with McpWorkbench(server) as workbench:
+        agent = AssistantAgent(
+            AGENT_NAME,
+            model_client=client,
+            workbench=workbench,
+            system_message=SYSTEM_MESSAGE,
+            reflect_on_tool_use=True,
+            max_tool_iterations=MAX_TOOL_ITERATIONS,
+        )
+        return _final_text(await agent.run(task=question))
+
+
+def _final_text(result: Any) -> str:
+    for message in reversed(result.messages):
+        if isinstance(message, TextMessage) and message.source == AGENT_NAME:
+            return message.content
+    return ""
+
+
+@agl.rollout(roles=[AGENT_NAME])
+async def calc_agent(task: dict[str, Any], llm: agl.LLM, rollout: agl.Rollout) -> float:
+    """One Calc-X episode: reward 1 when the final answer equals the gold answer, else 0."""
+    reply = await solve(task["question"], llm, calculator=task.get("calculator", "function"))
+    reward = score(reply, task["answer"])
+    rollout.output = {"reply": reply, "answer": extract_answer(reply)}
+    return reward

@@ -1,0 +1,43 @@
+"""Score any OpenAI-compatible endpoint on the held-out math problems (GSM8K test, SVAMP rows 700-999).
+
+    python -m examples.calc_x.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-1.5B-Instruct
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+import agentlightning as agl
+from examples.calc_x.calc_agent import CALCULATORS, calc_agent
+from examples.calc_x.data import SOURCES, load_tasks
+from examples.common import endpoint_parser, summarise, write_rollouts
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = endpoint_parser(__doc__.splitlines()[0])
+    parser.add_argument("--sources", nargs="+", default=["gsm8k", "svamp"], choices=SOURCES)
+    parser.add_argument("--calculator", default="function", choices=CALCULATORS)
+    arguments = parser.parse_args(argv)
+    logging.basicConfig(level=arguments.log_level.upper())
+    tasks = [{**t, "calculator": arguments.calculator} for t in load_tasks(arguments.data_dir, "test", arguments.sources)]
+    tasks = tasks[: arguments.limit] if arguments.limit else tasks
+    llm = agl.LLM(
+        base_url=arguments.base_url,
+        model=arguments.model,
+        api_key=arguments.api_key,
+        sampling_parameters={"temperature": arguments.temperature},
+    )
+    rollouts = agl.run(calc_agent, tasks, llm=llm, n_workers=arguments.workers, timeout=600)
+    if arguments.output:
+        write_rollouts(arguments.output, rollouts)
+    tool_calls = [call for rollout in rollouts for call in rollout.calls if call.kind == "tool"]
+    failed = sum(1 for call in tool_calls if call.status == "error")
+    print(summarise(rollouts).line(f"calc-x test ({arguments.model})"))
+    print(f"calculator calls {len(tool_calls)}, failed {failed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""game example (see README.md)."""

@@ -1,0 +1,43 @@
+"""Score any OpenAI-compatible endpoint on the held-out MuSiQue dev questions (reward 0.9 x F1 + 0.1 x format).
+
+    python -m examples.rag.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-3B-Instruct
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+from collections.abc import Sequence
+
+import agentlightning as agl
+from examples.common import endpoint_parser, summarise, write_rollouts
+from examples.rag.data import load_tasks
+from examples.rag.rag_agent import rag_agent
+from examples.rag.train import with_data_dir
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = endpoint_parser(__doc__.splitlines()[0]).parse_args(argv)
+    logging.basicConfig(level=arguments.log_level.upper())
+    tasks = with_data_dir(load_tasks(arguments.data_dir, "test"), arguments.data_dir)
+    tasks = tasks[: arguments.limit] if arguments.limit else tasks
+    llm = agl.LLM(
+        base_url=arguments.base_url,
+        model=arguments.model,
+        api_key=arguments.api_key,
+        sampling_parameters={"temperature": arguments.temperature},
+    )
+    rollouts = agl.run(rag_agent, tasks, llm=llm, n_workers=arguments.workers, timeout=600)
+    if arguments.output:
+        write_rollouts(arguments.output, rollouts)
+    outputs = [r.output for r in rollouts if isinstance(r.output, dict)]
+    f1 = statistics.fmean(o["f1"] for o in outputs) if outputs else 0.0
+    formatted = sum(1 for o in outputs if o["format_ok"]) / len(rollouts) if rollouts else 0.0
+    print(summarise(rollouts).line(f"musique dev ({arguments.model})"))
+    print(f"answer F1 {f1:.4f}, replies with a well-formed <answer> {formatted:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
