@@ -1,0 +1,100 @@
+"""50 rollouts at once, in threads and in asyncio: every captured call lands in the rollout that made it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+
+import openai
+
+import agentlightning as agl
+from agentlightning.testing import MockLLMServer, MockReply, MockRequest
+
+N = 50
+
+
+def reply_with_marker(request: MockRequest) -> MockReply:
+    # The reply names the rollout's own marker, so a call attributed to the wrong rollout is detectable.
+    return MockReply(content=f"answer for {request.last_user_text}", latency=0.01)
+
+
+def check_attribution(rollouts: list[agl.Rollout], calls_per_rollout: int) -> None:
+    assert len(rollouts) == N
+    assert len({r.rollout_id for r in rollouts}) == N
+    for index, rollout in enumerate(rollouts):
+        assert rollout.status == "succeeded", rollout.error
+        assert rollout.task == {"id": index, "marker": f"m{index}"}
+        assert len(rollout.calls) == calls_per_rollout
+        assert [c.sequence for c in rollout.calls] == list(range(calls_per_rollout))
+        for step, call in enumerate(rollout.calls):
+            marker = f"m{index}-step{step}"
+            assert call.input[-1]["content"] == marker
+            assert call.output["content"] == f"answer for {marker}"
+            assert call.rollout_id == rollout.rollout_id
+            assert call.role == ("planner" if step == 0 else "writer")
+        assert rollout.final_reward == float(index)
+
+
+def test_50_thread_rollouts_no_cross_attribution() -> None:
+    @agl.rollout
+    def agent(task: dict, llm: agl.LLM) -> float:
+        client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+        for step in range(3):
+            with agl.role("planner" if step == 0 else "writer"):
+                marker = f"{task['marker']}-step{step}"
+                reply = client.chat.completions.create(model=llm.model,
+                                                       messages=[{"role": "user", "content": marker}])
+                assert reply.choices[0].message.content.endswith(marker)
+        return float(task["id"])
+
+    with MockLLMServer(handler=reply_with_marker) as server:
+        tasks = [{"id": i, "marker": f"m{i}"} for i in range(N)]
+        rollouts = agl.run(agent, tasks, llm=server.llm(), n_workers=N)
+    check_attribution(rollouts, 3)
+
+
+def test_50_asyncio_rollouts_no_cross_attribution() -> None:
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+        for step in range(3):
+            with agl.role("planner" if step == 0 else "writer"):
+                marker = f"{task['marker']}-step{step}"
+                if step == 2:  # a streamed call interleaves chunk by chunk with the other rollouts
+                    stream = await client.chat.completions.create(
+                        model=llm.model, messages=[{"role": "user", "content": marker}], stream=True)
+                    async for _ in stream:
+                        await asyncio.sleep(0)
+                else:
+                    await client.chat.completions.create(model=llm.model,
+                                                         messages=[{"role": "user", "content": marker}])
+        await client.close()
+        return float(task["id"])
+
+    with MockLLMServer(handler=reply_with_marker) as server:
+        tasks = [{"id": i, "marker": f"m{i}"} for i in range(N)]
+        rollouts = agl.run(agent, tasks, llm=server.llm(), n_workers=N)
+    check_attribution(rollouts, 3)
+
+
+def test_agent_threads_with_copied_context_are_attributed() -> None:
+    @agl.rollout
+    def agent(task: dict, llm: agl.LLM) -> float:
+        client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+
+        def step(n: int) -> None:
+            client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": f"{task['id']}-{n}"}])
+
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(step, n)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return 1.0
+
+    with MockLLMServer() as server:
+        rollouts = agl.run(agent, [{"id": i} for i in range(8)], llm=server.llm(), n_workers=8)
+    for rollout in rollouts:
+        contents = sorted(call.input[-1]["content"] for call in rollout.calls)
+        assert contents == [f"{rollout.task['id']}-{n}" for n in range(4)]
