@@ -85,7 +85,7 @@ class EvalSummary:
     def line(self, name: str) -> str:
         """A one-line human summary."""
         return (
-            f"{name}: {self.n} tasks, mean reward {self.mean_reward:.4f}, "
+            f"{name}: {self.n} rollouts, mean reward {self.mean_reward:.4f}, "
             f"accuracy (reward >= 1) {self.accuracy:.4f}, failed rollouts {self.failed}"
         )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from examples.common import data_file
+from examples.spider.reward import DatabaseNotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ def schema_text(db_path: str) -> str:
     """The CREATE TABLE statements of a database, one per table, whitespace compacted."""
     path = Path(db_path)
     if not path.is_file():
-        raise FileNotFoundError(f"SQLite database {db_path!r} does not exist")
+        raise DatabaseNotFoundError(f"SQLite database {db_path!r} does not exist")
     connection = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
     try:
         statements = connection.execute(
