@@ -445,8 +445,14 @@ class SQLiteStore(Store):
         model_version = result.model_version or next(
             (c.metadata["model_version"] for c in calls if c.metadata.get("model_version")), None
         )
-        record = result.model_copy(update={"calls": [], "rewards": [], "status": state, "attempt": attempt,
-                                           "rollout_id": rollout_id, "model_version": model_version})
+        task_id, group_id, task = self._db.execute(
+            "SELECT task_id, group_id, task FROM rollouts WHERE rollout_id=?", (rollout_id,)
+        ).fetchone()
+        record = result.model_copy(update={
+            "calls": [], "rewards": [], "status": state, "attempt": attempt, "rollout_id": rollout_id,
+            "model_version": model_version, "task_id": task_id, "group_id": group_id,
+            "task": json.loads(task) if task else None,
+        })
         self._db.execute("DELETE FROM calls WHERE rollout_id=?", (rollout_id,))
         self._db.execute("DELETE FROM rewards WHERE rollout_id=?", (rollout_id,))
         self._db.executemany(

@@ -1,0 +1,67 @@
+"""Naming an agent so that worker processes can import it: ``"package.module:attribute"``.
+
+Worker processes are started with the ``spawn`` method (safe with threads, same on every OS), so they import the
+agent instead of inheriting it: define the agent at module level of an importable module (a test module collected
+by pytest works; so does the script run as ``__main__`` when it guards its entry point with
+``if __name__ == "__main__":``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from agentlightning.decorator import RolloutAgent
+
+
+def agent_ref(agent: RolloutAgent | Callable[..., Any] | str) -> str:
+    """The import reference of ``agent`` (checked to resolve back to it)."""
+    if isinstance(agent, str):
+        load_agent(agent)
+        return agent
+    func = agent.func if isinstance(agent, RolloutAgent) else agent
+    module = getattr(func, "__module__", None)
+    qualname = getattr(func, "__qualname__", "")
+    if not module or "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(
+            f"agent {qualname or agent!r} cannot be imported by worker processes: define it at module level "
+            "(not inside a function or as a lambda), or pass 'module:attribute'"
+        )
+    ref = f"{module}:{qualname}"
+    resolved = _resolve(module, qualname, ref)
+    resolved_func = resolved.func if isinstance(resolved, RolloutAgent) else resolved
+    if resolved_func is not func:
+        raise ValueError(f"agent reference {ref!r} resolves to a different object than the agent given")
+    return ref
+
+
+def load_agent(ref: str) -> RolloutAgent:
+    """Import the agent named by ``ref``; a plain function is wrapped as if decorated with bare ``@agl.rollout``."""
+    module, sep, qualname = ref.partition(":")
+    if not sep or not module or not qualname:
+        raise ValueError(f"agent reference must look like 'package.module:attribute', got {ref!r}")
+    target = _resolve(module, qualname, ref)
+    if isinstance(target, RolloutAgent):
+        return target
+    if callable(target):
+        return RolloutAgent(target)
+    raise TypeError(f"agent reference {ref!r} names a {type(target).__name__}, not an agent function")
+
+
+def _resolve(module_name: str, qualname: str, ref: str) -> Any:
+    if module_name == "__main__" or module_name == "__mp_main__":
+        module = sys.modules.get("__mp_main__") or sys.modules["__main__"]
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"cannot import the module of agent {ref!r}: {exc} (sys.path={sys.path[:4]}...)") from None
+    target: Any = module
+    for part in qualname.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(f"agent {ref!r}: {module_name} has no attribute {qualname!r}") from None
+    return target

@@ -1,0 +1,112 @@
+"""``agl.Client``: connect to a Lightning Server, upload a dataset, serve its rollouts with worker processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentlightning.client.api import ServerAPI, resolve_server_url, resolve_token
+from agentlightning.client.pool import WorkerPool
+from agentlightning.decorator import RolloutAgent
+from agentlightning.server.store import dataset_id_for
+
+logger = logging.getLogger(__name__)
+
+
+def load_records(path: str | Path) -> list[Any]:
+    """Tasks from a JSONL file (one JSON value per line) or a JSON file holding a list."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"dataset file {str(path)!r} does not exist")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        data = json.loads(text)
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: a .json dataset must hold a list of tasks, got {type(data).__name__}")
+        return data
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc}): {line[:80]!r}") from None
+    if not records:
+        raise ValueError(f"{path}: no tasks in the file")
+    return records
+
+
+class Client:
+    """A Lightning Client. The server URL comes from ``server_url``, else ``$AGL_SERVER_URL`` (or
+    ``$AgentLightningServerUrl``); the token from ``token``, else ``$AGL_SERVER_TOKEN``.
+
+        client = agl.Client()
+        client.train(agent_run, dataset="data/train.jsonl", nworkers=-1)
+    """
+
+    def __init__(self, server_url: str | None = None, token: str | None = None) -> None:
+        self.server_url = resolve_server_url(server_url)
+        self.token = resolve_token(token)
+        self.api = ServerAPI(self.server_url, self.token)
+
+    def upload_dataset(
+        self, dataset: str | Path | Sequence[Any], dataset_id: str | None = None, name: str | None = None
+    ) -> str:
+        """Upload tasks (a JSONL/JSON file or a list) unless the server already has them; returns the dataset id."""
+        if isinstance(dataset, (str, Path)):
+            name = name or Path(dataset).name
+            records = load_records(dataset)
+        else:
+            records = list(dataset)
+        wanted = dataset_id or dataset_id_for(records)
+        if self.api.get_dataset(wanted) is not None and dataset_id is None:
+            logger.info("server already has dataset %s (%d tasks); not uploading", wanted, len(records))
+            return wanted
+        info = self.api.upload_dataset(records, dataset_id=dataset_id, name=name)
+        logger.info("uploaded dataset %s (%d tasks)", info["dataset_id"], info["size"])
+        return str(info["dataset_id"])
+
+    def train(
+        self,
+        agent: RolloutAgent | Callable[..., Any] | str,
+        dataset: str | Path | Sequence[Any] | None = None,
+        *,
+        dataset_id: str | None = None,
+        nworkers: int = -1,
+        timeout: float | None = None,
+        **pool_options: Any,
+    ) -> str:
+        """Serve rollouts of ``agent`` until the server says stop; returns the dataset id.
+
+        Give ``dataset`` (a JSONL/JSON path or a list of tasks; uploaded if the server lacks it) or ``dataset_id``
+        (already uploaded). ``nworkers=-1`` runs one worker process per core. ``timeout`` overrides the server's
+        per-rollout timeout. Ctrl-C drains (running rollouts finish and are reported); a second Ctrl-C kills.
+        """
+        if (dataset is None) == (dataset_id is None):
+            raise ValueError("Client.train: give exactly one of dataset=... (path or list) or dataset_id=...")
+        self.api.health(retry_for=60.0)
+        if dataset is not None:
+            dataset_id = self.upload_dataset(dataset)
+        elif self.api.get_dataset(dataset_id) is None:  # type: ignore[arg-type]
+            raise ValueError(f"the server at {self.server_url} has no dataset {dataset_id!r}; upload it with "
+                             "dataset=... first")
+        assert dataset_id is not None
+        self.api.attach(dataset_id)
+        pool = WorkerPool(agent, self.server_url, nworkers, token=self.token, timeout=timeout, **pool_options)
+        pool.start()
+        try:
+            pool.wait()
+        except KeyboardInterrupt:
+            logger.warning("Ctrl-C: letting running rollouts finish (Ctrl-C again to kill them)")
+            try:
+                pool.drain()
+            except KeyboardInterrupt:
+                pool.kill()
+        finally:
+            pool.stop()
+        if pool.error:
+            raise RuntimeError(f"Client.train stopped: {pool.error}")
+        return dataset_id

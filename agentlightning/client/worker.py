@@ -1,0 +1,276 @@
+"""A worker process: lease a rollout, run the agent on it, report the result; repeat until told to stop.
+
+The agent runs in a daemon thread of the worker so the worker can keep heart-beating and enforce the timeout.
+At the timeout the worker reports the rollout as 'timeout' with every call and log captured so far, then exits
+(a stuck thread cannot be killed any other way); the pool starts a fresh worker. If the worker itself stops
+responding, the pool kills it. Results that cannot be uploaded are spooled to disk and re-sent later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import multiprocessing.synchronize
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.sharedctypes import Synchronized, SynchronizedArray
+from pathlib import Path
+from typing import Any, TextIO
+
+from agentlightning.client.agentref import load_agent
+from agentlightning.client.api import ServerAPI, ServerError, Unreachable
+from agentlightning.context import RolloutRecorder, current_recorder, recording
+from agentlightning.decorator import RolloutAgent
+from agentlightning.server.records import Lease
+from agentlightning.types import LLM, Rollout
+
+logger = logging.getLogger(__name__)
+
+EXIT_ABANDONED = 75  # the worker left a stuck agent thread behind and must be replaced
+DEQUEUE_WAIT = 2.0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker process needs (picklable)."""
+
+    agent_ref: str
+    server_url: str
+    token: str | None
+    worker_id: str
+    spool_dir: str
+    timeout: float | None = None
+    upload_retry_seconds: float = 600.0
+    reconnect_seconds: float = 600.0
+    log_level: int = logging.INFO
+
+
+@dataclass
+class WorkerSlot:
+    """Shared memory the pool reads to know what a worker is doing (no locks: one writer, one reader)."""
+
+    deadline: Synchronized  # monotonic-clock deadline of the running rollout, 0.0 when idle
+    attempt: Synchronized
+    rollout_id: SynchronizedArray
+
+    def running(self) -> tuple[str, int, float] | None:
+        """(rollout id, attempt, deadline) of the rollout being run, or None."""
+        deadline = self.deadline.value
+        if deadline == 0.0:
+            return None
+        return self.rollout_id.value.decode(), self.attempt.value, deadline
+
+    def set(self, rollout_id: str, attempt: int, deadline: float) -> None:
+        self.rollout_id.value = rollout_id.encode()[:63]
+        self.attempt.value = attempt
+        self.deadline.value = deadline
+
+    def clear(self) -> None:
+        self.deadline.value = 0.0
+
+
+def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.synchronize.Event) -> None:
+    """Entry point of a worker process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the pool drains us
+    logging.basicConfig(level=config.log_level, format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s")
+    _capture_output()
+    agent = load_agent(config.agent_ref)
+    api = ServerAPI(config.server_url, config.token)
+    while not drain.is_set():
+        try:
+            lease, server_stop = api.dequeue(config.worker_id, DEQUEUE_WAIT, stop=drain,
+                                             retry_for=config.reconnect_seconds)
+        except Unreachable as exc:
+            if not drain.is_set():
+                logger.error("giving up on the server after %.0f s: %s", config.reconnect_seconds, exc)
+            break
+        except ServerError as exc:
+            logger.error("the server refused to hand out work: %s", exc.message)
+            if exc.status in (401, 403):
+                sys.exit(2)
+            time.sleep(1.0)
+            continue
+        if server_stop:
+            logger.info("server says stop; worker exits")
+            break
+        if lease is None:
+            continue
+        abandoned = run_lease(agent, lease, api, config, slot)
+        if abandoned:
+            os._exit(EXIT_ABANDONED)
+    api.close()
+
+
+def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerConfig, slot: WorkerSlot) -> bool:
+    """Run one leased rollout and report it. Returns True when an agent thread was left running (hung)."""
+    timeout = config.timeout if config.timeout is not None else lease.timeout
+    started = time.monotonic()
+    slot.set(lease.rollout_id, lease.attempt, started + timeout if timeout else float("inf"))
+    llm = _llm_for(lease, config.server_url)
+    rollout = agent.new_rollout(
+        lease.task, rollout_id=lease.rollout_id, task_id=lease.task_id, group_id=lease.group_id,
+        attempt=lease.attempt, model_version=llm.model_version,
+    )
+    try:
+        recorder = agent.start_recorder(rollout, llm)
+    except Exception as exc:  # e.g. a task the agent cannot take: fail this rollout only
+        result = agent.finish_failed(rollout, _bare_recorder(rollout), exc)
+        abandoned = False
+    else:
+        box: dict[str, Any] = {}
+        thread = threading.Thread(target=_run_agent, args=(agent, lease, llm, rollout, recorder, box),
+                                  name=f"agent-{lease.rollout_id}", daemon=True)
+        thread.start()
+        abandoned, taken_away = _supervise(thread, lease, api, config, started, timeout)
+        if taken_away:
+            logger.warning("attempt %d of %s was taken away by the server; dropping it", lease.attempt, lease.rollout_id)
+            slot.clear()
+            return abandoned
+        if abandoned:
+            result = agent.finish_timeout(rollout, recorder, timeout)
+        elif "error" in box:
+            result = agent.finish_failed(rollout, recorder, box["error"])
+        else:
+            result = agent.finish(rollout, recorder, box.get("output"))
+    result.timings.setdefault("worker_seconds", time.monotonic() - started)
+    result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
+    upload(api, result, lease.attempt, config)
+    slot.clear()
+    return abandoned
+
+
+def _run_agent(
+    agent: RolloutAgent, lease: Lease, llm: LLM, rollout: Rollout, recorder: RolloutRecorder, box: dict[str, Any]
+) -> None:
+    with recording(recorder):
+        try:
+            output = agent.invoke(lease.task, llm, rollout)
+            if asyncio.iscoroutine(output):
+                output = asyncio.run(output)
+            box["output"] = output
+        except BaseException as exc:  # noqa: BLE001 - agent failures are data
+            box["error"] = exc
+
+
+def _supervise(
+    thread: threading.Thread, lease: Lease, api: ServerAPI, config: WorkerConfig, started: float, timeout: float | None
+) -> tuple[bool, bool]:
+    """Wait for the agent thread, heart-beating. Returns (hung at the timeout, attempt taken away)."""
+    interval = max(0.05, lease.lease_seconds / 3)
+    next_beat = started + interval
+    while True:
+        now = time.monotonic()
+        wake = next_beat if timeout is None else min(next_beat, started + timeout)
+        thread.join(max(0.0, wake - now))
+        if not thread.is_alive():
+            return False, False
+        now = time.monotonic()
+        if timeout is not None and now >= started + timeout:
+            logger.warning("rollout %s hit its %.1f s timeout; reporting it and replacing this worker",
+                           lease.rollout_id, timeout)
+            return True, False
+        if now >= next_beat:
+            next_beat = now + interval
+            try:
+                verdict = api.heartbeat(lease.rollout_id, lease.attempt, config.worker_id)
+            except (Unreachable, ServerError) as exc:
+                logger.info("heartbeat for %s failed: %s", lease.rollout_id, exc)
+                continue
+            if not verdict.get("ok", True):
+                return thread.is_alive(), True
+
+
+def upload(api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig) -> None:
+    """Report ``result``; if the server stays unreachable, spool it to disk for a later client to send."""
+    try:
+        outcome = api.upload_result(result, attempt, config.worker_id, retry_for=config.upload_retry_seconds)
+    except Unreachable as exc:
+        path = spool(result, attempt, config)
+        logger.error("could not upload rollout %s (%s); saved to %s for the next client run", result.rollout_id, exc, path)
+        return
+    except ServerError as exc:
+        logger.warning("server did not take rollout %s attempt %d: %s", result.rollout_id, attempt, exc.message)
+        return
+    if outcome.duplicate or not outcome.accepted:
+        logger.info("rollout %s attempt %d: %s", result.rollout_id, attempt, outcome.message or "not stored")
+
+
+def spool(result: Rollout, attempt: int, config: WorkerConfig) -> Path:
+    """Write a result that could not be uploaded."""
+    directory = Path(config.spool_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{result.rollout_id}-{attempt}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"attempt": attempt, "worker_id": config.worker_id,
+                               "rollout": result.model_dump(mode="json")}))
+    tmp.replace(path)
+    return path
+
+
+def resend_spooled(api: ServerAPI, spool_dir: str) -> int:
+    """Upload results spooled by an earlier run; returns how many were delivered."""
+    directory = Path(spool_dir)
+    if not directory.is_dir():
+        return 0
+    sent = 0
+    for path in sorted(directory.glob("*.json")):
+        entry = json.loads(path.read_text())
+        try:
+            api.upload_result(Rollout.model_validate(entry["rollout"]), entry["attempt"], entry["worker_id"], retry_for=10.0)
+        except ServerError as exc:
+            logger.warning("spooled result %s refused (%s); removing it", path.name, exc.message)
+        except Unreachable:
+            return sent
+        path.unlink()
+        sent += 1
+    return sent
+
+
+def _llm_for(lease: Lease, server_url: str) -> LLM:
+    """The rollout's endpoint, addressed through the URL this client reaches the server with."""
+    assert lease.llm is not None
+    return lease.llm.model_copy(update={"base_url": f"{server_url.rstrip('/')}/rollouts/{lease.rollout_id}/v1"})
+
+
+def _bare_recorder(rollout: Rollout) -> RolloutRecorder:
+    return RolloutRecorder(rollout.rollout_id, model_version=rollout.model_version)
+
+
+class _TeeToRollout(io.TextIOBase):
+    """Passes writes through and copies complete lines into the logs of the rollout running in this context."""
+
+    def __init__(self, stream: TextIO, name: str) -> None:
+        self._stream = stream
+        self._name = name
+        self._partial = threading.local()
+
+    def write(self, text: str) -> int:
+        self._stream.write(text)
+        recorder = current_recorder()
+        if recorder is not None:
+            pending = getattr(self._partial, "text", "") + text
+            *lines, rest = pending.split("\n")
+            self._partial.text = rest
+            recorder.logs.extend(f"{time.strftime('%H:%M:%S')} {self._name}: {line}" for line in lines if line)
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+
+def _capture_output() -> None:
+    sys.stdout = _TeeToRollout(sys.stdout, "stdout")  # type: ignore[assignment]
+    sys.stderr = _TeeToRollout(sys.stderr, "stderr")  # type: ignore[assignment]
