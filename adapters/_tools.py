@@ -29,19 +29,22 @@ class PendingTool:
     start_time: float = field(default_factory=time.time)
 
     def finish(self, output: Any = None, error: str | None = None) -> Call:
-        """Record the tool call as finished: ``error`` (type and message) marks it failed."""
+        """Record the tool call as finished: ``error`` (type and message) marks it failed.
+
+        Without a role of its own, the tool call takes the role of the LLM call that requested it."""
+        parent = requesting_llm_call(
+            self.recorder, tool_call_id=self.tool_call_id, name=self.name, arguments=self.arguments, role=self.role
+        )
         call = Call(
             kind="tool",
             sequence=self.sequence,
-            role=self.role,
+            role=self.role if self.role is not None else (parent.role if parent is not None else None),
             name=self.name,
             input=self.arguments,
             output=output,
             status="error" if error is not None else "ok",
             error=error,
-            parent_call_id=requesting_llm_call(
-                self.recorder, tool_call_id=self.tool_call_id, name=self.name, arguments=self.arguments, role=self.role
-            ),
+            parent_call_id=parent.call_id if parent is not None else None,
             start_time=self.start_time,
             end_time=time.time(),
             metadata={"adapter": self.adapter, **({"tool_call_id": self.tool_call_id} if self.tool_call_id else {})},
@@ -83,8 +86,8 @@ def requesting_llm_call(
     name: str | None = None,
     arguments: Any = None,
     role: str | None = None,
-) -> str | None:
-    """The id of the LLM call whose output requested this tool call.
+) -> Call | None:
+    """The LLM call whose output requested this tool call.
 
     Matches, newest first: the tool-call id; else the tool name and arguments (preferring a call of ``role``); else
     the tool name; else the latest LLM call of the rollout.
@@ -94,21 +97,21 @@ def requesting_llm_call(
     if tool_call_id is not None:
         for call in llm_calls:
             if any(request.get("id") == tool_call_id for request in _requested_tools(call)):
-                return call.call_id
+                return call
     if name is not None:
         wanted = _normalised_arguments(arguments)
-        by_name: str | None = None
+        by_name: Call | None = None
         for call in llm_calls:
             for request in _requested_tools(call):
                 if request.get("name") != name:
                     continue
                 if wanted is not None and _normalised_arguments(request.get("arguments")) == wanted:
                     if role is None or call.role == role:
-                        return call.call_id
-                by_name = by_name or call.call_id
+                        return call
+                by_name = by_name or call
         if by_name is not None:
             return by_name
-    return llm_calls[0].call_id if llm_calls else None
+    return llm_calls[0] if llm_calls else None
 
 
 def _requested_tools(call: Call) -> list[dict[str, Any]]:

@@ -22,10 +22,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import wrapt
+from agentlightning.adapters._tools import error_text, start_tool
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.teams._group_chat._selector_group_chat import SelectorGroupChatManager
 
-from agentlightning.adapters._tools import error_text, start_tool
 from agentlightning.context import current_recorder, reset_role, set_role
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,9 @@ def _tool_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-async def _selector_wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+async def _selector_wrapper(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     token = set_role(getattr(instance, "_name", None) or "selector")
     try:
         return await wrapped(*args, **kwargs)

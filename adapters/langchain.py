@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from agentlightning.adapters._tools import PendingTool, error_text, start_tool
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import Runnable
 from langchain_core.tracers import context as tracer_context
 
-from agentlightning.adapters._tools import PendingTool, error_text, start_tool
 from agentlightning.context import RolloutRecorder, current_recorder, current_role, reset_role, set_role
 
 logger = logging.getLogger(__name__)
@@ -75,7 +75,9 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         metadata_role = (metadata or {}).get(ROLE_KEY)
         metadata_role = metadata_role if isinstance(metadata_role, str) and metadata_role else None
-        tag_role = next((t[len(ROLE_TAG_PREFIX) :] for t in reversed(tags or []) if t.startswith(ROLE_TAG_PREFIX)), None)
+        tag_role = next(
+            (t[len(ROLE_TAG_PREFIX) :] for t in reversed(tags or []) if t.startswith(ROLE_TAG_PREFIX)), None
+        )
         hint: str | None = None
         if metadata_role is not None and (parent is None or parent.metadata_role != metadata_role):
             hint = metadata_role

@@ -26,6 +26,7 @@ from contextvars import Token
 from dataclasses import dataclass
 from typing import Any
 
+from agentlightning.adapters._tools import PendingTool, start_tool
 from agents import add_trace_processor
 from agents.tracing import (
     AgentSpanData,
@@ -38,7 +39,6 @@ from agents.tracing import (
     get_trace_provider,
 )
 
-from agentlightning.adapters._tools import PendingTool, start_tool
 from agentlightning.context import current_recorder, current_role, reset_role, set_role
 
 logger = logging.getLogger(__name__)

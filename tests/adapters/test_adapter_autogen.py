@@ -1,0 +1,197 @@
+"""AutoGen AgentChat adapter: real ``AssistantAgent`` teams with ``OpenAIChatCompletionClient`` against the mock
+server, through ``@agl.rollout``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from adapter_support import timeline
+from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
+from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat
+from autogen_core.models import ModelInfo
+from autogen_core.tools import FunctionTool
+from autogen_ext.models.openai import OpenAIChatCompletionClient
+
+import agentlightning as agl
+from agentlightning.testing import MockReply, MockRequest, MockToolCall
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+def divide(a: int, b: int) -> float:
+    """Divide a by b."""
+    return a / b
+
+
+def model_client(llm: agl.LLM) -> OpenAIChatCompletionClient:
+    info = ModelInfo(vision=False, function_calling=True, json_output=True, family="unknown", structured_output=True)
+    return OpenAIChatCompletionClient(model=llm.model, base_url=llm.base_url, api_key=llm.api_key, model_info=info)
+
+
+def agents(llm: agl.LLM, stream: bool = False) -> list[AssistantAgent]:
+    client = model_client(llm)  # one client shared by both agents: the role must come from the agent
+    solver = AssistantAgent(
+        "solver",
+        model_client=client,
+        tools=[add, FunctionTool(divide, description="Divide a by b.")],
+        system_message="You are the solver.",
+        reflect_on_tool_use=True,
+        model_client_stream=stream,
+    )
+    critic = AssistantAgent(
+        "critic", model_client=client, system_message="You are the critic.", model_client_stream=stream
+    )
+    return [solver, critic]
+
+
+def team_rule(request: MockRequest) -> MockReply:
+    """solver: add (works) + divide by zero (fails), then reflects; critic approves; the selector picks by turn."""
+    texts = [str(m.get("content")) for m in request.messages]
+    task = next((t for t in texts if "Compute" in t), "")
+    if any("role play game" in t for t in texts):
+        return MockReply(content="solver" if "critic: APPROVED" in texts[-1] else "critic")
+    if texts[0].startswith("You are the critic"):
+        return MockReply(content=f"APPROVED ({task})")
+    if request.messages[-1]["role"] == "tool":
+        return MockReply(content=f"the sum is 5 ({task})")
+    return MockReply(
+        tool_calls=[
+            MockToolCall(name="add", arguments={"a": 2, "b": 3}),
+            MockToolCall(name="divide", arguments={"a": 1, "b": 0}),
+        ]
+    )
+
+
+ROUND_ROBIN = [
+    ("llm", "solver", "ok"),
+    ("tool", "solver:add", "ok"),
+    ("tool", "solver:divide", "error"),
+    ("llm", "solver", "ok"),
+    ("llm", "critic", "ok"),
+]
+
+
+async def run_round_robin(task: dict, llm: agl.LLM, stream: bool = False) -> str:
+    team = RoundRobinGroupChat(agents(llm, stream), termination_condition=TextMentionTermination("APPROVED"))
+    result = await team.run(task=f"Compute {task['question']}")
+    return str(result.messages[-1].content)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_round_robin_team_roles_tools_and_token_ids(serve, stream: bool) -> None:
+    server, model = serve(team_rule)
+
+    @agl.rollout(reward=lambda task, out: float(out.startswith("APPROVED")))
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        return await run_round_robin(task, llm, stream)
+
+    rollout = await agent.aexecute({"question": "2+3"}, server.llm())
+    assert timeline(rollout) == ROUND_ROBIN
+    assert rollout.final_reward == 1.0
+    first, add_call, divide_call, _, _ = rollout.calls
+    assert add_call.input == {"a": 2, "b": 3} and add_call.output == "5"
+    assert divide_call.error == "ToolError: division by zero"
+    assert add_call.parent_call_id == divide_call.parent_call_id == first.call_id
+    assert [call.metadata.get("stream", False) for call in rollout.llm_calls] == [stream] * 3
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+def test_sync_agent_function(serve) -> None:
+    server, model = serve(team_rule)
+
+    @agl.rollout(reward=lambda task, out: float(out.startswith("APPROVED")))
+    def agent(task: dict, llm: agl.LLM) -> str:
+        return asyncio.run(run_round_robin(task, llm))
+
+    rollout = agent.execute({"question": "2+3"}, server.llm())
+    assert timeline(rollout) == ROUND_ROBIN
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+async def test_selector_group_chat_attributes_speaker_selection(serve) -> None:
+    server, model = serve(team_rule)
+
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        team = SelectorGroupChat(
+            agents(llm),
+            model_client=model_client(llm),
+            termination_condition=MaxMessageTermination(3),
+            allow_repeated_speaker=True,
+        )
+        await team.run(task=f"Compute {task['question']}")
+        return 1.0
+
+    rollout = await agent.aexecute({"question": "2+3"}, server.llm())
+    assert timeline(rollout) == [
+        ("llm", "SelectorGroupChatManager", "ok"),
+        ("llm", "critic", "ok"),
+        ("llm", "SelectorGroupChatManager", "ok"),
+        ("llm", "solver", "ok"),
+        ("tool", "solver:add", "ok"),
+        ("tool", "solver:divide", "error"),
+        ("llm", "solver", "ok"),
+    ]
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+async def test_single_agent_run_and_on_messages(serve) -> None:
+    server, _ = serve(team_rule)
+
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        solver, critic = agents(llm)
+        await solver.run(task="Compute 1+1")
+        await critic.run(task="Compute 1+1")
+        return 1.0
+
+    rollout = await agent.aexecute({}, server.llm())
+    assert timeline(rollout) == ROUND_ROBIN
+
+
+async def test_twenty_parallel_rollouts_do_not_mix(serve) -> None:
+    server, model = serve(team_rule)
+
+    @agl.rollout(reward=lambda task, out: float(task["question"] in out))
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        return await run_round_robin(task, llm)
+
+    tasks = [{"question": f"{i}+{i}"} for i in range(20)]
+    rollouts = await asyncio.gather(*(agent.aexecute(task, server.llm()) for task in tasks))
+    for task, rollout in zip(tasks, rollouts, strict=True):
+        assert timeline(rollout) == ROUND_ROBIN
+        assert rollout.final_reward == 1.0
+        for call in rollout.llm_calls:
+            assert any(f"Compute {task['question']}" in str(message.get("content")) for message in call.input)
+            model.assert_server_token_ids(call)
+
+
+async def test_install_twice_and_uninstall(serve) -> None:
+    server, _ = serve(team_rule)
+    original = AssistantAgent.__dict__["_call_llm"]
+    agl.instrument("autogen")
+    agl.instrument("autogen")
+
+    @agl.rollout(reward=lambda task, out: 1.0)
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        return await run_round_robin(task, llm)
+
+    try:
+        agl.uninstrument("autogen")
+        assert isinstance(AssistantAgent.__dict__["_call_llm"], classmethod)
+        rollout = await agent.aexecute({"question": "1+1"}, server.llm())
+        assert rollout.status == "succeeded"
+        assert [call.role for call in rollout.calls] == [None, None, None]  # no roles, no tool calls
+    finally:
+        agl.instrument("autogen")
+    assert AssistantAgent.__dict__["_call_llm"] is not original
+    rollout = await agent.aexecute({"question": "1+1"}, server.llm())
+    assert timeline(rollout) == ROUND_ROBIN

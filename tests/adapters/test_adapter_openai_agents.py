@@ -1,0 +1,209 @@
+"""OpenAI Agents SDK adapter: real ``Agent`` / ``Runner`` objects against the mock server, through ``@agl.rollout``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from adapter_support import timeline
+from agents import (
+    Agent,
+    OpenAIChatCompletionsModel,
+    OpenAIResponsesModel,
+    Runner,
+    function_tool,
+    set_trace_processors,
+)
+from agents.models.interface import Model
+from openai import AsyncOpenAI
+
+import agentlightning as agl
+from agentlightning.testing import MockReply, MockRequest, MockToolCall
+
+
+@pytest.fixture(autouse=True)
+def no_trace_export() -> Iterator[None]:
+    """Drop the SDK's default exporter (it would post traces to OpenAI) and (re)install the adapter."""
+    set_trace_processors([])
+    agl.uninstrument("openai_agents")
+    agl.instrument("openai_agents")
+    yield
+
+
+@function_tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@function_tool
+def divide(a: int, b: int) -> float:
+    """Divide a by b."""
+    return a / b
+
+
+def system_text(request: MockRequest) -> str:
+    return str(request.messages[0].get("content")) if request.messages else ""
+
+
+def math_rule(request: MockRequest) -> MockReply:
+    """triage hands off to math; math calls add (works) and divide by zero (fails), then answers."""
+    system = system_text(request)
+    question = next(m["content"] for m in request.messages if m["role"] == "user")
+    if system.startswith("You triage"):
+        return MockReply(tool_calls=[MockToolCall(name="transfer_to_math", arguments={})])
+    tool_results = [m for m in request.messages if m["role"] == "tool"]
+    if len(tool_results) < 3:  # the handoff's own tool result, then add and divide
+        return MockReply(
+            tool_calls=[
+                MockToolCall(name="add", arguments={"a": 2, "b": 3}),
+                MockToolCall(name="divide", arguments={"a": 1, "b": 0}),
+            ]
+        )
+    return MockReply(content=f"5 for {question}")
+
+
+def agents_for(model: Model) -> Agent:
+    math = Agent(name="math", instructions="You do math.", tools=[add, divide], model=model)
+    return Agent(name="triage", instructions="You triage questions.", handoffs=[math], model=model)
+
+
+def model_for(llm: agl.LLM, api: str) -> Model:
+    client = AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key)
+    if api == "chat":
+        return OpenAIChatCompletionsModel(llm.model, client)
+    return OpenAIResponsesModel(llm.model, client)
+
+
+HANDOFF_TIMELINE = [
+    ("llm", "triage", "ok"),
+    ("llm", "math", "ok"),
+    ("tool", "math:add", "ok"),
+    ("tool", "math:divide", "error"),
+    ("llm", "math", "ok"),
+]
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_handoff_and_tools_attributed_to_each_agent(serve, api: str) -> None:
+    server, model = serve(math_rule)
+
+    @agl.rollout(reward=lambda task, out: float(out.startswith("5")))
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        result = await Runner.run(agents_for(model_for(llm, api)), task["question"])
+        return result.final_output
+
+    rollout = await agent.aexecute({"question": "2+3?"}, server.llm())
+    assert timeline(rollout) == HANDOFF_TIMELINE
+    assert rollout.final_reward == 1.0
+    _, math_first, add_call, divide_call, _ = rollout.calls
+    assert add_call.input == {"a": 2, "b": 3} and add_call.output == 5
+    assert divide_call.input == {"a": 1, "b": 0}
+    assert divide_call.error is not None and divide_call.error.startswith("Error running tool")
+    assert add_call.parent_call_id == divide_call.parent_call_id == math_first.call_id
+    assert [call.metadata["api"] for call in rollout.llm_calls] == [
+        "chat.completions" if api == "chat" else "responses"
+    ] * 3
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+def test_sync_runner(serve) -> None:
+    server, model = serve(math_rule)
+
+    @agl.rollout(reward=lambda task, out: float(out.startswith("5")))
+    def agent(task: dict, llm: agl.LLM) -> str:
+        return Runner.run_sync(agents_for(model_for(llm, "chat")), task["question"]).final_output
+
+    rollout = agent.execute({"question": "2+3?"}, server.llm())
+    assert timeline(rollout) == HANDOFF_TIMELINE
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+async def test_streamed_run(serve) -> None:
+    server, model = serve(math_rule)
+
+    @agl.rollout(reward=lambda task, out: float(out.startswith("5")))
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        result = Runner.run_streamed(agents_for(model_for(llm, "chat")), task["question"])
+        async for _event in result.stream_events():
+            pass
+        return result.final_output
+
+    rollout = await agent.aexecute({"question": "2+3?"}, server.llm())
+    assert timeline(rollout) == HANDOFF_TIMELINE
+    assert all(call.metadata.get("stream") for call in rollout.llm_calls)
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+def translate_rule(request: MockRequest) -> MockReply:
+    """The orchestrator asks the translator agent (exposed as a tool), then answers with its output."""
+    system = system_text(request)
+    if system.startswith("You translate"):
+        return MockReply(content="bonjour")
+    tool_results = [m["content"] for m in request.messages if m["role"] == "tool"]
+    if not tool_results:
+        return MockReply(tool_calls=[MockToolCall(name="translate", arguments={"input": "hello"})])
+    return MockReply(content=f"answer: {tool_results[0]}")
+
+
+async def test_agent_as_tool_attributes_inner_calls_to_inner_agent(serve) -> None:
+    server, model = serve(translate_rule)
+
+    @agl.rollout(reward=lambda task, out: float("bonjour" in out))
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        chat = model_for(llm, "chat")
+        translator = Agent(name="translator", instructions="You translate to French.", model=chat)
+        orchestrator = Agent(
+            name="orchestrator",
+            instructions="You orchestrate.",
+            tools=[translator.as_tool(tool_name="translate", tool_description="Translate to French.")],
+            model=chat,
+        )
+        return (await Runner.run(orchestrator, task["text"])).final_output
+
+    rollout = await agent.aexecute({"text": "hello"}, server.llm())
+    assert timeline(rollout) == [
+        ("llm", "orchestrator", "ok"),
+        ("tool", "orchestrator:translate", "ok"),
+        ("llm", "translator", "ok"),
+        ("llm", "orchestrator", "ok"),
+    ]
+    assert rollout.final_reward == 1.0
+    assert rollout.calls[1].parent_call_id == rollout.calls[0].call_id
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+async def test_twenty_parallel_rollouts_do_not_mix(serve) -> None:
+    server, model = serve(math_rule)
+
+    @agl.rollout(reward=lambda task, out: float(task["question"] in out))
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        return (await Runner.run(agents_for(model_for(llm, "chat")), task["question"])).final_output
+
+    tasks = [{"question": f"question {i}"} for i in range(20)]
+    rollouts = await asyncio.gather(*(agent.aexecute(task, server.llm()) for task in tasks))
+    for task, rollout in zip(tasks, rollouts, strict=True):
+        assert timeline(rollout) == HANDOFF_TIMELINE
+        assert rollout.final_reward == 1.0
+        for call in rollout.llm_calls:
+            assert any(message.get("content") == task["question"] for message in call.input)
+            model.assert_server_token_ids(call)
+
+
+def test_install_twice_and_uninstall() -> None:
+    from agentlightning.adapters import openai_agents as adapter
+
+    agl.instrument("openai_agents")
+    adapter.install()
+    ours = [p for p in adapter._registered() if isinstance(p, adapter.AgentLightningTracingProcessor)]
+    assert len(ours) == 1
+    try:
+        agl.uninstrument("openai_agents")
+        assert not [p for p in adapter._registered() if isinstance(p, adapter.AgentLightningTracingProcessor)]
+    finally:
+        agl.instrument("openai_agents")
