@@ -1,0 +1,167 @@
+"""``@agl.rollout``, ``agl.role`` and ``agl.emit_reward`` as users write them, run against the mock server."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import openai
+import pytest
+
+import agentlightning as agl
+from agentlightning.decorator import RolloutAgent
+from agentlightning.testing import MockLLMServer
+
+
+@pytest.fixture
+def llm() -> agl.LLM:
+    with MockLLMServer() as server:
+        yield server.llm()
+
+
+def ask(llm: agl.LLM, text: str) -> str:
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    return client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": text}]) \
+        .choices[0].message.content
+
+
+def test_bare_decorator_keeps_function_callable(llm: agl.LLM) -> None:
+    @agl.rollout
+    def agent(task: dict, llm: agl.LLM) -> float:
+        """Docstring kept."""
+        return 0.5 if ask(llm, task["q"]) == f"echo: {task['q']}" else 0.0
+
+    assert isinstance(agent, RolloutAgent) and agent.roles is None and agent.name.endswith("agent")
+    assert agent.__doc__ == "Docstring kept." and agent.__name__ == "agent"
+    assert agent({"q": "direct"}, llm) == 0.5  # plain call, no capture
+    rollout = agent.execute({"q": "hi"}, llm)
+    assert rollout.status == "succeeded" and rollout.final_reward == 0.5 and len(rollout.calls) == 1
+    assert rollout.rewards[0].source == "final"
+
+
+def test_options_roles_reward_name(llm: agl.LLM) -> None:
+    def score(task: dict, output: str) -> float:
+        return 1.0 if output == f"echo: {task['q']}" else 0.0
+
+    @agl.rollout(roles=["writer"], reward=score, name="sql-agent")
+    def agent(task: dict, llm: agl.LLM) -> str:
+        with agl.role("writer"):
+            return ask(llm, task["q"])
+
+    rollout = agent.execute({"q": "x"}, llm)
+    assert (agent.name, agent.roles, rollout.trainable_roles) == ("sql-agent", ["writer"], ["writer"])
+    assert rollout.final_reward == 1.0 and rollout.output == "echo: x" and rollout.calls[0].role == "writer"
+
+
+async def test_async_agent_with_rollout_parameter(llm: agl.LLM) -> None:
+    @agl.rollout
+    async def agent(task: int, llm: agl.LLM, rollout: agl.Rollout) -> float:
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="x", max_retries=0)
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": rollout.rollout_id}])
+        await client.close()
+        return float(task)
+
+    assert agent.is_async
+    rollout = await agent.aexecute(3, llm)
+    assert rollout.final_reward == 3.0 and rollout.calls[0].input[0]["content"] == rollout.rollout_id
+
+
+def test_async_agent_through_sync_execute(llm: agl.LLM) -> None:
+    @agl.rollout
+    async def agent(task: int, llm: agl.LLM) -> float:
+        return float(task)
+
+    assert agent.execute(4, llm).final_reward == 4.0
+
+
+def test_role_as_decorator_nested_and_async(llm: agl.LLM) -> None:
+    @agl.role("checker")
+    def check(llm: agl.LLM) -> str:
+        return ask(llm, "check")
+
+    @agl.rollout
+    def agent(task: int, llm: agl.LLM) -> None:
+        with agl.role("writer"):
+            ask(llm, "write")
+            check(llm)
+            ask(llm, "write again")
+        ask(llm, "no role")
+        agl.emit_reward(1.0, final=True)
+
+    rollout = agent.execute(1, llm)
+    assert [c.role for c in rollout.calls] == ["writer", "checker", "writer", None]
+    assert rollout.final_reward == 1.0
+
+
+def test_emit_reward_attaches_to_latest_llm_call(llm: agl.LLM, caplog: pytest.LogCaptureFixture) -> None:
+    @agl.rollout
+    def agent(task: int, llm: agl.LLM) -> float:
+        agl.emit_reward(0.1, name="early")
+        ask(llm, "a")
+        agl.emit_reward(0.2)
+        return 1.0
+
+    rollout = agent.execute(1, llm)
+    early, intermediate, final = rollout.rewards
+    assert early.call_id is None and intermediate.call_id == rollout.calls[0].call_id
+    assert final.source == "final" and rollout.final_reward == 1.0
+    with caplog.at_level(logging.WARNING):
+        assert agl.emit_reward(1.0) is None
+    assert "outside a rollout" in caplog.text
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, "0.5", [1.0], True])
+def test_bad_returned_reward_fails_rollout_naming_value_and_agent(llm: agl.LLM, bad: object) -> None:
+    @agl.rollout(name="scorer")
+    def agent(task: dict, llm: agl.LLM) -> object:
+        ask(llm, "q")
+        return bad
+
+    rollout = agent.execute({"id": "t7"}, llm)
+    assert rollout.status == "failed" and len(rollout.calls) == 1
+    message = rollout.error.message
+    assert "agent 'scorer' on task 't7'" in message and repr(bad if not isinstance(bad, float) else float(bad)) in message
+
+
+@pytest.mark.parametrize("bad", [math.nan, -math.inf, "high"])
+def test_bad_reward_function_value_names_the_function(llm: agl.LLM, bad: object) -> None:
+    def judge(task: int, output: str) -> object:
+        return bad
+
+    agent = agl.rollout(reward=judge)(lambda task, llm: ask(llm, "q"))
+    rollout = agent.execute(1, llm)
+    assert rollout.status == "failed" and "reward function 'test_bad_reward_function_value_names_the_function" \
+        in rollout.error.message and "judge" in rollout.error.message and repr(bad) in rollout.error.message
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, "1"])
+def test_bad_emitted_reward_raises_naming_value(llm: agl.LLM, bad: object) -> None:
+    @agl.rollout
+    def agent(task: int, llm: agl.LLM) -> float:
+        agl.emit_reward(bad, name="fmt")  # type: ignore[arg-type]
+        return 1.0
+
+    rollout = agent.execute(1, llm)
+    assert rollout.status == "failed" and rollout.error.type == "ValueError"
+    assert "agl.emit_reward(name='fmt')" in rollout.error.message and repr(bad) in rollout.error.message
+
+
+def test_non_json_task_rejected_naming_agent(llm: agl.LLM) -> None:
+    agent = agl.rollout(name="picky")(lambda task, llm: 1.0)
+    with pytest.raises(ValueError, match="task for agent 'picky' is not JSON-serialisable"):
+        agent.execute({"x": {1, 2}}, llm)
+
+
+@pytest.mark.parametrize(("roles", "match"), [("writer", "must be a list"), ([""], "must be a list"), ([3], "3")])
+def test_bad_roles_option(roles: object, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        agl.rollout(roles=roles)(lambda task, llm: 1.0)  # type: ignore[arg-type]
+
+
+def test_bad_signatures_and_role_names() -> None:
+    with pytest.raises(TypeError, match="required parameter 'extra'"):
+        agl.rollout(lambda task, llm, extra: 1.0)
+    with pytest.raises(TypeError, match="must decorate a function, got int"):
+        agl.rollout(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="non-empty string, got ''"):
+        agl.role("")
