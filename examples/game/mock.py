@@ -1,6 +1,6 @@
 """A rule-based stand-in for the model, for ``--dry-run`` and tests: it plays the number game by bisection from
-the host's replies, and ruins some games (deterministically, per game range) by repeating its first guess, so
-both wins and losses occur."""
+the host's replies. Bisection needs about log2(range) guesses, so games with a wide range and few guesses are lost:
+both rewards occur."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ def handle(request: MockRequest) -> MockReply:
     messages = request.messages
     found = _RANGE.search(str(messages[1].get("content", ""))) if len(messages) > 1 else None
     low, high = (int(found.group(1)), int(found.group(2))) if found else (1, 100)
-    stubborn = (low + high) % 4 == 0  # a game this mock will lose
     for reply, answer in zip(messages[2::2], messages[3::2]):
         guess = _GUESS.search(str(reply.get("content", "")))
         if guess is None:
@@ -29,6 +28,4 @@ def handle(request: MockRequest) -> MockReply:
         elif verdict.startswith("lower"):
             high = min(high, value - 1)
     guess = (low + high) // 2
-    if stubborn and len(messages) > 2:
-        guess = int(_GUESS.search(str(messages[2].get("content", ""))).group(1))  # type: ignore[union-attr]
     return MockReply(content=f"The secret is in [{low}, {high}], so I take the middle. GUESS: {guess}")

@@ -1,0 +1,39 @@
+"""Score any OpenAI-compatible endpoint on held-out number games (a seed never used for training).
+
+    python -m examples.game.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-0.5B-Instruct
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+import agentlightning as agl
+from examples.common import endpoint_parser, summarise, write_rollouts
+from examples.game.train import agent_run, make_tasks
+
+HELD_OUT_SEED = 10_000
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = endpoint_parser(__doc__.splitlines()[0])
+    parser.add_argument("--games", type=int, default=200, help="held-out games to play")
+    arguments = parser.parse_args(argv)
+    logging.basicConfig(level=arguments.log_level.upper())
+    tasks = make_tasks(arguments.limit or arguments.games, HELD_OUT_SEED)
+    llm = agl.LLM(
+        base_url=arguments.base_url,
+        model=arguments.model,
+        api_key=arguments.api_key,
+        sampling_parameters={"temperature": arguments.temperature},
+    )
+    rollouts = agl.run(agent_run, tasks, llm=llm, n_workers=arguments.workers, timeout=300)
+    if arguments.output:
+        write_rollouts(arguments.output, rollouts)
+    print(summarise(rollouts).line(f"number game ({arguments.model})"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
