@@ -65,6 +65,7 @@ class HFBackendServer:
         batch_wait_s: float = 0.005,
         default_max_tokens: int = 512,
         max_model_len: int | None = None,
+        always_logprobs: bool = False,
     ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("HFBackendServer: the tokenizer has no chat_template (see trainers.models.prepare_tokenizer)")
@@ -72,6 +73,9 @@ class HFBackendServer:
         self.model_name = model_name
         self.host = host
         self.default_max_tokens = default_max_tokens
+        self.always_logprobs = always_logprobs
+        # Sampling settings forced on every request (e.g. the trainer's temperature), whatever the agent sends.
+        self.sampling_overrides: dict[str, Any] = {}
         self.engine = GenerationEngine(
             model, tokenizer, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, max_model_len=max_model_len
         )
@@ -193,7 +197,7 @@ class HFBackendServer:
                 "message": message,
                 "finish_reason": "tool_calls" if tool_calls else sample.finish_reason,
                 "token_ids": sample.token_ids,
-                "logprobs": self._logprobs(sample) if body.get("logprobs") else None,
+                "logprobs": self._logprobs(sample) if body.get("logprobs") or self.always_logprobs else None,
             })
         payload = self._envelope("chat.completion", prompt_ids, samples, version, body)
         payload["choices"] = choices
@@ -227,7 +231,8 @@ class HFBackendServer:
                 "finish_reason": sample.finish_reason,
                 "token_ids": sample.token_ids,
                 "logprobs": {"token_logprobs": sample.logprobs,
-                             "tokens": self._token_strings(sample.token_ids)} if body.get("logprobs") else None,
+                             "tokens": self._token_strings(sample.token_ids)}
+                if body.get("logprobs") or self.always_logprobs else None,
             }
             for index, sample in enumerate(samples)
         ]
@@ -245,6 +250,7 @@ class HFBackendServer:
         return list(self.tokenizer.encode(rendered, add_special_tokens=False))
 
     def _params(self, body: dict[str, Any], prompt_length: int) -> tuple[SamplingParams, int]:
+        body = {**body, **self.sampling_overrides}
         n = body.get("n") or 1
         if not isinstance(n, int) or n < 1:
             raise BadRequest(f"'n' must be a positive integer, got {n!r}")

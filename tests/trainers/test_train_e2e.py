@@ -1,0 +1,47 @@
+"""End to end on a tiny random model: agent -> proxy -> HF backend -> transitions -> TRL update -> new version."""
+
+from __future__ import annotations
+
+import torch
+from train_agents import echo_length_agent
+
+import agentlightning as agl
+from agentlightning.server import SQLiteStore
+from agentlightning.trainers.models import tiny_model
+
+
+def test_train_updates_weights_and_serves_the_new_version(tmp_path):
+    model, tokenizer = tiny_model(seed=1)
+    before = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(4)]
+
+    result = agl.train(
+        echo_length_agent, tasks, model=model, tokenizer=tokenizer, group_size=4, tasks_per_step=2, max_steps=2,
+        learning_rate=1e-2, micro_batch_size=4, max_completion_length=8, output_dir=tmp_path / "run",
+        nworkers=2, progress=False, save_model=False, val_dataset=tasks[:2], val_every=0,
+    )
+
+    first, second = result.history
+    assert first["model_version"] == "v0" and first["model_version_after"] == "v1"
+    assert second["model_version"] == "v1", "the second step's rollouts must be served by the updated weights"
+    for row in result.history:
+        assert row["llm_calls"] == 8 and row["calls_on_version"] == 8
+        assert row["train/rows"] > 0
+    changed = [name for name, value in result.model.state_dict().items() if not torch.equal(value, before[name])]
+    assert changed, "one TRL update must change the weights"
+    assert result.model_version == "v2"
+
+    store = SQLiteStore(tmp_path / "run" / "store.db")
+    try:
+        rollouts = store.list_rollouts()
+        step_two = [r for r in (store.get_rollout(info.rollout_id) for info in rollouts) if r.group_id.startswith("step1")]
+        assert len(step_two) == 8
+        for rollout in step_two:
+            (call,) = rollout.llm_calls
+            assert call.token_source == "server" and call.completion_token_ids and call.prompt_token_ids
+            assert call.metadata.get("model_version") == "v1"
+            assert len(call.completion_logprobs) == len(call.completion_token_ids)
+    finally:
+        store.close()
+    assert result.metrics_path.exists() and result.curve_path.exists()
+    assert result.initial_validation is not None and result.final_validation is not None

@@ -1,0 +1,18 @@
+"""Module-level agents for the trainer tests (worker processes import them by reference)."""
+
+from __future__ import annotations
+
+import openai
+
+import agentlightning as agl
+
+
+@agl.rollout
+def echo_length_agent(task: dict, llm: agl.LLM) -> float:
+    """One chat call; the reward depends on the reply so a group of rollouts has different rewards."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    reply = client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=8
+    )
+    text = reply.choices[0].message.content or ""
+    return float(len(text) % 3) / 2.0

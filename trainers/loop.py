@@ -1,0 +1,349 @@
+"""The training loop behind ``agl.train``: rollouts -> transitions -> advantages -> packed batch -> TRL update.
+
+:class:`TrainingRun` owns the pieces for the length of one run: the policy model and its
+:class:`~agentlightning.trainers.grpo.LightningGRPOTrainer`, the :class:`~agentlightning.trainers.hf_backend.
+HFBackendServer` serving the live weights, the rollout source (Lightning Server + workers, or in-process), the
+metrics writer and checkpoints. Model versions are ``v<global step>``: ``v0`` is the initial model, and a call
+recorded with ``v3`` was sampled from the weights after the third update.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentlightning.decorator import RolloutAgent
+from agentlightning.rl.advantages import ESTIMATORS, compute_advantages
+from agentlightning.rl.batch import pack
+from agentlightning.rl.transitions import extract_transitions
+from agentlightning.train import TrainResult
+from agentlightning.types import Rollout
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingRun:
+    """All settings of one ``agl.train`` call (see its docstring) and the loop that uses them."""
+
+    agent: Any
+    dataset: Sequence[Any]
+    roles: Sequence[str] | None
+    model: Any
+    tokenizer: Any
+    algorithm: str
+    group_size: int
+    tasks_per_step: int
+    max_steps: int
+    learning_rate: float
+    lora: Any
+    beta: float
+    loss_type: str
+    temperature: float
+    micro_batch_size: int
+    max_prompt_length: int | None
+    max_completion_length: int | None
+    credit: Any
+    air: Any
+    val_dataset: Sequence[Any] | None
+    val_every: int
+    val_temperature: float
+    success_threshold: float
+    accuracy: Callable[[Rollout], bool] | None
+    output_dir: Path
+    resume: bool | str | Path
+    checkpoint_every: int
+    save_model: bool
+    use_server: bool
+    nworkers: int
+    rollout_timeout: float | None
+    max_batch_size: int
+    report_to: tuple[str, ...]
+    progress: bool
+    seed: int
+    trainer_args: dict[str, Any] = field(default_factory=dict)
+
+    # -- checks -------------------------------------------------------------------------------------------------
+
+    def _validate(self) -> None:
+        if not isinstance(self.agent, RolloutAgent):
+            if not callable(self.agent):
+                raise TypeError(f"agl.train(agent=...) must be an @agl.rollout function, got {self.agent!r}")
+            self.agent = RolloutAgent(self.agent)
+        if isinstance(self.dataset, (str, bytes, dict)) or not isinstance(self.dataset, Sequence) or not self.dataset:
+            raise ValueError(f"agl.train(dataset=...) must be a non-empty list of tasks, got {type(self.dataset).__name__}")
+        if self.algorithm not in ESTIMATORS:
+            raise ValueError(f"agl.train(algorithm={self.algorithm!r}): use one of {list(ESTIMATORS)}")
+        for name in ("group_size", "tasks_per_step", "max_steps", "micro_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"agl.train({name}={value!r}): must be a positive integer")
+        if self.micro_batch_size < 2:
+            raise ValueError(f"agl.train(micro_batch_size={self.micro_batch_size}): must be >= 2")
+        if self.algorithm in ("grpo", "dr_grpo") and self.group_size < 2:
+            raise ValueError(f"agl.train(group_size={self.group_size}): GRPO needs at least 2 rollouts per task")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"agl.train(temperature={self.temperature!r}): must be > 0 for training rollouts")
+        if self.val_every < 0 or self.checkpoint_every < 0:
+            raise ValueError("agl.train(val_every=..., checkpoint_every=...) must be >= 0 (0 = only at the end)")
+
+    # -- the run ------------------------------------------------------------------------------------------------
+
+    def run(self) -> TrainResult:
+        self._validate()
+        from agentlightning.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+        from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+        from agentlightning.trainers.hf_backend import HFBackendServer
+        from agentlightning.trainers.reporting import MetricsWriter, plot_curve, read_metrics
+
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        model, tokenizer, model_name = self._load_model()
+        config = grpo_config(
+            str(self.output_dir / "trl"),
+            micro_batch_size=self.micro_batch_size,
+            learning_rate=self.learning_rate,
+            beta=self.beta,
+            loss_type=self.loss_type,
+            temperature=self.temperature,
+            max_steps=self.max_steps,
+            seed=self.seed,
+            max_completion_length=self.max_completion_length or 512,
+            **self.trainer_args,
+        )
+        trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=_lora_config(self.lora))
+        policy = trainer.model
+
+        checkpoint = self._resume_path(latest_checkpoint)
+        state: dict[str, Any] = {"step": 0, "order": [], "cursor": 0}
+        if checkpoint is not None:
+            state = load_checkpoint(trainer, checkpoint)
+        elif (self.output_dir / "metrics.jsonl").exists():
+            (self.output_dir / "metrics.jsonl").unlink()  # a fresh run in a reused directory starts a fresh log
+        start_step = int(state["step"])
+        sampler = _TaskSampler(len(self.dataset), self.seed, state.get("order") or None, int(state.get("cursor", 0)))
+
+        backend = HFBackendServer(
+            policy, tokenizer, model_name=model_name, model_version=f"v{start_step}",
+            max_batch_size=self.max_batch_size, always_logprobs=True,
+            default_max_tokens=self.max_completion_length or 512,
+        ).start()
+        writer = MetricsWriter(self.output_dir, self.report_to, run_name=self.output_dir.name)
+        source = self._rollout_source()
+        history = read_metrics(writer.path)
+        initial_val = state.get("initial_validation")
+        final_val: dict[str, float] | None = None
+        checkpoint_path: Path | None = None
+        try:
+            source.set_model(backend.base_url, model_name, backend.model_version)
+            if self.val_dataset and initial_val is None:
+                initial_val = self._validate_policy(source, backend, "initial")
+                logger.info("held-out before training: %s", _fmt(initial_val))
+            bar = _progress(self.progress, start_step, self.max_steps)
+            for step in range(start_step, self.max_steps):
+                row = self._train_step(step, trainer, backend, source, sampler)
+                if self.val_dataset and (
+                    (self.val_every and (step + 1) % self.val_every == 0) or step + 1 == self.max_steps
+                ):
+                    final_val = self._validate_policy(source, backend, f"step {step + 1}")
+                    row.update({f"val/{key}": value for key, value in final_val.items()})
+                writer.write(row)
+                history.append(row)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(_postfix(row), refresh=False)
+                if (self.checkpoint_every and (step + 1) % self.checkpoint_every == 0) or step + 1 == self.max_steps:
+                    checkpoint_path = save_checkpoint(trainer, self.output_dir, {
+                        "step": step + 1, "global_step": trainer.state.global_step,
+                        "model_version": backend.model_version, "order": sampler.order, "cursor": sampler.cursor,
+                        "initial_validation": initial_val,
+                    })
+            if bar is not None:
+                bar.close()
+        finally:
+            source.close()
+            backend.stop()
+            writer.close()
+        model_path = None
+        if self.save_model:
+            model_path = self.output_dir / "model"
+            policy.save_pretrained(model_path)
+            tokenizer.save_pretrained(model_path)
+        curve = plot_curve(history, self.output_dir / "reward_curve.png")
+        result = TrainResult(
+            output_dir=self.output_dir, steps=self.max_steps, model_version=backend.model_version, history=history,
+            initial_validation=initial_val, final_validation=final_val, metrics_path=writer.path, curve_path=curve,
+            checkpoint_path=checkpoint_path, model_path=model_path, model=policy, tokenizer=tokenizer,
+        )
+        logger.info("training finished:\n%s", result.summary())
+        return result
+
+    def _train_step(self, step: int, trainer: Any, backend: Any, source: Any, sampler: _TaskSampler) -> dict[str, Any]:
+        started = time.perf_counter()
+        indices = sampler.next(self.tasks_per_step)
+        tasks = [self.dataset[index] for index in indices]
+        backend.sampling_overrides = {"temperature": self.temperature}
+        served_version = backend.model_version
+        rollouts = source.run(tasks, self.group_size, f"step{step}", self.rollout_timeout)
+        rollout_seconds = time.perf_counter() - started
+        extraction = extract_transitions(rollouts, self.roles, self.credit, self.air)
+        for line in extraction.stats.problems():
+            logger.warning("step %d: %s", step, line)
+        transitions = compute_advantages(extraction.transitions, estimator=self.algorithm)  # type: ignore[arg-type]
+        row: dict[str, Any] = {"step": step + 1, "model_version": served_version}
+        row.update(self._rollout_metrics(rollouts, "", served_version))
+        row["transitions"] = len(transitions)
+        row["rollout_seconds"] = rollout_seconds
+        batch = pack(
+            transitions, tokenizer_pad(trainer), self.max_prompt_length, self.max_completion_length,
+            drop_zero_variance_groups=True,
+        ) if transitions else None
+        if batch is None or len(batch) == 0:
+            logger.warning(
+                "step %d: nothing to train on (%d transitions; every group had equal rewards or no tokens were "
+                "captured) — the model is unchanged", step + 1, len(transitions),
+            )
+            row["skipped_update"] = 1
+            # The step still counts: the optimizer schedule and the version do not move.
+            return row
+        with backend.updating(f"v{trainer.state.global_step + 1}"):
+            metrics = trainer.step(batch)
+        source.set_model(backend.base_url, backend.model_name, backend.model_version)
+        row.update({f"train/{key}": value for key, value in metrics.items()})
+        row.update({f"batch/{key}": value for key, value in batch.stats.as_dict().items()})
+        row["model_version_after"] = backend.model_version
+        row["step_seconds"] = time.perf_counter() - started
+        return row
+
+    def _validate_policy(self, source: Any, backend: Any, label: str) -> dict[str, float]:
+        assert self.val_dataset is not None
+        backend.sampling_overrides = {"temperature": self.val_temperature}
+        try:
+            rollouts = source.run(list(self.val_dataset), 1, f"val-{label.replace(' ', '')}", self.rollout_timeout)
+        finally:
+            backend.sampling_overrides = {"temperature": self.temperature}
+        metrics = self._rollout_metrics(rollouts, "", backend.model_version)
+        return {key: metrics[key] for key in ("reward", "accuracy", "failed") if key in metrics}
+
+    def _rollout_metrics(self, rollouts: Sequence[Rollout], prefix: str, version: str) -> dict[str, Any]:
+        rewards = [rollout.final_reward if rollout.final_reward is not None else 0.0 for rollout in rollouts]
+        judge = self.accuracy or (lambda rollout: (rollout.final_reward or 0.0) >= self.success_threshold)
+        calls = [call for rollout in rollouts for call in rollout.llm_calls]
+        completion_tokens = [len(call.completion_token_ids or []) for call in calls]
+        return {
+            f"{prefix}reward": statistics.fmean(rewards) if rewards else 0.0,
+            f"{prefix}reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+            f"{prefix}accuracy": statistics.fmean(1.0 if judge(r) else 0.0 for r in rollouts) if rollouts else 0.0,
+            f"{prefix}failed": float(sum(1 for r in rollouts if r.status != "succeeded")),
+            f"{prefix}rollouts": float(len(rollouts)),
+            f"{prefix}llm_calls": float(len(calls)),
+            f"{prefix}completion_tokens_mean": statistics.fmean(completion_tokens) if completion_tokens else 0.0,
+            f"{prefix}calls_on_version": float(sum(1 for c in calls if c.metadata.get("model_version") == version)),
+        }
+
+    # -- setup helpers --------------------------------------------------------------------------------------------
+
+    def _load_model(self) -> tuple[Any, Any, str]:
+        from agentlightning.trainers.models import load_model, prepare_tokenizer
+
+        if isinstance(self.model, str):
+            model, tokenizer = load_model(self.model)
+            return model, tokenizer, self.model.split("/")[-1]
+        if self.tokenizer is None:
+            raise ValueError("agl.train(model=<a loaded model>) also needs tokenizer=")
+        prepare_tokenizer(self.tokenizer)
+        name = getattr(self.model.config, "_name_or_path", "") or "policy"
+        return self.model, self.tokenizer, str(name).split("/")[-1] or "policy"
+
+    def _resume_path(self, latest: Callable[[Path], Path | None]) -> Path | None:
+        if self.resume is False or self.resume is None:
+            return None
+        if self.resume is True:
+            found = latest(self.output_dir)
+            if found is None:
+                logger.info("resume=True but %s has no checkpoint yet: starting fresh", self.output_dir)
+            return found
+        path = Path(self.resume)
+        if not path.exists():
+            raise FileNotFoundError(f"agl.train(resume={str(self.resume)!r}): no such checkpoint directory")
+        return path
+
+    def _rollout_source(self) -> Any:
+        from agentlightning.trainers.rollouts import LocalRollouts, ServerRollouts
+
+        if self.use_server:
+            return ServerRollouts(
+                self.agent, self.output_dir / "store.db", self.nworkers, rollout_timeout=self.rollout_timeout
+            )
+        return LocalRollouts(self.agent, self.nworkers)
+
+
+class _TaskSampler:
+    """Walks through the dataset in shuffled epochs (state saved in checkpoints)."""
+
+    def __init__(self, size: int, seed: int, order: list[int] | None, cursor: int) -> None:
+        self.size = size
+        self.rng = random.Random(seed + cursor)
+        self.order = order if order and len(order) == size else self._shuffled()
+        self.cursor = cursor
+
+    def _shuffled(self) -> list[int]:
+        order = list(range(self.size))
+        self.rng.shuffle(order)
+        return order
+
+    def next(self, count: int) -> list[int]:
+        chosen = []
+        for _ in range(count):
+            if self.cursor >= len(self.order):
+                self.order, self.cursor = self._shuffled(), 0
+            chosen.append(self.order[self.cursor])
+            self.cursor += 1
+        return chosen
+
+
+def tokenizer_pad(trainer: Any) -> int:
+    return int(trainer.processing_class.pad_token_id)
+
+
+def _lora_config(lora: Any) -> Any:
+    if lora is None or lora is False:
+        return None
+    from peft import LoraConfig
+
+    if isinstance(lora, LoraConfig):
+        return lora
+    settings: dict[str, Any] = {
+        "r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "task_type": "CAUSAL_LM",
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    }
+    if isinstance(lora, dict):
+        settings.update(lora)
+    elif lora is not True:
+        raise TypeError(f"agl.train(lora={lora!r}): use None, True, a dict of LoraConfig fields, or a LoraConfig")
+    return LoraConfig(**settings)
+
+
+def _progress(enabled: bool, start: int, total: int) -> Any:
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=start, desc="agl.train", unit="step", dynamic_ncols=True)
+
+
+def _postfix(row: dict[str, Any]) -> dict[str, str]:
+    shown = {"reward": row.get("reward"), "acc": row.get("accuracy")}
+    if "val/accuracy" in row:
+        shown["val_acc"] = row["val/accuracy"]
+    return {key: f"{value:.2f}" for key, value in shown.items() if isinstance(value, (int, float))}
+
+
+def _fmt(values: dict[str, float] | None) -> str:
+    return ", ".join(f"{key}={value:.3f}" for key, value in (values or {}).items())

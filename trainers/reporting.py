@@ -1,0 +1,104 @@
+"""What a user watches during training: per-step metrics as JSONL (+ TensorBoard / W&B on request) and a
+reward-curve PNG."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+REPORTERS = ("tensorboard", "wandb")
+
+
+class MetricsWriter:
+    """Appends one JSON object per step to ``metrics.jsonl`` and forwards scalars to the requested reporters."""
+
+    def __init__(self, output_dir: Path, report_to: Sequence[str] = (), run_name: str | None = None) -> None:
+        unknown = [name for name in report_to if name not in REPORTERS]
+        if unknown:
+            raise ValueError(f"report_to={list(report_to)!r}: unknown reporter(s) {unknown}; use any of {REPORTERS}")
+        self.path = output_dir / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tensorboard: Any = None
+        self._wandb: Any = None
+        if "tensorboard" in report_to:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as exc:
+                raise ImportError("report_to=['tensorboard'] needs the tensorboard package: pip install tensorboard") from exc
+            self._tensorboard = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
+        if "wandb" in report_to:
+            try:
+                import wandb
+            except ImportError as exc:
+                raise ImportError("report_to=['wandb'] needs the wandb package: pip install wandb") from exc
+            self._wandb = wandb.init(project="agentlightning", name=run_name, dir=str(output_dir), resume="allow")
+
+    def write(self, row: dict[str, Any]) -> None:
+        """Record the metrics of one step (``row['step']`` is the x axis)."""
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(row, default=_plain) + "\n")
+        scalars = {key: float(value) for key, value in row.items() if _is_number(value) and key != "step"}
+        if self._tensorboard is not None:
+            for key, value in scalars.items():
+                self._tensorboard.add_scalar(key, value, row["step"])
+            self._tensorboard.flush()
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=int(row["step"]))
+
+    def close(self) -> None:
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` file (empty when it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def plot_curve(rows: Sequence[dict[str, Any]], path: Path, title: str = "Agent Lightning training") -> Path | None:
+    """Write a PNG of training reward (and validation reward / accuracy when present) against the step."""
+    train = [(row["step"], row["reward"]) for row in rows if _is_number(row.get("reward"))]
+    val_reward = [(row["step"], row["val/reward"]) for row in rows if _is_number(row.get("val/reward"))]
+    val_acc = [(row["step"], row["val/accuracy"]) for row in rows if _is_number(row.get("val/accuracy"))]
+    if not (train or val_reward):
+        logger.warning("no reward values to plot; %s not written", path)
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4), dpi=110)
+    if train:
+        axis.plot(*zip(*train, strict=True), marker=".", alpha=0.6, label="train reward (mean of step)")
+    if val_reward:
+        axis.plot(*zip(*val_reward, strict=True), marker="o", linewidth=2, label="held-out reward")
+    if val_acc:
+        axis.plot(*zip(*val_acc, strict=True), marker="s", linewidth=2, label="held-out accuracy")
+    axis.set_xlabel("training step")
+    axis.set_ylabel("reward / accuracy")
+    axis.set_title(title)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="best")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _plain(value: Any) -> Any:
+    return str(value)
