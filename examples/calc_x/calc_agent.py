@@ -6,14 +6,15 @@ step by step, calls ``calculator`` for arithmetic and ends with ``### ANSWER: <n
 fail (AutoGen reports the error to the model, Agent Lightning records the tool call with status 'error', and the
 AIR rule in ``train.py`` turns it into a penalty on the LLM call that made it).
 
-With ``calculator="mcp"`` the same calculator is served by an MCP server over stdio (``examples.calc_x.mcp_server``,
-needs the ``mcp`` package) and reached through autogen-ext's MCP workbench, as in the paper's setup.
+The paper's setup serves the calculator over MCP. autogen-ext 0.7.5's MCP tools fail to import with mcp 2.x, the
+version openai-agents pulls into this project's environment, so this example uses the equivalent ``FunctionTool``
+(in an environment with ``mcp<2``, an ``McpWorkbench`` can replace it; the AutoGen adapter records MCP tool calls
+the same way).
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 from autogen_agentchat.agents import AssistantAgent
@@ -35,7 +36,6 @@ SYSTEM_MESSAGE = (
     "### ANSWER: <answer> ### where <answer> is just the number (or the letter of the correct choice)."
 )
 MAX_TOOL_ITERATIONS = 5
-CALCULATORS = ("function", "mcp")
 
 MODEL_INFO = ModelInfo(
     vision=False, function_calling=True, json_output=False, family=ModelFamily.UNKNOWN, structured_output=False
@@ -61,14 +61,10 @@ def model_client(llm: agl.LLM) -> OpenAIChatCompletionClient:
     )
 
 
-async def solve(question: str, llm: agl.LLM, *, calculator: str = "function") -> str:
+async def solve(question: str, llm: agl.LLM) -> str:
     """Run the assistant on ``question`` and return its final text reply."""
-    if calculator not in CALCULATORS:
-        raise ValueError(f"calculator must be one of {CALCULATORS}, got {calculator!r}")
     client = model_client(llm)
     try:
-        if calculator == "mcp":
-            return await _solve_with_mcp(question, client)
         agent = AssistantAgent(
             AGENT_NAME,
             model_client=client,
@@ -82,24 +78,6 @@ async def solve(question: str, llm: agl.LLM, *, calculator: str = "function") ->
         await client.close()
 
 
-async def _solve_with_mcp(question: str, client: OpenAIChatCompletionClient) -> str:
-    try:
-        from autogen_ext.tools.mcp import McpWorkbench, StdioServerParams
-    except ImportError as exc:
-        raise ImportError("calculator='mcp' needs the mcp package: pip install mcp") from exc
-    server = StdioServerParams(command=sys.executable, args=["-m", "examples.calc_x.mcp_server"], read_timeout_seconds=30)
-    async with McpWorkbench(server) as workbench:
-        agent = AssistantAgent(
-            AGENT_NAME,
-            model_client=client,
-            workbench=workbench,
-            system_message=SYSTEM_MESSAGE,
-            reflect_on_tool_use=True,
-            max_tool_iterations=MAX_TOOL_ITERATIONS,
-        )
-        return _final_text(await agent.run(task=question))
-
-
 def _final_text(result: Any) -> str:
     for message in reversed(result.messages):
         if isinstance(message, TextMessage) and message.source == AGENT_NAME:
@@ -110,7 +88,7 @@ def _final_text(result: Any) -> str:
 @agl.rollout(roles=[AGENT_NAME])
 async def calc_agent(task: dict[str, Any], llm: agl.LLM, rollout: agl.Rollout) -> float:
     """One Calc-X episode: reward 1 when the final answer equals the gold answer, else 0."""
-    reply = await solve(task["question"], llm, calculator=task.get("calculator", "function"))
+    reply = await solve(task["question"], llm)
     reward = score(reply, task["answer"])
     rollout.output = {"reply": reply, "answer": extract_answer(reply)}
     return reward

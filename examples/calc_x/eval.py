@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 import agentlightning as agl
-from examples.calc_x.calc_agent import CALCULATORS, calc_agent
+from examples.calc_x.calc_agent import calc_agent
 from examples.calc_x.data import SOURCES, load_tasks
 from examples.common import endpoint_parser, summarise, write_rollouts
 
@@ -18,10 +18,9 @@ from examples.common import endpoint_parser, summarise, write_rollouts
 def main(argv: Sequence[str] | None = None) -> int:
     parser = endpoint_parser(__doc__.splitlines()[0])
     parser.add_argument("--sources", nargs="+", default=["gsm8k", "svamp"], choices=SOURCES)
-    parser.add_argument("--calculator", default="function", choices=CALCULATORS)
     arguments = parser.parse_args(argv)
     logging.basicConfig(level=arguments.log_level.upper())
-    tasks = [{**t, "calculator": arguments.calculator} for t in load_tasks(arguments.data_dir, "test", arguments.sources)]
+    tasks = load_tasks(arguments.data_dir, "test", arguments.sources)
     tasks = tasks[: arguments.limit] if arguments.limit else tasks
     llm = agl.LLM(
         base_url=arguments.base_url,

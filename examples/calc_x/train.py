@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from agentlightning.rl.air import ToolErrorRule
-from examples.calc_x.calc_agent import CALCULATORS, calc_agent
+from examples.calc_x.calc_agent import calc_agent
 from examples.calc_x.data import SOURCES, load_tasks
 from examples.calc_x.mock import mock_handler
 from examples.common import base_parser, mock_dry_run, print_dry_run
@@ -28,7 +28,6 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="run a few rollouts on CPU against a mock model")
     parser.add_argument("--model", default="Qwen/Qwen2.5-1.5B-Instruct", help="model to train")
     parser.add_argument("--sources", nargs="+", default=["gsm8k", "svamp", "calcx_sample"], choices=SOURCES)
-    parser.add_argument("--calculator", default="function", choices=CALCULATORS, help="FunctionTool or MCP server")
     parser.add_argument("--tool-error-penalty", type=float, default=-0.5, help="AIR reward of a failed tool call")
     parser.add_argument("--group-size", type=int, default=8, help="GRPO group size (rollouts per problem)")
     parser.add_argument("--batch-size", type=int, default=64, help="problems per training step")
@@ -42,8 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
     logging.basicConfig(level=arguments.log_level.upper())
     air = [ToolErrorRule(penalty=arguments.tool_error_penalty)]
-    train = [{**t, "calculator": arguments.calculator} for t in load_tasks(arguments.data_dir, "train", arguments.sources)]
-    test = [{**t, "calculator": arguments.calculator} for t in load_tasks(arguments.data_dir, "test", arguments.sources)]
+    train = load_tasks(arguments.data_dir, "train", arguments.sources)
+    test = load_tasks(arguments.data_dir, "test", arguments.sources)
     if arguments.dry_run:
         tasks = train[-DRY_RUN_TASKS // 2 :] + test[: DRY_RUN_TASKS // 2]
         print_dry_run(mock_dry_run(calc_agent, tasks, mock_handler(tasks), group_size=3, air=air))
