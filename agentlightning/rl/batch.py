@@ -72,6 +72,7 @@ class PackedBatch:
     rollout_ids: list[str]
     call_ids: list[str | None]
     group_ids: list[str | None]
+    model_versions: list[str | None]
 
     def __len__(self) -> int:
         return int(self.prompt_ids.shape[0])
@@ -149,19 +150,10 @@ def pack(
     prompt_ids = _padded(prompts, prompt_mask, pad_token_id, np.int64, prompt_limit, from_left=True)
     completion_ids = _padded(completions, completion_mask, pad_token_id, np.int64, completion_limit)
 
-    logprobs = [row.completion_logprobs for row in kept_rows]
-    stats.rows_with_logprobs = sum(1 for values in logprobs if values is not None)
+    stats.rows_with_logprobs = sum(1 for row in kept_rows if row.completion_logprobs is not None)
     old_logprobs = None
     if kept_rows and stats.rows_with_logprobs == len(kept_rows):
-        for row in kept_rows:
-            if len(row.completion_logprobs) != len(row.completion_token_ids):  # type: ignore[arg-type]
-                raise ValueError(
-                    f"transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r} has "
-                    f"{len(row.completion_logprobs)} logprobs for {len(row.completion_token_ids)} completion tokens"  # type: ignore[arg-type]
-                )
-        old_logprobs = torch.from_numpy(
-            _padded(logprobs, completion_mask, 0.0, np.float32, completion_limit)  # type: ignore[arg-type]
-        )
+        old_logprobs = torch.from_numpy(_old_logprobs(kept_rows, completion_mask, completion_limit))
 
     stats.rows = len(kept_rows)
     stats.prompt_tokens = int(prompt_kept.sum())
@@ -180,6 +172,7 @@ def pack(
         rollout_ids=[row.rollout_id for row in kept_rows],
         call_ids=[row.call_id for row in kept_rows],
         group_ids=[row.group_id for row in kept_rows],
+        model_versions=[row.model_version for row in kept_rows],
     )
 
 
@@ -236,6 +229,22 @@ def _zero_variance_rows(rows: Sequence[Transition], stats: PackStats) -> np.ndar
     flat = {key for key, (low, high) in bounds.items() if high - low <= 1e-12 * max(1.0, abs(high))}
     stats.zero_variance_groups = len(flat)
     return np.fromiter((key in flat for key in keys), bool, len(rows))
+
+
+def _old_logprobs(rows: Sequence[Transition], mask: np.ndarray, limit: int) -> np.ndarray:
+    """Sampling logprobs padded like the completions; ``ValueError`` naming a row whose lengths differ."""
+    import numpy as np
+
+    logprobs: list[list[float]] = []
+    for row in rows:
+        values = row.completion_logprobs or []
+        if len(values) != len(row.completion_token_ids):
+            raise ValueError(
+                f"transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r} has {len(values)} "
+                f"logprobs for {len(row.completion_token_ids)} completion tokens"
+            )
+        logprobs.append(values)
+    return _padded(logprobs, mask, 0.0, np.float32, limit)
 
 
 def _padded(

@@ -16,7 +16,6 @@ Both batches are compared element by element. Run with either of:
 from __future__ import annotations
 
 import gc
-import json
 import random
 import tempfile
 import time

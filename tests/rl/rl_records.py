@@ -50,7 +50,9 @@ def rollout(
     **fields: Any,
 ) -> Rollout:
     """A finished rollout whose calls are numbered in the given order."""
-    numbered = [call.model_copy(update={"sequence": index, "rollout_id": rollout_id}) for index, call in enumerate(calls)]
+    numbered = [
+        call.model_copy(update={"sequence": index, "rollout_id": rollout_id}) for index, call in enumerate(calls)
+    ]
     return Rollout(
         rollout_id=rollout_id,
         task_id=task_id,

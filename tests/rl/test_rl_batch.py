@@ -25,7 +25,7 @@ def row(rollout_id: str, prompt: list[int], completion: list[int], advantage: fl
 
 def test_left_padded_prompts_and_right_padded_completions() -> None:
     rows = [
-        row("r0", [11, 12, 13], [21], advantage=0.5, weight=0.25, completion_logprobs=[-0.5]),
+        row("r0", [11, 12, 13], [21], advantage=0.5, weight=0.25, completion_logprobs=[-0.5], model_version="v1"),
         row("r1", [14], [22, 23, 24], advantage=-0.5, weight=1.0, completion_logprobs=[-0.1, -0.2, -0.3]),
     ]
     batch = pack(rows, pad_token_id=0)
@@ -41,6 +41,7 @@ def test_left_padded_prompts_and_right_padded_completions() -> None:
     assert (batch.advantages.dtype, batch.weights.dtype, batch.old_logprobs.dtype) == (torch.float32,) * 3
     assert (len(batch), batch.rollout_ids, batch.call_ids, batch.group_ids) == (2, ["r0", "r1"], ["r0-c", "r1-c"],
                                                                               ["g", "g"])
+    assert batch.model_versions == ["v1", None]
     assert (batch.stats.rows, batch.stats.prompt_tokens, batch.stats.completion_tokens) == (2, 4, 4)
     assert batch.to("cpu").completion_ids.tolist() == batch.completion_ids.tolist()
 
@@ -133,6 +134,9 @@ def test_end_to_end_from_rollouts() -> None:
 
 
 def test_importing_rl_does_not_import_torch_or_numpy() -> None:
-    code = "import sys, agentlightning as agl, agentlightning.rl; agl.transitions; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    code = (
+        "import sys, agentlightning as agl, agentlightning.rl; agl.transitions; "
+        "print('torch' in sys.modules, 'numpy' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]

@@ -67,7 +67,8 @@ def test_per_rollout_weights_give_every_rollout_the_same_total(rows: list[Transi
 @given(grouped_transitions())
 def test_reinforce_pp_batch_advantages_sum_to_zero(rows: list[Transition]) -> None:
     compute_advantages(rows, "reinforce++")
-    assert abs(math.fsum(row.weight * row.advantage for row in rows)) <= 1e-9 * max(1.0, *(abs(r.advantage) for r in rows))
+    scale = max(1.0, *(abs(row.advantage) for row in rows))
+    assert abs(math.fsum(row.weight * row.advantage for row in rows)) <= 1e-9 * scale
 
 
 ROLE_NAMES = ["writer", "rewriter", "sql_writer", "sql_check", "critic", "Writer", None]
@@ -79,7 +80,9 @@ PATTERNS = ["writer", "rewriter", "sql_*", "*writer", "crit?c", "w*", "[rs]*", "
     st.lists(st.lists(st.sampled_from(ROLE_NAMES), max_size=6), min_size=1, max_size=4),
     st.one_of(st.none(), st.lists(st.sampled_from(PATTERNS), min_size=1, max_size=3)),
 )
-def test_role_selection_never_leaks_and_never_loses(call_roles: list[list[str | None]], patterns: list[str] | None) -> None:
+def test_role_selection_never_leaks_and_never_loses(
+    call_roles: list[list[str | None]], patterns: list[str] | None
+) -> None:
     rollouts = [
         rollout(f"r{i}", 1.0, [llm(f"r{i}-c{j}", role=role) for j, role in enumerate(roles)])
         for i, roles in enumerate(call_roles)
@@ -115,7 +118,9 @@ def naive_pack(rows: list[Transition], pad: int, max_prompt: int, max_completion
     st.integers(1, 14),
     st.integers(1, 14),
 )
-def test_vectorised_pack_equals_plain_python_padding(sequences, max_prompt: int, max_completion: int) -> None:  # type: ignore[no-untyped-def]
+def test_vectorised_pack_equals_plain_python_padding(
+    sequences: list[tuple[list[int], list[int]]], max_prompt: int, max_completion: int
+) -> None:
     rows = [
         Transition(rollout_id=f"r{i}", index=0, prompt_token_ids=p, completion_token_ids=c, advantage=0.0,
                    completion_logprobs=[-float(t) for t in c])
