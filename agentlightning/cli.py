@@ -1,0 +1,284 @@
+"""The ``agl`` command: ``agl server``, ``agl client``, ``agl rollouts list|show``.
+
+``agl server --model NAME ...`` hands over to the trainer: it calls
+``agentlightning.train.serve_training(args, extra)`` with the parsed server options (``args``, see
+:func:`add_server_arguments`; :func:`server_from_args` builds the matching :class:`LightningServer`) and the
+command-line words this parser did not know (``extra``, the trainer's own options), and exits with its return
+code. Without ``--model`` the server only dispatches rollouts and proxies an existing ``--upstream`` endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+logger = logging.getLogger("agl")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``agl`` console script."""
+    parser = argparse.ArgumentParser(prog="agl", description="Agent Lightning: train the LLM inside any agent.")
+    parser.add_argument("--log-level", default=os.environ.get("AGL_LOG_LEVEL", "INFO"), help="logging level")
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_server_arguments(commands.add_parser("server", help="run the Lightning Server (store, queue, proxy)"))
+    _client_arguments(commands.add_parser("client", help="serve rollouts of an agent with worker processes"))
+    rollouts = commands.add_parser("rollouts", help="inspect rollouts").add_subparsers(dest="action", required=True)
+    _source_arguments(listing := rollouts.add_parser("list", help="list rollouts, newest first"))
+    listing.add_argument("--status", help="only this state (queued, running, succeeded, failed, timeout, cancelled)")
+    listing.add_argument("--task-id")
+    listing.add_argument("--group-id")
+    listing.add_argument("--dataset-id")
+    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--json", action="store_true", help="print JSON lines")
+    _source_arguments(show := rollouts.add_parser("show", help="show one rollout: calls, token ids, rewards"))
+    show.add_argument("rollout_id")
+    show.add_argument("--tokens", action="store_true", help="print the token ids of every LLM call")
+    show.add_argument("--json", action="store_true", help="print the rollout as JSON")
+
+    args, extra = parser.parse_known_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if extra and not (args.command == "server" and args.model):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        if args.command == "server":
+            return _serve_training(args, extra) if args.model else _serve(args)
+        if args.command == "client":
+            return _client(args)
+        return _rollouts(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"agl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+# -- server ---------------------------------------------------------------------------------------------------
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``agl server`` (shared with the trainer's ``serve_training``)."""
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (beyond loopback needs --token)")
+    parser.add_argument("--port", type=int, default=4747)
+    parser.add_argument("--store", default="agl-store.db", help="SQLite file (reopening it resumes)")
+    parser.add_argument("--token", default=os.environ.get("AGL_SERVER_TOKEN"),
+                        help="bearer token clients must send (default $AGL_SERVER_TOKEN)")
+    parser.add_argument("--upstream", help="OpenAI-compatible base URL the proxy forwards to, e.g. http://h:8000/v1")
+    parser.add_argument("--model-name", help="model name to request upstream")
+    parser.add_argument("--model-version", help="version stamped on recorded calls (default: the model name)")
+    parser.add_argument("--upstream-api-key", default=os.environ.get("AGL_UPSTREAM_API_KEY"))
+    parser.add_argument("--logprobs", action="store_true", help="ask the upstream for sampling logprobs")
+    parser.add_argument("--lease", type=float, default=30.0, help="seconds a worker may go without a heartbeat")
+    parser.add_argument("--timeout", type=float, default=600.0, help="default seconds per rollout")
+    parser.add_argument("--max-attempts", type=int, default=3, help="attempts per rollout (retries + 1)")
+    parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body accepted")
+    parser.add_argument("--public-url", help="URL clients reach this server at (default http://host:port)")
+    parser.add_argument("--collect", type=int, metavar="K", default=0,
+                        help="when a client attaches a dataset, run K rollouts per task, then stop everyone")
+    parser.add_argument("--model", help="train this model: hands over to agentlightning.train.serve_training")
+
+
+def server_from_args(args: argparse.Namespace) -> Any:
+    """A :class:`LightningServer` configured from ``agl server`` options (not started)."""
+    from agentlightning.server import LightningServer, Settings
+
+    settings = Settings(
+        lease_seconds=args.lease, rollout_timeout=args.timeout, max_attempts=args.max_attempts,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+    )
+    return LightningServer(
+        args.store, upstream_url=args.upstream, host=args.host, port=args.port, token=args.token,
+        model_name=args.model_name, model_version=args.model_version, upstream_api_key=args.upstream_api_key,
+        logprobs=args.logprobs, settings=settings, public_url=args.public_url,
+    )
+
+
+def _serve_training(args: argparse.Namespace, extra: list[str]) -> int:
+    try:
+        train = importlib.import_module("agentlightning.train")
+        serve_training = train.serve_training
+    except (ImportError, AttributeError) as exc:
+        raise RuntimeError(f"agl server --model needs agentlightning.train.serve_training ({exc})") from None
+    return int(serve_training(args, extra) or 0)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    server = server_from_args(args).start()
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"Lightning server on {server.url} (store {args.store}); Ctrl-C stops", flush=True)
+    try:
+        if args.collect:
+            _collect(server, args.collect, stop)
+        stop.wait()
+    finally:
+        server.stop()
+    return 0
+
+
+def _collect(server: Any, group_size: int, stop: threading.Event) -> None:
+    """Run ``group_size`` rollouts per task of the first dataset a client attaches, then tell clients to stop."""
+    dataset_id = None
+    while dataset_id is None and not stop.is_set():
+        dataset_id = server.wait_for_dataset(timeout=0.5)
+    if dataset_id is None:
+        return
+    ids = server.enqueue(dataset_id, group_size=group_size)
+    logger.info("collecting %d rollouts of dataset %s", len(ids), dataset_id)
+    while not stop.is_set():
+        try:
+            rollouts = server.wait(ids, timeout=1.0)
+        except TimeoutError:
+            continue
+        counts: dict[str, int] = {}
+        for rollout in rollouts:
+            counts[rollout.status] = counts.get(rollout.status, 0) + 1
+        logger.info("all %d rollouts finished: %s; telling clients to stop", len(ids), counts)
+        server.request_stop()
+        stop.wait(3.0)  # clients poll at least every few seconds
+        stop.set()
+
+
+# -- client ---------------------------------------------------------------------------------------------------
+
+
+def _client_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--agent", required=True, help="the agent as 'package.module:function'")
+    parser.add_argument("--dataset", help="JSONL or JSON file of tasks (uploaded if the server lacks it)")
+    parser.add_argument("--dataset-id", help="id of a dataset already on the server")
+    parser.add_argument("--nworkers", type=int, default=-1, help="worker processes (-1: one per core)")
+    parser.add_argument("--server-url", help="default $AGL_SERVER_URL (or $AgentLightningServerUrl)")
+    parser.add_argument("--token", help="default $AGL_SERVER_TOKEN")
+    parser.add_argument("--timeout", type=float, help="seconds per rollout (default: the server's)")
+
+
+def _client(args: argparse.Namespace) -> int:
+    from agentlightning.client import Client
+
+    sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
+    client = Client(args.server_url, token=args.token)
+    client.train(args.agent, dataset=args.dataset, dataset_id=args.dataset_id, nworkers=args.nworkers,
+                 timeout=args.timeout)
+    return 0
+
+
+# -- rollouts -------------------------------------------------------------------------------------------------
+
+
+def _source_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", help="read this SQLite store directly instead of asking a server")
+    parser.add_argument("--server-url", help="default $AGL_SERVER_URL (or $AgentLightningServerUrl)")
+    parser.add_argument("--token", help="default $AGL_SERVER_TOKEN")
+
+
+def _rollouts(args: argparse.Namespace) -> int:
+    if args.action == "list":
+        rows = _list(args)
+        if args.json:
+            for row in rows:
+                print(json.dumps(row))
+        else:
+            _print_table(rows)
+        return 0
+    rollout, attempts = _show(args)
+    if args.json:
+        print(json.dumps({**rollout, "attempts": attempts}, indent=2))
+    else:
+        _print_rollout(rollout, attempts, args.tokens)
+    return 0
+
+
+def _list(args: argparse.Namespace) -> list[dict[str, Any]]:
+    filters = {"status": args.status, "task_id": args.task_id, "group_id": args.group_id, "dataset_id": args.dataset_id}
+    if args.store:
+        store = _open_store(args.store)
+        try:
+            return [row.model_dump() for row in store.list_rollouts(**filters, limit=args.limit)]
+        finally:
+            store.close()
+    params = {key: value for key, value in filters.items() if value is not None} | {"limit": args.limit}
+    return _api(args).request("GET", "/rollouts", params=params, retry_for=5.0)
+
+
+def _show(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    if args.store:
+        store = _open_store(args.store)
+        try:
+            rollout = store.get_rollout(args.rollout_id)
+            if rollout is None:
+                raise ValueError(f"no rollout {args.rollout_id!r} in {args.store}")
+            return rollout.model_dump(mode="json"), [a.model_dump(mode="json") for a in store.attempts(args.rollout_id)]
+        finally:
+            store.close()
+    from agentlightning.client.api import ServerError
+
+    api = _api(args)
+    try:
+        return (api.request("GET", f"/rollouts/{args.rollout_id}", retry_for=5.0),
+                api.request("GET", f"/rollouts/{args.rollout_id}/attempts", retry_for=5.0))
+    except ServerError as exc:
+        raise ValueError(exc.message) from None
+
+
+def _open_store(path: str) -> Any:
+    from agentlightning.server.store import SQLiteStore
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"store file {path!r} does not exist")
+    return SQLiteStore(path)
+
+
+def _api(args: argparse.Namespace) -> Any:
+    from agentlightning.client.api import ServerAPI, resolve_server_url, resolve_token
+
+    return ServerAPI(resolve_server_url(args.server_url), resolve_token(args.token))
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    header = f"{'ROLLOUT':<22} {'STATUS':<10} {'TRY':>3} {'TASK':<18} {'REWARD':>7} {'CALLS':>5} {'MODEL':<12} ENDED"
+    print(header)
+    for row in rows:
+        reward = "" if row["final_reward"] is None else f"{row['final_reward']:.3g}"
+        ended = time.strftime("%H:%M:%S", time.localtime(row["ended"])) if row["ended"] else ""
+        print(f"{row['rollout_id']:<22} {row['status']:<10} {row['attempt']:>3} {str(row['task_id'])[:18]:<18} "
+              f"{reward:>7} {row['n_calls'] if row['n_calls'] is not None else '':>5} "
+              f"{str(row['model_version'] or '')[:12]:<12} {ended}")
+
+
+def _print_rollout(rollout: dict[str, Any], attempts: list[dict[str, Any]], tokens: bool) -> None:
+    print(f"rollout {rollout['rollout_id']}  status={rollout['status']}  attempt={rollout['attempt']}  "
+          f"task={rollout['task_id']}  group={rollout['group_id']}  model={rollout['model_version']}")
+    print(f"task: {json.dumps(rollout['task'])[:200]}")
+    print(f"final reward: {rollout['final_reward']}")
+    if rollout.get("error"):
+        print(f"error: {rollout['error']['type']}: {rollout['error']['message']}")
+    for call in rollout["calls"]:
+        prompt, completion = call.get("prompt_token_ids"), call.get("completion_token_ids")
+        output = call.get("output") or {}
+        content = output.get("content") if isinstance(output, dict) else output
+        print(f"  [{call['sequence']}] {call['kind']} role={call['role']} name={call['name']} status={call['status']} "
+              f"tokens={len(prompt or [])}+{len(completion or [])} source={call['token_source']}")
+        if content:
+            print(f"      -> {str(content)[:160]!r}")
+        if tokens:
+            print(f"      prompt_token_ids={prompt}")
+            print(f"      completion_token_ids={completion}")
+    for reward in rollout["rewards"]:
+        print(f"  reward {reward['value']} source={reward['source']} call={reward['call_id']}")
+    for attempt in attempts:
+        error = attempt.get("error") or {}
+        print(f"  attempt {attempt['attempt']}: {attempt['status']} worker={attempt['worker_id']}"
+              + (f" error={error.get('type')}: {error.get('message')}" if error else ""))
+    for line in rollout.get("logs", [])[-20:]:
+        print(f"  log: {line}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""The per-rollout proxy: token ids recorded from the upstream, streaming, retries, refusals, joins."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+import agentlightning as agl
+from agentlightning.server import LightningServer, Settings
+from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
+from agentlightning.types import Rollout
+
+
+@pytest.fixture
+def mock() -> Iterator[MockLLMServer]:
+    with MockLLMServer() as server:
+        yield server
+
+
+@pytest.fixture
+def server(tmp_path: Path, mock: MockLLMServer) -> Iterator[LightningServer]:
+    settings = Settings(retry_backoff=0.01, retry_backoff_max=0.05)
+    with LightningServer(tmp_path / "store.db", upstream_url=mock.base_url, model_name="mock-model",
+                         model_version="v3", settings=settings) as srv:
+        yield srv
+
+
+def _running(server: LightningServer, task: dict | None = None) -> tuple[str, str]:
+    [rid] = server.enqueue([task or {"q": "x"}])
+    lease = server.store.dequeue("test-worker", 30.0)
+    assert lease.rollout_id == rid
+    return rid, f"{server.url}/rollouts/{rid}/v1"
+
+
+def _finish(server: LightningServer, rid: str, rollout: Rollout | None = None) -> Rollout:
+    result = rollout or Rollout(rollout_id=rid, status="succeeded", final_reward=1.0)
+    response = httpx.post(f"{server.url}/rollouts/{rid}/result",
+                          json={"attempt": 1, "worker_id": "test-worker", "rollout": result.model_dump(mode="json")})
+    assert response.status_code == 200, response.text
+    [done] = server.wait([rid], timeout=5)
+    return done
+
+
+def test_chat_calls_recorded_with_exact_token_ids(server: LightningServer, mock: MockLLMServer) -> None:
+    rid, base_url = _running(server)
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model="whatever", messages=[{"role": "user", "content": "hi"}],
+                                           temperature=0.5)
+    assert reply.choices[0].message.content == "echo: hi"
+    sent = mock.requests[-1].body
+    assert sent["return_token_ids"] is True and sent["model"] == "mock-model"
+    [call] = _finish(server, rid).calls
+    assert call.token_source == "server" and call.metadata["model_version"] == "v3"
+    assert call.completion_token_ids == mock.tokenizer.encode("echo: hi")
+    assert call.prompt_token_ids == reply.model_extra["prompt_token_ids"]
+    assert call.response_id == reply.id and call.input == [{"role": "user", "content": "hi"}]
+    assert call.metadata["sampling"] == {"temperature": 0.5}
+
+
+def test_stream_passed_through_and_recorded(server: LightningServer, mock: MockLLMServer) -> None:
+    mock.set_replies([MockReply(content="streamed answer here"),
+                      MockReply(tool_calls=[MockToolCall(name="add", arguments={"a": 1, "b": 2})])])
+    rid, base_url = _running(server)
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}], stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "streamed answer here" and len(chunks) > 2
+    tool_chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "add"}],
+                                                      stream=True, tools=[{"type": "function", "function": {
+                                                          "name": "add", "parameters": {"type": "object"}}}]))
+    assert tool_chunks
+    first, second = _finish(server, rid).calls
+    assert first.output["content"] == "streamed answer here" and first.metadata["stream"] is True
+    assert first.completion_token_ids == mock.tokenizer.encode("streamed answer here")
+    assert first.prompt_token_ids and first.token_source == "server"
+    [tool] = second.output["tool_calls"]
+    assert tool["function"]["name"] == "add" and json.loads(tool["function"]["arguments"]) == {"a": 1, "b": 2}
+    assert second.tools[0]["function"]["name"] == "add"
+
+
+def test_completions_and_responses_endpoints(server: LightningServer, mock: MockLLMServer) -> None:
+    server.set_upstream(mock.base_url, "mock-model", "v4", logprobs=True)
+    rid, base_url = _running(server)
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    completion = client.completions.create(model="m", prompt="Say: ok")
+    assert completion.choices[0].text
+    response = client.responses.create(model="m", input="question?", instructions="be brief")
+    assert response.output_text == "echo: question?"
+    streamed = list(client.responses.create(model="m", input="again", stream=True))
+    assert streamed[-1].type == "response.completed"
+    legacy, resp, resp_stream = _finish(server, rid).calls
+    assert legacy.metadata["endpoint"] == "completions" and legacy.completion_token_ids
+    assert legacy.completion_logprobs and len(legacy.completion_logprobs) == len(legacy.completion_token_ids)
+    assert resp.output["content"] == "echo: question?" and resp.input[0] == {"role": "system", "content": "be brief"}
+    assert resp.completion_token_ids == mock.tokenizer.encode("echo: question?")
+    assert resp_stream.output["content"] == "echo: again" and resp_stream.prompt_token_ids
+    assert {c.metadata["model_version"] for c in (legacy, resp, resp_stream)} == {"v4"}
+
+
+def test_logprobs_requested_when_training_wants_them(server: LightningServer, mock: MockLLMServer) -> None:
+    server.set_upstream(mock.base_url, "mock-model", "v5", logprobs=True)
+    rid, base_url = _running(server)
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert mock.requests[-1].body["logprobs"] is True
+    [call] = _finish(server, rid).calls
+    assert call.completion_logprobs is not None and len(call.completion_logprobs) == len(call.completion_token_ids)
+
+
+def test_unknown_finished_and_queued_rollouts_are_refused(server: LightningServer) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/rollouts/ro-nope/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError, match="unknown rollout 'ro-nope'"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    [queued] = server.enqueue([{"q": 1}])
+    queued_client = openai.OpenAI(base_url=f"{server.url}/rollouts/{queued}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.ConflictError, match="is queued, not running"):
+        queued_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    server.store.cancel(queued)
+    with pytest.raises(openai.ConflictError, match="is cancelled"):
+        queued_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    rid, base_url = _running(server)
+    _finish(server, rid)
+    with pytest.raises(openai.ConflictError, match="is succeeded, not running"):
+        openai.OpenAI(base_url=base_url, api_key="x", max_retries=0).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "late"}])
+    response = httpx.post(f"{base_url}/embeddings", json={"input": "x"})
+    assert response.status_code == 404 and "unknown endpoint" in response.json()["error"]["message"]
+
+
+def test_upstream_errors_retried_then_reported_faithfully(server: LightningServer, mock: MockLLMServer) -> None:
+    mock.set_replies([MockReply(status=500), MockReply(status=429), MockReply(content="third time lucky"),
+                      MockReply(status=503), MockReply(content="stream ok"),
+                      *[MockReply(status=500, error_message="model exploded")] * 4])
+    rid, base_url = _running(server)
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].message.content == "third time lucky"
+    chunks = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "s"}], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "stream ok"
+    with pytest.raises(openai.InternalServerError, match="model exploded"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "doomed"}])
+    assert len(mock.requests) == 9
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'agl_proxy_upstream_retries_total{endpoint="chat.completions",reason="500"} 4' in metrics
+    assert 'reason="429"} 1' in metrics and 'reason="503"} 1' in metrics
+    ok, streamed, failed = _finish(server, rid).calls
+    assert ok.status == "ok" and ok.metadata["upstream_tries"] == 3 and streamed.status == "ok"
+    assert failed.status == "error" and "model exploded" in failed.error
+
+
+def test_unreachable_upstream_gives_502(server: LightningServer) -> None:
+    with MockLLMServer() as gone:
+        dead_url = gone.base_url
+    server.set_upstream(dead_url, "m", "v9")
+    rid, base_url = _running(server)
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    with pytest.raises(openai.APIStatusError, match="unreachable after 4 tries") as info:
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 502
+    [call] = _finish(server, rid).calls
+    assert call.status == "error" and "ConnectError" in call.error
+
+
+@agl.rollout(roles=["writer"])
+def _unused(task, llm):  # noqa: ANN001, ANN202 - only here so the module imports agl's decorator like users do
+    return 0.0
+
+
+def test_client_calls_joined_with_proxy_records(server: LightningServer, mock: MockLLMServer) -> None:
+    """A captured agent run (roles from agl.role, client-side records) gets the proxy's token ids and version."""
+    rid, base_url = _running(server, {"id": "t1", "q": "x"})
+
+    @agl.rollout(roles=["writer"])
+    def agent(task: dict, llm: agl.LLM) -> float:
+        client = openai.OpenAI(base_url=llm.base_url, api_key="x", max_retries=0)
+        with agl.role("writer"):
+            client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "one"}])
+        with agl.role("critic"):
+            client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "two"}])
+        return 0.5
+
+    llm = agl.LLM(base_url=base_url, model="mock-model", model_version="v3")
+    result = agent.execute({"id": "t1", "q": "x"}, llm, rollout_id=rid)
+    assert [c.role for c in result.llm_calls] == ["writer", "critic"]
+    done = _finish(server, rid, result)
+    writer, critic = done.llm_calls
+    assert (writer.role, critic.role) == ("writer", "critic")
+    assert writer.token_source == critic.token_source == "server"
+    assert writer.completion_token_ids == mock.tokenizer.encode("echo: one")
+    assert critic.completion_token_ids == mock.tokenizer.encode("echo: two")
+    assert "proxy_call_id" in writer.metadata and done.final_reward == 0.5
