@@ -132,11 +132,19 @@ def extract_transitions(
         missing_reward = check_finite(missing_reward, "extract_transitions(missing_reward=...)")
     credit_function = resolve_credit(credit)
     rules = as_air(air)
+    if isinstance(rollouts, Rollout):
+        raise TypeError("transitions() takes a list of rollouts; got a single Rollout (wrap it: [rollout])")
     stats = ExtractionStats()
     found: list[Transition] = []
+    seen_ids: set[str] = set()
     for rollout in rollouts:
         if not isinstance(rollout, Rollout):
             raise TypeError(f"transitions() expects Rollout records, got {type(rollout).__name__}: {rollout!r:.80}")
+        if rollout.rollout_id in seen_ids:
+            raise ValueError(
+                f"rollout {rollout.rollout_id!r} was given twice; each rollout must appear once (it would weigh double)"
+            )
+        seen_ids.add(rollout.rollout_id)
         stats.rollouts_seen += 1
         usable = _usable_rollout(rollout, failed, missing_reward, stats)
         if usable is None:

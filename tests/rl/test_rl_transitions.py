@@ -236,6 +236,11 @@ def test_non_finite_rewards_name_the_rollout() -> None:
         transitions([rollout("r1", None, [llm("a")])], missing_reward=math.nan)
     with pytest.raises(TypeError, match="expects Rollout records, got dict"):
         transitions([{"rollout_id": "r1"}])  # type: ignore[list-item]
+    ro = rollout("r1", 1.0, [llm("a")])
+    with pytest.raises(TypeError, match="got a single Rollout"):
+        transitions(ro)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rollout 'r1' was given twice"):
+        transitions([ro, ro])
 
 
 def test_rollouts_from_json_give_the_same_transitions() -> None:
