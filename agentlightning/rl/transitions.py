@@ -68,6 +68,21 @@ class ExtractionStats:
     unmatched_roles: list[str] = field(default_factory=list)  # requested patterns matching no role seen
     transitions: int = 0
 
+    def as_dict(self) -> dict[str, int]:
+        """Flat counts for metrics logging (skips summed over reasons)."""
+        return {
+            "rollouts_seen": self.rollouts_seen,
+            "rollouts_used": self.rollouts_used,
+            "rollouts_skipped": sum(self.rollouts_skipped.values()),
+            "calls_skipped": sum(self.calls_skipped.values()),
+            "calls_not_selected": self.calls_not_selected,
+            "calls_retokenized": self.calls_retokenized,
+            "logprobs_dropped": self.logprobs_dropped,
+            "duplicates_merged": self.duplicates_merged,
+            "rewards_unassigned": self.rewards_unassigned,
+            "transitions": self.transitions,
+        }
+
     def problems(self) -> list[str]:
         """Plain-words lines for every skip or fallback (empty when everything was used as recorded)."""
         lines: list[str] = []

@@ -190,6 +190,11 @@ def test_unfinished_and_unrewarded_rollouts_are_skipped_with_reasons() -> None:
     ]
     stats = extract_transitions(rollouts).stats
     assert (stats.rollouts_seen, stats.rollouts_used, stats.transitions) == (5, 0, 0)
+    assert stats.as_dict() == {
+        "rollouts_seen": 5, "rollouts_used": 0, "rollouts_skipped": 5, "calls_skipped": 0, "calls_not_selected": 0,
+        "calls_retokenized": 0, "logprobs_dropped": 0, "duplicates_merged": 0, "rewards_unassigned": 0,
+        "transitions": 0,
+    }
     assert stats.rollouts_skipped == {
         "status 'queued' (not a finished episode)": 1,
         "status 'running' (not a finished episode)": 1,
