@@ -10,23 +10,24 @@ the span tree of running spans and:
 - turns each function span into a ``kind="tool"`` call: name, arguments, output, ``status="error"`` when the SDK
   recorded an error on the span (a tool that raised), and the LLM call that requested it.
 
-The processor is added next to the SDK's own processors (``agents.add_trace_processor``). It only sees spans while
-tracing is on: ``set_tracing_disabled(True)`` or ``RunConfig(tracing_disabled=True)`` also switch this capture off
-(the LLM calls are still recorded, without agent names). To keep traces from being exported to OpenAI, replace the
-SDK's default processor before the first rollout starts (``agents.set_trace_processors([])``): this processor is
-added afterwards, when the adapter installs.
+The processor is added next to the SDK's own processors (``agents.add_trace_processor``) and stays registered when
+the user replaces them with ``agents.set_trace_processors([...])`` (the usual way to stop exporting traces to
+OpenAI). It only sees spans while tracing is on: ``set_tracing_disabled(True)``, ``OPENAI_AGENTS_DISABLE_TRACING=1``
+or ``RunConfig(tracing_disabled=True)`` also switch this capture off (the LLM calls are still recorded, without agent
+names, and a warning is logged when the environment variable is set).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from contextvars import Token
 from dataclasses import dataclass
 from typing import Any
 
-from agentlightning.adapters._tools import PendingTool, start_tool
+import wrapt
 from agents import add_trace_processor
 from agents.tracing import (
     AgentSpanData,
@@ -38,7 +39,9 @@ from agents.tracing import (
     TracingProcessor,
     get_trace_provider,
 )
+from agents.tracing.provider import SynchronousMultiTracingProcessor
 
+from agentlightning.adapters._tools import PendingTool, start_tool
 from agentlightning.context import current_recorder, current_role, reset_role, set_role
 
 logger = logging.getLogger(__name__)
@@ -134,27 +137,49 @@ def _parsed(arguments: Any) -> Any:
 
 _lock = threading.Lock()
 _processor: AgentLightningTracingProcessor | None = None
+_original_set_processors: Any = None
+
+
+def _keep_ours(wrapped: Any, instance: SynchronousMultiTracingProcessor, args: Any, kwargs: Any) -> Any:
+    """``set_trace_processors([...])`` replaces the SDK's processors (users do it to stop the export to OpenAI);
+    the capture processor stays until :func:`uninstall`."""
+    result = wrapped(*args, **kwargs)
+    processor = _processor
+    if processor is not None and processor not in instance._processors:  # noqa: SLF001
+        instance.add_tracing_processor(processor)
+    return result
 
 
 def install() -> None:
-    """Add the processor to the SDK's trace provider. Idempotent."""
-    global _processor
+    """Add the processor to the SDK's trace provider, and keep it there across ``set_trace_processors``.
+    Idempotent."""
+    global _processor, _original_set_processors
     with _lock:
-        if _processor is not None and _processor in _registered():
+        if _processor is not None:
             return
-        _processor = _processor or AgentLightningTracingProcessor()
+        _original_set_processors = SynchronousMultiTracingProcessor.__dict__["set_processors"]
+        wrapt.wrap_function_wrapper(SynchronousMultiTracingProcessor, "set_processors", _keep_ours)
+        _processor = AgentLightningTracingProcessor()
         add_trace_processor(_processor)
+        if os.environ.get("OPENAI_AGENTS_DISABLE_TRACING", "").lower() in ("1", "true"):
+            logger.warning(
+                "OPENAI_AGENTS_DISABLE_TRACING is set: the Agents SDK creates no spans, so LLM calls are captured "
+                "without agent names and function tools are not recorded. To stop the export of traces to OpenAI "
+                "instead, call agents.set_trace_processors([])."
+            )
         logger.debug("OpenAI Agents SDK capture adapter installed")
 
 
 def uninstall() -> None:
     """Remove the processor, keeping every other processor. Idempotent."""
-    global _processor
+    global _processor, _original_set_processors
     with _lock:
         if _processor is None:
             return
-        get_trace_provider().set_processors([p for p in _registered() if p is not _processor])
-        _processor = None
+        processor, _processor = _processor, None
+        SynchronousMultiTracingProcessor.set_processors = _original_set_processors
+        _original_set_processors = None
+        get_trace_provider().set_processors([p for p in _registered() if p is not processor])
 
 
 def _registered() -> list[TracingProcessor]:

@@ -24,10 +24,9 @@ from agentlightning.testing import MockReply, MockRequest, MockToolCall
 
 @pytest.fixture(autouse=True)
 def no_trace_export() -> Iterator[None]:
-    """Drop the SDK's default exporter (it would post traces to OpenAI) and (re)install the adapter."""
-    set_trace_processors([])
-    agl.uninstrument("openai_agents")
+    """Drop the SDK's default exporter (it would post traces to OpenAI); the capture processor stays."""
     agl.instrument("openai_agents")
+    set_trace_processors([])
     yield
 
 
@@ -200,6 +199,8 @@ def test_install_twice_and_uninstall() -> None:
 
     agl.instrument("openai_agents")
     adapter.install()
+    set_trace_processors([])
+    set_trace_processors(adapter._registered())
     ours = [p for p in adapter._registered() if isinstance(p, adapter.AgentLightningTracingProcessor)]
     assert len(ours) == 1
     try:
