@@ -9,7 +9,7 @@ import pytest
 from adapter_support import timeline
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
-from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat
+from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
 from autogen_core.models import ModelInfo
 from autogen_core.tools import FunctionTool
 from autogen_ext.models.openai import OpenAIChatCompletionClient
@@ -139,6 +139,30 @@ async def test_selector_group_chat_attributes_speaker_selection(serve) -> None:
         ("tool", "solver:divide", "error"),
         ("llm", "solver", "ok"),
     ]
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+def handoff_rule(request: MockRequest) -> MockReply:
+    if str(request.messages[0]["content"]).startswith("You are alice"):
+        return MockReply(tool_calls=[MockToolCall(name="transfer_to_bob", arguments={})])
+    return MockReply(content="TERMINATE from bob")
+
+
+async def test_swarm_handoff(serve) -> None:
+    server, model = serve(handoff_rule)
+
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        client = model_client(llm)
+        alice = AssistantAgent("alice", model_client=client, handoffs=["bob"], system_message="You are alice.")
+        bob = AssistantAgent("bob", model_client=client, system_message="You are bob.")
+        await Swarm([alice, bob], termination_condition=TextMentionTermination("TERMINATE")).run(task="hi")
+        return 1.0
+
+    rollout = await agent.aexecute({}, server.llm())
+    assert timeline(rollout) == [("llm", "alice", "ok"), ("tool", "alice:transfer_to_bob", "ok"), ("llm", "bob", "ok")]
+    assert rollout.calls[1].parent_call_id == rollout.calls[0].call_id
     for call in rollout.llm_calls:
         model.assert_server_token_ids(call)
 

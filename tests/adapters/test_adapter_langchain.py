@@ -10,7 +10,7 @@ from adapter_support import timeline
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import Runnable, RunnableLambda
+from langchain_core.runnables import Runnable, RunnableLambda, RunnableParallel
 from langchain_core.tools import ToolException, tool
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
@@ -100,6 +100,43 @@ def test_sync_streaming(serve) -> None:
     rollout = sql_agent.execute({"question": "q"}, server.llm())
     assert timeline(rollout) == LLM_PIPELINE
     for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+def test_graph_style_node_functions_and_parallel_branches(serve) -> None:
+    """LangGraph-style nodes (functions named writer/checker/rewriter calling one model) and a RunnableParallel
+    whose two named branches run in threads."""
+    server, model = serve(sql_rule)
+
+    @agl.rollout
+    def agent(task: dict, llm: agl.LLM) -> float:
+        chat = chat_model(llm)
+
+        def writer(state: dict) -> dict:
+            return {**state, "sql": chat.invoke(f"Write {state['question']}").content}
+
+        def checker(state: dict) -> dict:
+            return {**state, "check": chat.invoke(f"Check {state['sql']}").content}
+
+        def rewriter(state: dict) -> dict:
+            return {**state, "final": chat.invoke(f"Rewrite {state['check']}").content}
+
+        graph = RunnableLambda(writer) | RunnableLambda(checker) | RunnableLambda(rewriter)
+        state = graph.invoke({"question": task["question"]})
+        branches = RunnableParallel(
+            left=(ChatPromptTemplate.from_messages([("user", "Check {final}")]) | chat).with_config(run_name="left"),
+            right=(ChatPromptTemplate.from_messages([("user", "Write {final}")]) | chat).with_config(run_name="right"),
+        )
+        branches.invoke(state)
+        return 1.0
+
+    rollout = agent.execute({"question": "q"}, server.llm())
+    calls = timeline(rollout)
+    assert calls[:3] == LLM_PIPELINE
+    assert sorted(calls[3:]) == [("llm", "left", "ok"), ("llm", "right", "ok")]
+    for call in rollout.llm_calls:
+        expected = {"left": "Check", "right": "Write"}.get(call.role)
+        assert expected is None or call.input[-1]["content"].startswith(expected)
         model.assert_server_token_ids(call)
 
 
