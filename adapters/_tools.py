@@ -28,29 +28,52 @@ class PendingTool:
     adapter: str = ""
     start_time: float = field(default_factory=time.time)
 
-    def finish(self, output: Any = None, error: str | None = None) -> Call:
+    def finish(self, output: Any = None, error: str | None = None) -> Call | None:
         """Record the tool call as finished: ``error`` (type and message) marks it failed.
 
-        Without a role of its own, the tool call takes the role of the LLM call that requested it."""
-        parent = requesting_llm_call(
-            self.recorder, tool_call_id=self.tool_call_id, name=self.name, arguments=self.arguments, role=self.role
-        )
-        call = Call(
-            kind="tool",
-            sequence=self.sequence,
-            role=self.role if self.role is not None else (parent.role if parent is not None else None),
-            name=self.name,
-            input=self.arguments,
-            output=output,
-            status="error" if error is not None else "ok",
-            error=error,
-            parent_call_id=parent.call_id if parent is not None else None,
-            start_time=self.start_time,
-            end_time=time.time(),
-            metadata={"adapter": self.adapter, **({"tool_call_id": self.tool_call_id} if self.tool_call_id else {})},
-        )
-        self.recorder.add_call(call)
+        Without a role of its own, the tool call takes the role of the LLM call that requested it. Never raises: a
+        capture failure is logged and the agent goes on."""
+        try:
+            parent = requesting_llm_call(
+                self.recorder, tool_call_id=self.tool_call_id, name=self.name, arguments=self.arguments, role=self.role
+            )
+            call = Call(
+                kind="tool",
+                sequence=self.sequence,
+                role=self.role if self.role is not None else (parent.role if parent is not None else None),
+                name=self.name,
+                input=jsonable(self.arguments),
+                output=jsonable(output),
+                status="error" if error is not None else "ok",
+                error=error,
+                parent_call_id=parent.call_id if parent is not None else None,
+                start_time=self.start_time,
+                end_time=time.time(),
+                metadata={
+                    "adapter": self.adapter,
+                    **({"tool_call_id": self.tool_call_id} if self.tool_call_id else {}),
+                },
+            )
+            self.recorder.add_call(call)
+        except Exception:  # capture must never break the agent
+            logger.exception("%s adapter: could not record tool call %r", self.adapter, self.name)
+            return None
         return call
+
+    def _metadata(self) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"adapter": self.adapter}
+        if self.tool_call_id is not None:
+            metadata["tool_call_id"] = self.tool_call_id
+        return metadata
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` when it is JSON-serialisable (so stored rollouts round-trip), else its ``str``."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
 
 
 def start_tool(

@@ -22,10 +22,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import wrapt
-from agentlightning.adapters._tools import error_text, start_tool
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.teams._group_chat._selector_group_chat import SelectorGroupChatManager
 
+from agentlightning.adapters._tools import error_text, start_tool
 from agentlightning.context import current_recorder, reset_role, set_role
 
 logger = logging.getLogger(__name__)
@@ -66,8 +66,12 @@ def _agent_llm_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
     agent_name = _argument(function, "agent_name")
 
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        name = agent_name(args, kwargs)
         generator = wrapped(*args, **kwargs)
+        try:
+            name = agent_name(args, kwargs)
+        except (IndexError, KeyError):  # capture must never break the agent
+            logger.exception("autogen adapter: no agent_name in %s's arguments", wrapped.__qualname__)
+            return generator
         return _stepped_in_role(generator, name) if isinstance(name, str) and name else generator
 
     return wrapper
@@ -81,15 +85,19 @@ def _tool_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
         recorder = current_recorder()
         if recorder is None:
             return await wrapped(*args, **kwargs)
-        tool_call = tool_call_of(args, kwargs)
-        pending = start_tool(
-            recorder,
-            name=tool_call.name,
-            arguments=_parsed(tool_call.arguments),
-            role=agent_name(args, kwargs),
-            adapter="autogen",
-            tool_call_id=tool_call.id,
-        )
+        try:
+            tool_call = tool_call_of(args, kwargs)
+            pending = start_tool(
+                recorder,
+                name=tool_call.name,
+                arguments=_parsed(tool_call.arguments),
+                role=agent_name(args, kwargs),
+                adapter="autogen",
+                tool_call_id=tool_call.id,
+            )
+        except Exception:  # capture must never break the agent
+            logger.exception("autogen adapter: could not start recording a tool call")
+            return await wrapped(*args, **kwargs)
         try:
             call, result = await wrapped(*args, **kwargs)
         except BaseException as exc:

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from agentlightning.adapters._tools import PendingTool, error_text, start_tool
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import Runnable
 from langchain_core.tracers import context as tracer_context
 
+from agentlightning.adapters._tools import PendingTool, error_text, start_tool
 from agentlightning.context import RolloutRecorder, current_recorder, current_role, reset_role, set_role
 
 logger = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             content = output.content
             run.tool.finish(content, error=f"ToolException: {content}" if failed else None)
         else:
-            run.tool.finish(output if _is_jsonable_scalar(output) else str(output))
+            run.tool.finish(output)
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         run = self._forget(run_id)
@@ -261,10 +261,6 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
 
     def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._forget(run_id)
-
-
-def _is_jsonable_scalar(value: Any) -> bool:
-    return value is None or isinstance(value, (str, int, float, bool, list, dict))
 
 
 def _framework_runnable_names() -> set[str]:

@@ -4,14 +4,17 @@ server, through ``@agl.rollout``."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 from adapter_support import timeline
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
 from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
+from autogen_core import CancellationToken
 from autogen_core.models import ModelInfo
-from autogen_core.tools import FunctionTool
+from autogen_core.tools import FunctionTool, TextResultContent, ToolResult, ToolSchema, Workbench
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
 import agentlightning as agl
@@ -165,6 +168,70 @@ async def test_swarm_handoff(serve) -> None:
     assert rollout.calls[1].parent_call_id == rollout.calls[0].call_id
     for call in rollout.llm_calls:
         model.assert_server_token_ids(call)
+
+
+class KeyValueWorkbench(Workbench):
+    """A workbench serving one tool over its own protocol, as an MCP server does: errors come back as results
+    flagged ``is_error`` rather than as exceptions."""
+
+    def __init__(self, data: dict[str, str]) -> None:
+        self.data = data
+
+    async def list_tools(self) -> list[ToolSchema]:
+        parameters = {"type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}
+        return [ToolSchema(name="get", description="Read a key.", parameters=parameters)]
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        cancellation_token: CancellationToken | None = None,
+        call_id: str | None = None,
+    ) -> ToolResult:
+        key = (arguments or {}).get("key", "")
+        found = key in self.data
+        text = self.data[key] if found else f"no key {key!r}"
+        return ToolResult(name=name, result=[TextResultContent(content=text)], is_error=not found)
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        return None
+
+    async def reset(self) -> None:
+        return None
+
+    async def save_state(self) -> Mapping[str, Any]:
+        return {}
+
+    async def load_state(self, state: Mapping[str, Any]) -> None:
+        return None
+
+
+def lookup_rule(request: MockRequest) -> MockReply:
+    if request.messages[-1]["role"] == "tool":
+        return MockReply(content="done")
+    return MockReply(
+        tool_calls=[MockToolCall(name="get", arguments={"key": "a"}), MockToolCall(name="get", arguments={"key": "zz"})]
+    )
+
+
+async def test_workbench_tools_report_error_results(serve) -> None:
+    server, _ = serve(lookup_rule)
+
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        reader = AssistantAgent("reader", model_client=model_client(llm), workbench=KeyValueWorkbench({"a": "1"}))
+        await reader.run(task="read a and zz")
+        return 1.0
+
+    rollout = await agent.aexecute({}, server.llm())
+    assert timeline(rollout) == [("llm", "reader", "ok"), ("tool", "reader:get", "ok"), ("tool", "reader:get", "error")]
+    assert [call.output for call in rollout.calls[1:]] == ["1", "no key 'zz'"]
+    assert rollout.calls[2].error == "ToolError: no key 'zz'"
+    ids = [tc["id"] for tc in rollout.calls[0].output["tool_calls"]]
+    assert [call.metadata["tool_call_id"] for call in rollout.calls[1:]] == ids
 
 
 async def test_single_agent_run_and_on_messages(serve) -> None:

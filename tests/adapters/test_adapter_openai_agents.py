@@ -121,12 +121,13 @@ def test_sync_runner(serve) -> None:
         model.assert_server_token_ids(call)
 
 
-async def test_streamed_run(serve) -> None:
+@pytest.mark.parametrize("api", ["chat", "responses"])
+async def test_streamed_run(serve, api: str) -> None:
     server, model = serve(math_rule)
 
     @agl.rollout(reward=lambda task, out: float(out.startswith("5")))
     async def agent(task: dict, llm: agl.LLM) -> str:
-        result = Runner.run_streamed(agents_for(model_for(llm, "chat")), task["question"])
+        result = Runner.run_streamed(agents_for(model_for(llm, api)), task["question"])
         async for _event in result.stream_events():
             pass
         return result.final_output
