@@ -26,8 +26,9 @@ from typing import Any, TextIO
 
 from agentlightning.client.agentref import load_agent
 from agentlightning.client.api import ServerAPI, ServerError, Unreachable
-from agentlightning.context import RolloutRecorder, current_recorder, recording
+from agentlightning.context import RolloutRecorder, current_recorder, install_log_capture, recording
 from agentlightning.decorator import RolloutAgent
+from agentlightning.instrumentation import enable_auto_instrumentation
 from agentlightning.server.records import Lease
 from agentlightning.types import LLM, Rollout
 
@@ -82,6 +83,8 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.s
     logging.basicConfig(level=config.log_level, format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s")
     _capture_output()
     agent = load_agent(config.agent_ref)
+    enable_auto_instrumentation()  # pay adapter set-up now, not inside the first lease
+    install_log_capture()
     api = ServerAPI(config.server_url, config.token)
     while not drain.is_set():
         try:
