@@ -79,7 +79,9 @@ class AgentLightningTracingProcessor(TracingProcessor):
 
     def on_trace_end(self, trace: Trace) -> None:
         # Spans of a finished trace that never ended (a cancelled run) are dropped.
-        for span_id in [key for key, value in self._spans.items() if value.trace_id == trace.trace_id]:
+        for span_id, open_span in list(self._spans.items()):  # a C-level copy: safe while other threads add spans
+            if open_span.trace_id != trace.trace_id:
+                continue
             self._spans.pop(span_id, None)
 
     def on_span_start(self, span: Span[Any]) -> None:

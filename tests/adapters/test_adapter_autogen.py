@@ -256,7 +256,7 @@ async def test_twenty_parallel_rollouts_do_not_mix(serve) -> None:
         return await run_round_robin(task, llm)
 
     tasks = [{"question": f"{i}+{i}"} for i in range(20)]
-    rollouts = await asyncio.gather(*(agent.aexecute(task, server.llm()) for task in tasks))
+    rollouts = await agl.arun(agent, tasks, llm=server.llm(), n_workers=20)
     for task, rollout in zip(tasks, rollouts, strict=True):
         assert timeline(rollout) == ROUND_ROBIN
         assert rollout.final_reward == 1.0

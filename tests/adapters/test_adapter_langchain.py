@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
@@ -290,24 +289,24 @@ def test_role_globs_and_diagnostics(serve) -> None:
     assert any("sql_*" in note and "rewriter" in note for note in rollout.diagnostics), rollout.diagnostics
 
 
-async def test_twenty_parallel_rollouts_do_not_mix(serve) -> None:
+@pytest.mark.parametrize("mode", ["threads", "asyncio"])
+def test_twenty_parallel_rollouts_do_not_mix(serve, mode: str) -> None:
     server, model = serve(sql_rule)
 
-    @agl.rollout(reward=lambda task, out: float(task["question"] in out))
-    async def sql_agent(task: dict, llm: agl.LLM) -> str:
-        return await pipeline(chat_model(llm)).ainvoke({"question": task["question"]})
+    def score(task: dict, out: str) -> float:
+        return float(task["question"] in out)
 
-    @agl.rollout(reward=lambda task, out: float(task["question"] in out))
+    @agl.rollout(reward=score)
     def sync_agent(task: dict, llm: agl.LLM) -> str:
         return pipeline(chat_model(llm)).invoke({"question": task["question"]})
 
+    @agl.rollout(reward=score)
+    async def async_agent(task: dict, llm: agl.LLM) -> str:
+        return await pipeline(chat_model(llm, streaming=True)).ainvoke({"question": task["question"]})
+
     tasks = [{"question": f"question number {i}"} for i in range(20)]
-    rollouts = await asyncio.gather(
-        *(
-            (sql_agent if i % 2 else sync_agent).aexecute(task, server.llm())  # sync ones run in threads
-            for i, task in enumerate(tasks)
-        )
-    )
+    agent = sync_agent if mode == "threads" else async_agent
+    rollouts = agl.run(agent, tasks, llm=server.llm(), n_workers=20)
     for task, rollout in zip(tasks, rollouts, strict=True):
         assert timeline(rollout) == LLM_PIPELINE
         assert rollout.final_reward == 1.0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -178,15 +177,23 @@ async def test_agent_as_tool_attributes_inner_calls_to_inner_agent(serve) -> Non
         model.assert_server_token_ids(call)
 
 
-async def test_twenty_parallel_rollouts_do_not_mix(serve) -> None:
+@pytest.mark.parametrize("mode", ["threads", "asyncio"])
+def test_twenty_parallel_rollouts_do_not_mix(serve, mode: str) -> None:
     server, model = serve(math_rule)
 
-    @agl.rollout(reward=lambda task, out: float(task["question"] in out))
-    async def agent(task: dict, llm: agl.LLM) -> str:
+    def score(task: dict, out: str) -> float:
+        return float(task["question"] in out)
+
+    @agl.rollout(reward=score)
+    def sync_agent(task: dict, llm: agl.LLM) -> str:  # Runner.run_sync: one event loop per worker thread
+        return Runner.run_sync(agents_for(model_for(llm, "responses")), task["question"]).final_output
+
+    @agl.rollout(reward=score)
+    async def async_agent(task: dict, llm: agl.LLM) -> str:
         return (await Runner.run(agents_for(model_for(llm, "chat")), task["question"])).final_output
 
     tasks = [{"question": f"question {i}"} for i in range(20)]
-    rollouts = await asyncio.gather(*(agent.aexecute(task, server.llm()) for task in tasks))
+    rollouts = agl.run(sync_agent if mode == "threads" else async_agent, tasks, llm=server.llm(), n_workers=20)
     for task, rollout in zip(tasks, rollouts, strict=True):
         assert timeline(rollout) == HANDOFF_TIMELINE
         assert rollout.final_reward == 1.0
