@@ -15,6 +15,7 @@ import functools
 import importlib
 import inspect
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -26,7 +27,7 @@ import wrapt
 from agentlightning.context import RolloutRecorder, _current_recorder, current_role
 from agentlightning.messages import as_plain, responses_input_to_messages
 from agentlightning.telemetry import emit_call_span
-from agentlightning.types import Call, new_id
+from agentlightning.types import Call
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +105,23 @@ def unattributed_since(start: float) -> list[tuple[float, str | None]]:
     return [(when, _endpoint(resource)) for when, resource in list(_stray_calls) if when >= start]
 
 
+_endpoint_cache: dict[int, tuple[Any, str]] = {}
+
+
 def _endpoint(resource: Any) -> str | None:
+    """The base URL of the client behind ``resource``, without trailing slash (memoised per URL object)."""
     client = getattr(resource, "_client", None)
-    return str(client.base_url).rstrip("/") if client is not None else None
+    if client is None:
+        return None
+    url = getattr(client, "_base_url", None) or client.base_url
+    cached = _endpoint_cache.get(id(url))
+    if cached is not None and cached[0] is url:
+        return cached[1]
+    if len(_endpoint_cache) > 1024:
+        _endpoint_cache.clear()
+    text = str(url).rstrip("/")
+    _endpoint_cache[id(url)] = (url, text)
+    return text
 
 
 # -- the wrappers ------------------------------------------------------------------------------------------------
@@ -266,8 +281,8 @@ class _Pending:
         metadata: dict[str, Any] = {"endpoint": self.endpoint, "api": self.api, "stream": bool(kwargs.get("stream"))}
         metadata["sampling"] = _sampling(kwargs)
         metadata.update(extra)
-        call = Call.model_construct(
-            call_id=new_id("call"),
+        call = Call(
+            call_id=f"call-{os.urandom(8).hex()}",
             sequence=self.sequence,
             kind="llm",
             role=self.role,
@@ -292,6 +307,9 @@ class _Pending:
 # -- request side ------------------------------------------------------------------------------------------------
 
 
+_SCALARS = frozenset({str, int, float, bool})
+
+
 @functools.cache
 def _openai_types() -> tuple[type, ...]:
     """Stream, AsyncStream, LegacyAPIResponse, APIResponse, AsyncAPIResponse (imported once)."""
@@ -314,7 +332,7 @@ def _given(value: Any) -> bool:
 
 
 def _sampling(kwargs: dict[str, Any]) -> dict[str, Any]:
-    sampling = {key: _jsonable(value) for key, value in kwargs.items() if key in SAMPLING_KEYS and _given(value)}
+    sampling = {key: _jsonable(kwargs[key]) for key in SAMPLING_KEYS.intersection(kwargs) if _given(kwargs[key])}
     extra_body = kwargs.get("extra_body")
     if isinstance(extra_body, dict):
         sampling.update({key: _jsonable(value) for key, value in extra_body.items()})
@@ -322,7 +340,7 @@ def _sampling(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _jsonable(value: Any) -> Any:
-    if value is None or isinstance(value, (str, int, float, bool)):
+    if value is None or type(value) in _SCALARS or isinstance(value, (str, int, float, bool)):
         return value
     if isinstance(value, type):  # e.g. response_format=SomePydanticModel for .parse()
         return value.__name__
@@ -337,7 +355,7 @@ def _jsonable(value: Any) -> Any:
 def _plain_list(value: Any) -> list[Any] | None:
     if not _given(value):
         return None
-    return [item if type(item) is dict else _jsonable(item) for item in value]
+    return [dict(item) if type(item) is dict else _jsonable(item) for item in value]
 
 
 def _request_input(api: str, kwargs: dict[str, Any]) -> Any:
@@ -352,20 +370,45 @@ def _request_input(api: str, kwargs: dict[str, Any]) -> Any:
 # -- response side -----------------------------------------------------------------------------------------------
 
 
-def _get(obj: Any, name: str) -> Any:
-    """A field of a response object or of its JSON dict (extra vLLM fields included)."""
+_EMPTY: dict[str, Any] = {}
+
+
+def _view(obj: Any) -> dict[str, Any]:
+    """The fields of a response object (declared and extra, e.g. vLLM's ``token_ids``) or its JSON dict.
+
+    Reads pydantic objects through ``__dict__`` / ``__pydantic_extra__``: ``getattr`` of a missing extra field
+    raises inside pydantic, which costs microseconds per lookup. Do not mutate the result.
+    """
     if obj is None:
+        return _EMPTY
+    if type(obj) is dict:
+        return obj
+    fields = getattr(obj, "__dict__", None)
+    if fields is None:
+        return obj if isinstance(obj, dict) else _EMPTY
+    extra = getattr(obj, "__pydantic_extra__", None)
+    return {**fields, **extra} if extra else fields
+
+
+def _get(obj: Any, name: str) -> Any:
+    """One field of a response object or dict (see :func:`_view`)."""
+    return _view(obj).get(name)
+
+
+def _logprob_values(entries: Any) -> list[float] | None:
+    if not entries:
         return None
-    if isinstance(obj, dict):
-        return obj.get(name)
-    return getattr(obj, name, None)
+    return [entry["logprob"] if type(entry) is dict else entry.logprob for entry in entries]
 
 
 def _usage(usage: Any) -> dict[str, Any] | None:
+    """Token counts of a ``usage`` block (nested details flattened away; cheap for pydantic objects)."""
     if usage is None:
         return None
-    plain = usage if isinstance(usage, dict) else as_plain(usage)
-    return plain if isinstance(plain, dict) else None
+    fields = usage if isinstance(usage, dict) else getattr(usage, "__dict__", None)
+    if not isinstance(fields, dict):
+        return None
+    return {key: value for key, value in fields.items() if type(value) is int}
 
 
 def _tool_call_dict(tool_call: Any) -> dict[str, Any]:
@@ -387,27 +430,26 @@ def _response_fields(api: str, response: Any) -> dict[str, Any]:
 
 
 def _chat_fields(response: Any) -> dict[str, Any]:
-    choices = _get(response, "choices") or []
-    choice = choices[0] if choices else None
-    message = _get(choice, "message")
-    tool_calls = _get(message, "tool_calls")
+    body = _view(response)
+    choices = body.get("choices") or []
+    choice = _view(choices[0] if choices else None)
+    message = _view(choice.get("message"))
+    tool_calls = message.get("tool_calls")
     output: dict[str, Any] = {
-        "content": _get(message, "content"),
+        "content": message.get("content"),
         "tool_calls": [_tool_call_dict(tc) for tc in tool_calls] if tool_calls else [],
-        "finish_reason": _get(choice, "finish_reason"),
+        "finish_reason": choice.get("finish_reason"),
     }
-    refusal = _get(message, "refusal")
-    if refusal:
-        output["refusal"] = refusal
-    logprobs = _get(_get(choice, "logprobs"), "content")
+    if message.get("refusal"):
+        output["refusal"] = message["refusal"]
     return {
         "output": output,
-        "response_id": _get(response, "id"),
-        "response_model": _get(response, "model"),
-        "usage": _usage(_get(response, "usage")),
-        "prompt_token_ids": _get(response, "prompt_token_ids") or _get(choice, "prompt_token_ids"),
-        "completion_token_ids": _get(choice, "token_ids"),
-        "completion_logprobs": [_get(entry, "logprob") for entry in logprobs] if logprobs else None,
+        "response_id": body.get("id"),
+        "response_model": body.get("model"),
+        "usage": _usage(body.get("usage")),
+        "prompt_token_ids": body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
+        "completion_token_ids": choice.get("token_ids"),
+        "completion_logprobs": _logprob_values(_view(choice.get("logprobs")).get("content")),
         "choices": len(choices),
     }
 
@@ -471,58 +513,60 @@ class _StreamAccumulator:
         self.response_id: str | None = None
         self.model: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.responses_api = api.startswith("responses")
         self.prompt_ids: list[int] | None = None
-        self.completion_ids: list[int] | None = None
-        self.logprobs: list[float] | None = None
+        self.completion_ids: list[int] = []
+        self.logprobs: list[float] = []
         self.final_response: Any = None
 
     def add(self, chunk: Any) -> None:
-        if self.api.startswith("responses"):
-            kind = _get(chunk, "type")
+        body = _view(chunk)
+        if self.responses_api:
+            kind = body.get("type")
             if kind in ("response.completed", "response.incomplete", "response.failed"):
-                self.final_response = _get(chunk, "response")
+                self.final_response = body.get("response")
             elif kind == "response.output_text.delta":
-                self.texts.append(_get(chunk, "delta") or "")
+                self.texts.append(body.get("delta") or "")
             return
-        self.response_id = self.response_id or _get(chunk, "id")
-        self.model = self.model or _get(chunk, "model")
-        usage = _get(chunk, "usage")
-        if usage is not None:
-            self.usage = _usage(usage)
-        prompt_ids = _get(chunk, "prompt_token_ids")
-        for choice in _get(chunk, "choices") or []:
-            if (_get(choice, "index") or 0) != 0:
-                continue
-            prompt_ids = prompt_ids or _get(choice, "prompt_token_ids")
-            ids = _get(choice, "token_ids")
+        if self.response_id is None:
+            self.response_id, self.model = body.get("id"), body.get("model")
+        if body.get("usage") is not None:
+            self.usage = _usage(body["usage"])
+        prompt_ids = body.get("prompt_token_ids")
+        for choice_object in body.get("choices") or ():
+            choice = _view(choice_object)
+            if choice.get("index"):
+                continue  # only the first choice is recorded
+            prompt_ids = prompt_ids or choice.get("prompt_token_ids")
+            ids = choice.get("token_ids")
             if ids is not None:
-                self.completion_ids = (self.completion_ids or []) + list(ids)
+                self.completion_ids.extend(ids)
+            logprobs = _view(choice.get("logprobs"))
             if self.api == "completions":
-                self.texts.append(_get(choice, "text") or "")
-                token_logprobs = _get(_get(choice, "logprobs"), "token_logprobs")
-                if token_logprobs:
-                    self.logprobs = (self.logprobs or []) + list(token_logprobs)
+                self.texts.append(choice.get("text") or "")
+                values = logprobs.get("token_logprobs")
             else:
-                self._chat_delta(_get(choice, "delta"))
-                entries = _get(_get(choice, "logprobs"), "content")
-                if entries:
-                    self.logprobs = (self.logprobs or []) + [_get(entry, "logprob") for entry in entries]
-            self.finish_reason = _get(choice, "finish_reason") or self.finish_reason
+                self._chat_delta(_view(choice.get("delta")))
+                values = _logprob_values(logprobs.get("content"))
+            if values:
+                self.logprobs.extend(values)
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
         if prompt_ids is not None and self.prompt_ids is None:
             self.prompt_ids = list(prompt_ids)
 
-    def _chat_delta(self, delta: Any) -> None:
-        content = _get(delta, "content")
+    def _chat_delta(self, delta: dict[str, Any]) -> None:
+        content = delta.get("content")
         if content:
             self.texts.append(content)
-        for tc in _get(delta, "tool_calls") or []:
-            slot = self.tool_calls.setdefault(_get(tc, "index") or 0,
-                                              {"id": None, "type": "function", "function": {"name": None, "arguments": ""}})
-            slot["id"] = _get(tc, "id") or slot["id"]
-            function = _get(tc, "function")
-            if function is not None:
-                slot["function"]["name"] = _get(function, "name") or slot["function"]["name"]
-                slot["function"]["arguments"] += _get(function, "arguments") or ""
+        for tool_call in delta.get("tool_calls") or ():
+            tc = _view(tool_call)
+            slot = self.tool_calls.setdefault(
+                tc.get("index") or 0, {"id": None, "type": "function", "function": {"name": None, "arguments": ""}}
+            )
+            slot["id"] = tc.get("id") or slot["id"]
+            function = _view(tc.get("function"))
+            slot["function"]["name"] = function.get("name") or slot["function"]["name"]
+            slot["function"]["arguments"] += function.get("arguments") or ""
 
     def fields(self) -> dict[str, Any]:
         if self.final_response is not None:
@@ -539,8 +583,8 @@ class _StreamAccumulator:
             "response_model": self.model,
             "usage": self.usage,
             "prompt_token_ids": self.prompt_ids,
-            "completion_token_ids": self.completion_ids,
-            "completion_logprobs": self.logprobs,
+            "completion_token_ids": self.completion_ids or None,
+            "completion_logprobs": self.logprobs or None,
         }
 
 

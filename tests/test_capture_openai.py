@@ -339,7 +339,7 @@ def test_otel_span_with_genai_attributes(server: MockLLMServer, monkeypatch: pyt
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
     monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
-    monkeypatch.setattr(telemetry, "_cached", (None, None))
+    telemetry.refresh()
     server.set_replies(["ok", MockReply(status=500)])
     recorder = RolloutRecorder("ro-otel")
     with recording(recorder), agl.role("writer"), tracer.start_as_current_span("agent"):
@@ -347,6 +347,8 @@ def test_otel_span_with_genai_attributes(server: MockLLMServer, monkeypatch: pyt
         client.chat.completions.create(model="qwen", messages=MESSAGES, temperature=0.5)
         with pytest.raises(openai.InternalServerError):
             client.chat.completions.create(model="qwen", messages=MESSAGES)
+    monkeypatch.undo()
+    telemetry.refresh()
     spans = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
     assert [s.name for s in spans] == ["chat qwen", "chat qwen"]
     ok, failed = spans
