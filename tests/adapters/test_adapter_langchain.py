@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from adapter_support import timeline
@@ -89,15 +91,22 @@ async def test_three_roles_async_and_streaming(serve) -> None:
         model.assert_server_token_ids(call)
 
 
-def test_sync_streaming(serve) -> None:
+@pytest.mark.parametrize("responses_api", [False, True])
+def test_sync_invoke_and_stream(serve, responses_api: bool) -> None:
     server, model = serve(sql_rule)
 
     @agl.rollout
     def sql_agent(task: dict, llm: agl.LLM) -> float:
-        return float(len(list(pipeline(chat_model(llm)).stream({"question": task["question"]}))) > 0)
+        chain = pipeline(chat_model(llm, use_responses_api=responses_api))
+        chain.invoke({"question": task["question"]})
+        return float(len(list(chain.stream({"question": task["question"]}))) > 0)
 
     rollout = sql_agent.execute({"question": "q"}, server.llm())
-    assert timeline(rollout) == LLM_PIPELINE
+    assert timeline(rollout) == LLM_PIPELINE + LLM_PIPELINE
+    api = "responses" if responses_api else "chat.completions"
+    assert [(call.metadata["api"], call.metadata.get("stream", False)) for call in rollout.llm_calls] == [
+        (api, False)
+    ] * 3 + [(api, True)] * 3
     for call in rollout.llm_calls:
         model.assert_server_token_ids(call)
 
@@ -342,3 +351,31 @@ def test_install_twice_and_uninstall(serve) -> None:
     rollout = agent.execute({}, server.llm())
     assert timeline(rollout) == LLM_PIPELINE
     assert not adapter.installed_handler()._runs  # the run tree is emptied as runs end
+
+
+AGENT_IMPORTING_LANGCHAIN = """
+import sys
+import agentlightning as agl
+from agentlightning.testing import MockLLMServer
+
+@agl.rollout
+def agent(task, llm):
+    from langchain_openai import ChatOpenAI  # first imported here, while the rollout runs
+
+    model = ChatOpenAI(base_url=llm.base_url, api_key=llm.api_key, model=llm.model)
+    model.with_config(run_name="writer").invoke("hi")
+    return 1.0
+
+assert "langchain_core" not in sys.modules
+with MockLLMServer(token_ids=True) as server:
+    rollout = agent.execute({}, server.llm())
+print([(call.role, bool(call.completion_token_ids)) for call in rollout.llm_calls])
+"""
+
+
+def test_langchain_imported_inside_a_running_agent_is_instrumented() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", AGENT_IMPORTING_LANGCHAIN], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[('writer', True)]"
