@@ -10,6 +10,9 @@ reads that role when it records the call. Role hints, nearest first, on the mode
 - a name the user gave: ``run_name`` / ``with_config(run_name=...)``, a ``RunnableLambda``/``@chain`` function's
   name, a LangGraph node name. LangChain's own class names (``RunnableSequence``, ``ChatOpenAI``...) are skipped.
 
+When nothing names a role (and no ``agl.role`` is active), a model given a name of its own
+(``ChatOpenAI(name="judge")``) speaks under that name.
+
 A role set with ``agl.role`` inside a named runnable (around the model call) wins over the runnable's name.
 Tool runs become ``kind="tool"`` calls with status, error, and the LLM call that requested them.
 """
@@ -157,7 +160,7 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._model_start(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
+        self._model_start(run_id, parent_run_id, kwargs.get("name"), (serialized or {}).get("name"), tags, metadata)
 
     def on_llm_start(
         self,
@@ -170,19 +173,23 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._model_start(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
+        self._model_start(run_id, parent_run_id, kwargs.get("name"), (serialized or {}).get("name"), tags, metadata)
 
     def _model_start(
         self,
         run_id: UUID,
         parent_run_id: UUID | None,
-        name: str | None,
+        run_name: str | None,
+        model_name: str | None,
         tags: list[str] | None,
         metadata: dict[str, Any] | None,
     ) -> None:
-        # A model run's `name` is only ever an explicit run_name (LangChain passes None otherwise).
-        run = self._remember(run_id, parent_run_id, name, tags, metadata)
+        # A model run's `name` is only ever an explicit run_name (LangChain passes None otherwise). The model
+        # instance's own name (`ChatOpenAI(name="writer")`) is the fallback when nothing around it names a role.
+        run = self._remember(run_id, parent_run_id, run_name, tags, metadata)
         role = self._speaking(run)
+        if role is None and isinstance(model_name, str) and model_name and not self._is_generic(model_name):
+            role = model_name
         if role is not None and role != current_role():  # prompts of one generate() share the role: set it once
             run.role_token = set_role(role)
 

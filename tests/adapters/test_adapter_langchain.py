@@ -252,7 +252,7 @@ def test_with_structured_output_keeps_token_ids(serve, method: str) -> None:
     model.assert_server_token_ids(rollout.llm_calls[0])
 
 
-def test_agl_role_inside_a_named_step_wins_and_unnamed_calls_have_no_role(serve) -> None:
+def test_role_precedence_agl_role_step_names_model_name(serve) -> None:
     server, _ = serve(sql_rule)
 
     @agl.rollout
@@ -267,10 +267,19 @@ def test_agl_role_inside_a_named_step_wins_and_unnamed_calls_have_no_role(serve)
         (ChatPromptTemplate.from_messages([("user", "{x}")]) | model).invoke({"x": "Check b"})
         with agl.role("planner"):
             pipeline(model).invoke({"question": "c"})
+        judge = chat_model(llm, name="judge")  # a model's own name: the role when nothing else names one
+        judge.invoke("Check d")
+        pipeline(judge).invoke({"question": "e"})
         return 1.0
 
     rollout = agent.execute({}, server.llm())
-    assert timeline(rollout) == [("llm", "reviewer", "ok"), ("llm", None, "ok"), *LLM_PIPELINE]
+    assert timeline(rollout) == [
+        ("llm", "reviewer", "ok"),
+        ("llm", None, "ok"),
+        *LLM_PIPELINE,
+        ("llm", "judge", "ok"),
+        *LLM_PIPELINE,
+    ]
 
 
 def test_model_error_keeps_role_and_status(serve) -> None:
