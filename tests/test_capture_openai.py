@@ -361,3 +361,18 @@ def test_otel_span_with_genai_attributes(server: MockLLMServer, monkeypatch: pyt
     assert ok.parent is not None and ok.kind == trace.SpanKind.CLIENT
     assert failed.status.status_code == trace.StatusCode.ERROR
     assert dict(failed.attributes)["error.type"] == "InternalServerError"
+
+
+@pytest.mark.parametrize("options", [{}, {"include_response_headers": True}, {"streaming": True},
+                                     {"use_responses_api": True}], ids=["default", "headers", "stream", "responses"])
+def test_langchain_openai_calls_recorded_once(server: MockLLMServer, options: dict) -> None:
+    # langchain-openai goes through with_raw_response (and .parse()) on most paths: still exactly one Call.
+    chat_openai = pytest.importorskip("langchain_openai").ChatOpenAI
+    model = chat_openai(base_url=server.base_url, api_key="x", model="m", max_retries=0, **options)
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        model.invoke("hello there")
+    call = only_call(recorder)
+    assert call.output["content"] == "echo: hello there"
+    assert call.completion_token_ids == server.tokenizer.encode("echo: hello there")
+    assert call.metadata["stream"] is bool(options.get("streaming"))
