@@ -12,6 +12,7 @@ from adapter_support import timeline
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
 from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
+from autogen_agentchat.tools import AgentTool
 from autogen_core import CancellationToken
 from autogen_core.models import ModelInfo
 from autogen_core.tools import FunctionTool, TextResultContent, ToolResult, ToolSchema, Workbench
@@ -232,6 +233,43 @@ async def test_workbench_tools_report_error_results(serve) -> None:
     assert rollout.calls[2].error == "ToolError: no key 'zz'"
     ids = [tc["id"] for tc in rollout.calls[0].output["tool_calls"]]
     assert [call.metadata["tool_call_id"] for call in rollout.calls[1:]] == ids
+
+
+def delegate_rule(request: MockRequest) -> MockReply:
+    if str(request.messages[0]["content"]).startswith("You translate"):
+        return MockReply(content="bonjour")
+    if request.messages[-1]["role"] == "tool":
+        return MockReply(content="done: " + str(request.messages[-1]["content"]))
+    return MockReply(tool_calls=[MockToolCall(name="translator", arguments={"task": "hello"})])
+
+
+async def test_agent_as_tool_attributes_inner_calls_to_inner_agent(serve) -> None:
+    server, model = serve(delegate_rule)
+
+    @agl.rollout(reward=lambda task, out: float("bonjour" in out))
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        client = model_client(llm)
+        translator = AssistantAgent("translator", model_client=client, system_message="You translate.")
+        boss = AssistantAgent(
+            "boss",
+            model_client=client,
+            tools=[AgentTool(translator)],
+            system_message="You delegate.",
+            reflect_on_tool_use=True,
+        )
+        result = await boss.run(task="say hello in French")
+        return str(result.messages[-1].content)
+
+    rollout = await agent.aexecute({}, server.llm())
+    assert timeline(rollout) == [
+        ("llm", "boss", "ok"),
+        ("tool", "boss:translator", "ok"),
+        ("llm", "translator", "ok"),
+        ("llm", "boss", "ok"),
+    ]
+    assert rollout.final_reward == 1.0
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
 
 
 async def test_single_agent_run_and_on_messages(serve) -> None:
