@@ -6,7 +6,8 @@ import argparse
 import json
 import logging
 import statistics
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,3 +172,70 @@ def print_dry_run(result: DryRunResult) -> None:
         )
     summary = summarise(result.rollouts)
     print("\n" + summary.line("dry run"))
+
+
+def add_training_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    model: str,
+    group_size: int = 8,
+    tasks_per_step: int = 32,
+    max_steps: int = 200,
+    learning_rate: float = 1e-6,
+    max_completion_length: int = 512,
+    output_dir: str,
+) -> None:
+    """Options passed on to ``agl.train`` (defaults are the example's GPU recipe)."""
+    group = parser.add_argument_group("training (agl.train)")
+    group.add_argument("--model", default=model, help=f"hub name, local directory or 'smollm2' (default: {model})")
+    group.add_argument("--dtype", default=None, help="weights dtype (default: bfloat16 on GPU, float32 on CPU)")
+    group.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    group.add_argument("--lora", action="store_true", help="train a LoRA adapter instead of all weights")
+    group.add_argument("--group-size", type=int, default=group_size, help="GRPO group: rollouts per task")
+    group.add_argument("--tasks-per-step", type=int, default=tasks_per_step, help="tasks per training step")
+    group.add_argument("--max-steps", type=int, default=max_steps, help="training steps")
+    group.add_argument("--learning-rate", type=float, default=learning_rate)
+    group.add_argument("--max-completion-length", type=int, default=max_completion_length)
+    group.add_argument("--val-every", type=int, default=10, help="validate every N steps (0: before and after only)")
+    group.add_argument("--val-size", type=int, default=None, help="validate on the first N held-out tasks")
+    group.add_argument("--nworkers", type=int, default=8, help="rollout worker processes")
+    group.add_argument("--output-dir", default=output_dir, help="metrics.jsonl, reward_curve.png, checkpoints")
+    group.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
+
+
+def training_kwargs(arguments: argparse.Namespace) -> dict[str, Any]:
+    """The ``agl.train`` keyword arguments given by :func:`add_training_arguments` options (model excluded)."""
+    return {
+        "algorithm": "grpo",
+        "lora": True if arguments.lora else None,
+        "group_size": arguments.group_size,
+        "tasks_per_step": arguments.tasks_per_step,
+        "max_steps": arguments.max_steps,
+        "learning_rate": arguments.learning_rate,
+        "max_completion_length": arguments.max_completion_length,
+        "val_every": arguments.val_every,
+        "nworkers": arguments.nworkers,
+        "output_dir": arguments.output_dir,
+        "resume": arguments.resume,
+    }
+
+
+def load_policy(arguments: argparse.Namespace) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` to train, on the GPU when there is one."""
+    import torch
+
+    from agentlightning.trainers.models import load_model
+
+    device = arguments.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = arguments.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    logger.info("loading %s as %s on %s", arguments.model, dtype, device)
+    return load_model(arguments.model, dtype=dtype, device=device)
+
+
+def cli(main: Callable[[], int]) -> int:
+    """Run a script's ``main``; a missing data file is a one-line error (exit status 2), not a traceback."""
+    try:
+        return main()
+    except DataNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2

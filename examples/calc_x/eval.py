@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import agentlightning as agl
 from examples.calc_x.calc_agent import calc_agent
 from examples.calc_x.data import SOURCES, load_tasks
-from examples.common import endpoint_parser, summarise, write_rollouts
+from examples.common import cli, endpoint_parser, summarise, write_rollouts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,4 +39,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

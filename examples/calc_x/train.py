@@ -13,59 +13,57 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from agentlightning.rl.air import ToolErrorRule
 from examples.calc_x.calc_agent import calc_agent
 from examples.calc_x.data import SOURCES, load_tasks
 from examples.calc_x.mock import mock_handler
-from examples.common import base_parser, mock_dry_run, print_dry_run
-
-DRY_RUN_TASKS = 6
-
+from examples.common import (
+    cli,
+    add_training_arguments,
+    base_parser,
+    load_policy,
+    mock_dry_run,
+    print_dry_run,
+    training_kwargs,
+)
 
 def parser() -> argparse.ArgumentParser:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="run a few rollouts on CPU against a mock model")
-    parser.add_argument("--model", default="Qwen/Qwen2.5-1.5B-Instruct", help="model to train")
     parser.add_argument("--sources", nargs="+", default=["gsm8k", "svamp", "calcx_sample"], choices=SOURCES)
     parser.add_argument("--tool-error-penalty", type=float, default=-0.5, help="AIR reward of a failed tool call")
-    parser.add_argument("--group-size", type=int, default=8, help="GRPO group size (rollouts per problem)")
-    parser.add_argument("--batch-size", type=int, default=64, help="problems per training step")
-    parser.add_argument("--epochs", type=int, default=1, help="passes over the training problems")
-    parser.add_argument("--learning-rate", type=float, default=1e-6)
-    parser.add_argument("--output-dir", default="runs/calc_x", help="checkpoints, metrics and reward curve")
+    add_training_arguments(parser, model="Qwen/Qwen2.5-1.5B-Instruct", max_steps=300, output_dir="runs/calc_x")
     return parser
+
+
+def training_plan(arguments: argparse.Namespace) -> dict[str, Any]:
+    """Everything ``agl.train`` gets except the model: agent, data, roles, AIR and the recipe options."""
+    test = load_tasks(arguments.data_dir, "test", arguments.sources)
+    return {
+        "agent": calc_agent,
+        "dataset": load_tasks(arguments.data_dir, "train", arguments.sources),
+        "roles": calc_agent.roles,
+        "air": [ToolErrorRule(penalty=arguments.tool_error_penalty)],
+        "val_dataset": test[: arguments.val_size] if arguments.val_size else test,
+        **training_kwargs(arguments),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
     logging.basicConfig(level=arguments.log_level.upper())
-    air = [ToolErrorRule(penalty=arguments.tool_error_penalty)]
-    train = load_tasks(arguments.data_dir, "train", arguments.sources)
-    test = load_tasks(arguments.data_dir, "test", arguments.sources)
+    plan = training_plan(arguments)
     if arguments.dry_run:
-        tasks = train[-DRY_RUN_TASKS // 2 :] + test[: DRY_RUN_TASKS // 2]
-        print_dry_run(mock_dry_run(calc_agent, tasks, mock_handler(tasks), group_size=3, air=air))
+        tasks = plan["dataset"][-3:] + plan["val_dataset"][:3]
+        print_dry_run(mock_dry_run(plan["agent"], tasks, mock_handler(tasks), group_size=3, air=plan.get("air")))
         return 0
     import agentlightning as agl
 
-    result = agl.train(
-        calc_agent,
-        train,
-        val_dataset=test,
-        roles=calc_agent.roles,
-        air=air,
-        model=arguments.model,
-        algorithm="grpo",
-        group_size=arguments.group_size,
-        batch_size=arguments.batch_size,
-        epochs=arguments.epochs,
-        learning_rate=arguments.learning_rate,
-        output_dir=arguments.output_dir,
-    )
-    print(result)
+    model, tokenizer = load_policy(arguments)
+    print(agl.train(model=model, tokenizer=tokenizer, **plan).summary())
     return 0
 
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 import agentlightning as agl
-from examples.common import endpoint_parser, summarise, write_rollouts
+from examples.common import cli, endpoint_parser, summarise, write_rollouts
 from examples.game.train import agent_run, make_tasks
 
 HELD_OUT_SEED = 10_000
@@ -36,4 +36,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -26,6 +26,7 @@ from typing import Any
 from openai import OpenAI
 
 import agentlightning as agl
+from examples.common import cli
 from examples.game.agent import GuessingAgent, NumberGame
 
 MIN_RANGE, MAX_RANGE = 16, 128
@@ -125,4 +126,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 
 import agentlightning as agl
-from examples.common import endpoint_parser, summarise, write_rollouts
+from examples.common import cli, endpoint_parser, summarise, write_rollouts
 from examples.rag.data import load_tasks
 from examples.rag.rag_agent import rag_agent
 from examples.rag.train import with_data_dir
@@ -40,4 +40,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

@@ -11,24 +11,25 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from examples.common import base_parser, mock_dry_run, print_dry_run
+from examples.common import (
+    cli,
+    add_training_arguments,
+    base_parser,
+    load_policy,
+    mock_dry_run,
+    print_dry_run,
+    training_kwargs,
+)
 from examples.rag.data import load_tasks
 from examples.rag.mock import mock_handler
 from examples.rag.rag_agent import rag_agent
 
-DRY_RUN_TASKS = 4
-
-
 def parser() -> argparse.ArgumentParser:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="run a few rollouts on CPU against a mock model")
-    parser.add_argument("--model", default="Qwen/Qwen2.5-3B-Instruct", help="model to train")
-    parser.add_argument("--group-size", type=int, default=8, help="GRPO group size (rollouts per question)")
-    parser.add_argument("--batch-size", type=int, default=32, help="questions per training step")
-    parser.add_argument("--epochs", type=int, default=3, help="passes over the training questions")
-    parser.add_argument("--learning-rate", type=float, default=1e-6)
-    parser.add_argument("--output-dir", default="runs/rag", help="checkpoints, metrics and reward curve")
+    add_training_arguments(parser, model="Qwen/Qwen2.5-3B-Instruct", max_steps=200, output_dir="runs/rag")
     return parser
 
 
@@ -37,33 +38,31 @@ def with_data_dir(tasks: list[dict], data_dir: Path) -> list[dict]:
     return [{**task, "data_dir": str(Path(data_dir).resolve())} for task in tasks]
 
 
+def training_plan(arguments: argparse.Namespace) -> dict[str, Any]:
+    """Everything ``agl.train`` gets except the model: agent, data, roles and the recipe options."""
+    test = with_data_dir(load_tasks(arguments.data_dir, "test"), arguments.data_dir)
+    return {
+        "agent": rag_agent,
+        "dataset": with_data_dir(load_tasks(arguments.data_dir, "train"), arguments.data_dir),
+        "roles": rag_agent.roles,
+        "val_dataset": test[: arguments.val_size] if arguments.val_size else test,
+        **training_kwargs(arguments),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
     logging.basicConfig(level=arguments.log_level.upper())
-    train = with_data_dir(load_tasks(arguments.data_dir, "train"), arguments.data_dir)
-    test = with_data_dir(load_tasks(arguments.data_dir, "test"), arguments.data_dir)
+    plan = training_plan(arguments)
     if arguments.dry_run:
-        tasks = train[: DRY_RUN_TASKS // 2] + test[: DRY_RUN_TASKS // 2]
-        print_dry_run(mock_dry_run(rag_agent, tasks, mock_handler(tasks), group_size=3))
+        tasks = plan["dataset"][:2] + plan["val_dataset"][:2]
+        print_dry_run(mock_dry_run(plan["agent"], tasks, mock_handler(tasks), group_size=3, air=plan.get("air")))
         return 0
     import agentlightning as agl
 
-    result = agl.train(
-        rag_agent,
-        train,
-        val_dataset=test,
-        roles=rag_agent.roles,
-        model=arguments.model,
-        algorithm="grpo",
-        group_size=arguments.group_size,
-        batch_size=arguments.batch_size,
-        epochs=arguments.epochs,
-        learning_rate=arguments.learning_rate,
-        output_dir=arguments.output_dir,
-    )
-    print(result)
+    model, tokenizer = load_policy(arguments)
+    print(agl.train(model=model, tokenizer=tokenizer, **plan).summary())
     return 0
 
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

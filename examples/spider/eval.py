@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 
 import agentlightning as agl
-from examples.common import endpoint_parser, summarise, write_rollouts
+from examples.common import cli, endpoint_parser, summarise, write_rollouts
 from examples.spider.data import load_questions, split_by_database
 from examples.spider.sql_agent import sql_agent
 
@@ -34,4 +34,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

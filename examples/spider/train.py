@@ -10,53 +10,53 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from examples.common import base_parser, mock_dry_run, print_dry_run
+from examples.common import (
+    cli,
+    add_training_arguments,
+    base_parser,
+    load_policy,
+    mock_dry_run,
+    print_dry_run,
+    training_kwargs,
+)
 from examples.spider.data import load_questions, split_by_database
 from examples.spider.mock import mock_handler
 from examples.spider.sql_agent import sql_agent
 
-DRY_RUN_TASKS = 6
-
-
 def parser() -> argparse.ArgumentParser:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="run a few rollouts on CPU against a mock model")
-    parser.add_argument("--model", default="Qwen/Qwen2.5-Coder-1.5B-Instruct", help="model to train")
-    parser.add_argument("--group-size", type=int, default=8, help="GRPO group size (rollouts per question)")
-    parser.add_argument("--batch-size", type=int, default=32, help="questions per training step")
-    parser.add_argument("--epochs", type=int, default=2, help="passes over the training questions")
-    parser.add_argument("--learning-rate", type=float, default=1e-6)
-    parser.add_argument("--output-dir", default="runs/spider", help="checkpoints, metrics and reward curve")
+    add_training_arguments(parser, model="Qwen/Qwen2.5-Coder-1.5B-Instruct", max_steps=150, output_dir="runs/spider")
     return parser
+
+
+def training_plan(arguments: argparse.Namespace) -> dict[str, Any]:
+    """Everything ``agl.train`` gets except the model: agent, data, roles and the recipe options."""
+    train, validation = split_by_database(load_questions(arguments.data_dir))
+    return {
+        "agent": sql_agent,
+        "dataset": train,
+        "roles": ["writer", "rewriter"],
+        "val_dataset": validation[: arguments.val_size] if arguments.val_size else validation,
+        **training_kwargs(arguments),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
     logging.basicConfig(level=arguments.log_level.upper())
-    train, validation = split_by_database(load_questions(arguments.data_dir))
+    plan = training_plan(arguments)
     if arguments.dry_run:
-        tasks = train[:DRY_RUN_TASKS // 2] + validation[:DRY_RUN_TASKS // 2]
-        print_dry_run(mock_dry_run(sql_agent, tasks, mock_handler(tasks)))
+        tasks = plan["dataset"][:3] + plan["val_dataset"][:3]
+        print_dry_run(mock_dry_run(plan["agent"], tasks, mock_handler(tasks), group_size=2, air=plan.get("air")))
         return 0
     import agentlightning as agl
 
-    result = agl.train(
-        sql_agent,
-        train,
-        val_dataset=validation,
-        roles=["writer", "rewriter"],
-        model=arguments.model,
-        algorithm="grpo",
-        group_size=arguments.group_size,
-        batch_size=arguments.batch_size,
-        epochs=arguments.epochs,
-        learning_rate=arguments.learning_rate,
-        output_dir=arguments.output_dir,
-    )
-    print(result)
+    model, tokenizer = load_policy(arguments)
+    print(agl.train(model=model, tokenizer=tokenizer, **plan).summary())
     return 0
 
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli(main))

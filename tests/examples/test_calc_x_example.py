@@ -87,5 +87,6 @@ def test_train_cli_dry_run_and_missing_data_dir(data_dir: Path, tmp_path: Path) 
         cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=120,
     )
     assert missing.returncode != 0
-    assert "'calc_x/gsm8k/train.jsonl' not found under data directory" in missing.stderr
+    assert missing.stderr.startswith("error: 'calc_x/gsm8k/") and "not found under data directory" in missing.stderr
+    assert "Traceback" not in missing.stderr and missing.returncode == 2
     assert "pass --data-dir" in missing.stderr
