@@ -6,14 +6,16 @@ function tool, 2 LLM calls + 1 tool) and AutoGen (an AssistantAgent calling a to
 
 - baseline: every adapter uninstalled (``agl.uninstrument``), the agent function awaited directly;
 - captured: adapters installed, the agent run by ``RolloutAgent.aexecute`` (a full rollout: recorder, role
-  attribution, tool records, token ids, finished Rollout record).
+  attribution, tool records, token ids, finished Rollout record);
+- openai_only: the same rollout with the openai-client capture but without the framework adapter, so that
+  "adapter us" (captured - openai_only) is the framework adapter's own cost per LLM call.
 
 The framework objects (models, chains, agents) are built once and reused, so the baseline is the framework's own
 cost per call plus the HTTP round trip to the local server.
 
-Rounds alternate baseline and captured runs so that machine load affects both alike. Reported per LLM call, as
-the median round: process CPU time (the ratio and the overhead in microseconds are computed from it, since elapsed
-time on a shared machine mostly measures the other processes) and elapsed time.
+Rounds alternate the variants so that machine load affects all alike. Reported per LLM call: process CPU time and
+elapsed time (median round), and, from CPU time since elapsed time on a shared machine mostly measures the other
+processes, the ratio captured/baseline and the overheads in microseconds (medians of the per-round pairs).
 Run with either of:
 
     python tests/benchmarks/bench_adapters.py
@@ -23,6 +25,7 @@ Run with either of:
 from __future__ import annotations
 
 import asyncio
+import gc
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -33,7 +36,7 @@ import agentlightning as agl
 from agentlightning.instrumentation import ADAPTERS
 from agentlightning.testing import MockLLMServer, MockReply, MockRequest, MockToolCall
 
-ROUNDS = 7
+ROUNDS = 15
 RUNS_PER_ROUND = 10
 
 
@@ -80,7 +83,7 @@ def openai_agents_agent(llm: agl.LLM) -> AgentFunction:
     from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_trace_processors
     from openai import AsyncOpenAI
 
-    set_trace_processors([])  # no export to OpenAI, in both variants
+    set_trace_processors([])  # no export to OpenAI, in every variant
     model = OpenAIChatCompletionsModel(llm.model, AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key))
     solver = Agent(name="solver", instructions="Solve.", tools=[function_tool(add)], model=model)
 
@@ -123,8 +126,13 @@ CASES = [
 ]
 
 
-def _set_capture(on: bool, adapter: str) -> None:
-    for name in ("openai", adapter):
+VARIANTS = ("baseline", "openai_only", "captured")
+
+
+def _set_capture(variant: str, adapter: str) -> None:
+    """baseline: nothing installed; openai_only: the openai-client capture without the framework adapter;
+    captured: both."""
+    for name, on in (("openai", variant != "baseline"), (adapter, variant == "captured")):
         if on:
             agl.instrument(name)
         else:
@@ -135,37 +143,44 @@ async def bench_case(case: Case, server: MockLLMServer) -> dict[str, Any]:
     llm = server.llm()
     function = case.build(llm)
     rollout_agent = agl.rollout(function)
-    # Warm up both paths (imports, connection pools, lazily built tables) and check the capture is real.
-    _set_capture(True, case.adapter)
+    # Warm up every path (imports, connection pools, lazily built tables) and check the capture is real.
+    _set_capture("captured", case.adapter)
     rollout = await rollout_agent.aexecute({"question": "warm up"}, llm)
     assert rollout.status == "succeeded", rollout.error
     assert len(rollout.llm_calls) == case.llm_calls and {c.role for c in rollout.llm_calls} == case.roles, [
         (c.kind, c.role) for c in rollout.calls
     ]
     assert all(call.completion_token_ids for call in rollout.llm_calls)
-    _set_capture(False, case.adapter)
+    _set_capture("openai_only", case.adapter)
+    await rollout_agent.aexecute({"question": "warm up"}, llm)
+    _set_capture("baseline", case.adapter)
     await function({"question": "warm up"}, llm)
 
-    samples: dict[str, list[tuple[float, float]]] = {"baseline": [], "captured": []}
+    samples: dict[str, list[tuple[float, float]]] = {variant: [] for variant in VARIANTS}
     calls = RUNS_PER_ROUND * case.llm_calls
     for round_index in range(ROUNDS):
-        for variant in ("baseline", "captured"):
-            _set_capture(variant == "captured", case.adapter)
+        for variant in VARIANTS:
+            _set_capture(variant, case.adapter)
+            gc.collect()
             wall, cpu = time.perf_counter(), time.process_time()
             for run in range(RUNS_PER_ROUND):
                 task = {"question": f"q{round_index}-{run}"}
-                if variant == "captured":
-                    rollout = await rollout_agent.aexecute(task, llm)
-                else:
+                if variant == "baseline":
                     await function(task, llm)
+                else:
+                    rollout = await rollout_agent.aexecute(task, llm)
             samples[variant].append(((time.perf_counter() - wall) / calls, (time.process_time() - cpu) / calls))
         assert len(rollout.llm_calls) == case.llm_calls
     result: dict[str, Any] = {"case": case.name}
     for variant, values in samples.items():
         result[f"{variant}_wall_ms"] = statistics.median(v[0] for v in values) * 1e3
         result[f"{variant}_cpu_ms"] = statistics.median(v[1] for v in values) * 1e3
-    result["ratio"] = result["captured_cpu_ms"] / result["baseline_cpu_ms"]
-    result["overhead_us"] = (result["captured_cpu_ms"] - result["baseline_cpu_ms"]) * 1e3
+    # Paired per round (same machine state), then the median: robust to load drifting during the run.
+    cpu = {variant: [v[1] for v in values] for variant, values in samples.items()}
+    pairs = list(zip(cpu["baseline"], cpu["openai_only"], cpu["captured"], strict=True))
+    result["ratio"] = statistics.median(c / b for b, _, c in pairs)
+    result["overhead_us"] = statistics.median(c - b for b, _, c in pairs) * 1e6
+    result["adapter_us"] = statistics.median(c - o for _, o, c in pairs) * 1e6
     return result
 
 
@@ -180,14 +195,23 @@ def run() -> list[dict[str, Any]]:
         agl.instrument(name)
     print(f"\ncapture cost per LLM call (median of {ROUNDS} rounds x {RUNS_PER_ROUND} agent runs, local mock server)")
     print("cpu = process CPU time (includes the in-process mock server; stable on a loaded machine); wall = elapsed")
-    header = ("framework", "base cpu ms", "captured cpu ms", "ratio", "overhead us", "base wall ms", "capt. wall ms")
+    header = (
+        "framework",
+        "base cpu ms",
+        "captured cpu ms",
+        "ratio",
+        "overhead us",
+        "adapter us",
+        "base wall ms",
+        "capt. wall ms",
+    )
     print(f"{header[0]:<15}" + "".join(f"{h:>16}" for h in header[1:]))
     for r in results:
-        values = (r["baseline_cpu_ms"], r["captured_cpu_ms"], r["ratio"], r["overhead_us"])
+        values = (r["baseline_cpu_ms"], r["captured_cpu_ms"], r["ratio"], r["overhead_us"], r["adapter_us"])
         walls = (r["baseline_wall_ms"], r["captured_wall_ms"])
         print(
             f"{r['case']:<15}{values[0]:>16.3f}{values[1]:>16.3f}{values[2]:>16.3f}{values[3]:>16.0f}"
-            f"{walls[0]:>16.3f}{walls[1]:>16.3f}"
+            f"{values[4]:>16.0f}{walls[0]:>16.3f}{walls[1]:>16.3f}"
         )
     return results
 
