@@ -16,6 +16,7 @@ import importlib
 import inspect
 import logging
 import os
+import random
 import threading
 import time
 from collections import deque
@@ -53,6 +54,11 @@ SAMPLING_KEYS: frozenset[str] = frozenset({
     "suffix", "user", "service_tier", "store", "truncation", "verbosity", "stream_options", "modalities",
 })
 
+# Call ids without a syscall per call: a private generator (an agent seeding `random` cannot make ids repeat),
+# reseeded from os.urandom in forked children.
+_rng = random.Random()
+os.register_at_fork(after_in_child=_rng.seed)
+_random_bits = _rng.getrandbits
 _lock = threading.Lock()
 _originals: list[tuple[type, str, Any]] = []
 _active = False
@@ -282,7 +288,7 @@ class _Pending:
         metadata["sampling"] = _sampling(kwargs)
         metadata.update(extra)
         call = Call(
-            call_id=f"call-{os.urandom(8).hex()}",
+            call_id=f"call-{_random_bits(64):016x}",
             sequence=self.sequence,
             kind="llm",
             role=self.role,
