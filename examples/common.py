@@ -8,7 +8,6 @@ import logging
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,12 +108,6 @@ def write_rollouts(path: Path, rollouts: Sequence[Any]) -> None:
     with open(path, "w", encoding="utf-8") as handle:
         for rollout in rollouts:
             handle.write(rollout.model_dump_json() + "\n")
-
-
-def execute_all(agent: Any, tasks: Sequence[Any], llm: Any, workers: int) -> list[Any]:
-    """Run ``agent`` once per task with capture, ``workers`` at a time, results in task order."""
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(lambda task: agent.execute(task, llm), tasks))
 
 
 @dataclass
