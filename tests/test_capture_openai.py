@@ -265,7 +265,7 @@ def test_outside_rollout_nothing_recorded_but_remembered(server: MockLLMServer) 
     reply = sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
     assert reply.choices[0].message.content == "echo: count users"
     stray = adapter.unattributed_since(0.0)
-    assert len(stray) == min(len(before) + 1, 64) and stray[-1][1] == server.base_url
+    assert len(stray) >= min(len(before) + 1, 64) and stray[-1][1] == server.base_url
 
 
 def test_capture_bug_never_breaks_the_agent(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch,
