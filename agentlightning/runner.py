@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import inspect
 import json
 import logging
 import queue
@@ -22,6 +23,7 @@ from typing import Any
 
 from agentlightning.context import RolloutRecorder, recording
 from agentlightning.decorator import RolloutAgent
+from agentlightning.roles import unmatched_patterns
 from agentlightning.types import LLM, ErrorInfo, Rollout, new_id
 
 logger = logging.getLogger(__name__)
@@ -162,6 +164,8 @@ class _ThreadRollout:
         try:
             with recording(recorder):
                 output = agent.invoke(self.task, self.llm, rollout)
+                if inspect.isawaitable(output):  # e.g. a callable object with an async __call__
+                    output = asyncio.run(_awaited(output))
         except BaseException as exc:  # noqa: BLE001 - agent failures are data
             if self.claim():
                 agent.finish_failed(rollout, recorder, exc)
@@ -251,12 +255,28 @@ def _in_helper_thread(function: Callable[[], list[Rollout]]) -> list[Rollout]:
     return box["result"]
 
 
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
+
+
 def _log_summary(agent: RolloutAgent, rollouts: list[Rollout], seconds: float) -> None:
+    """One info line per run, plus warnings for problems shared by every rollout (empty capture, unused roles)."""
     counts: dict[str, int] = {}
     for rollout in rollouts:
         counts[rollout.status] = counts.get(rollout.status, 0) + 1
     summary = ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
     logger.info("agl.run: %d rollouts of %r in %.2f s (%s)", len(rollouts), agent.name, seconds, summary or "none")
+    ran = [rollout for rollout in rollouts if rollout.timings.get("duration", 0.0) > 0 or rollout.calls]
+    empty = [rollout for rollout in ran if not rollout.llm_calls]
+    if ran and len(empty) == len(ran):
+        logger.warning("agl.run: none of the %d rollouts of %r captured an LLM call: %s", len(ran), agent.name,
+                       empty[0].diagnostics[0] if empty[0].diagnostics else "see rollout.diagnostics")
+    if agent.roles is not None:
+        seen = {call.role for rollout in rollouts for call in rollout.llm_calls}
+        unused = unmatched_patterns(agent.roles, seen)
+        if unused and any(rollout.llm_calls for rollout in rollouts):
+            logger.warning("agl.run: roles %s of agent %r matched no LLM call in any of the %d rollouts; role names "
+                           "seen: %s", unused, agent.name, len(rollouts), sorted(r for r in seen if r) or "none")
 
 
 def _preview(value: Any, limit: int = 80) -> str:

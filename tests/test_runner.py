@@ -282,3 +282,34 @@ def test_handler_sees_request(server: MockLLMServer) -> None:
     server.set_handler(lambda r: seen.append(r) or MockReply(content="ok"))
     agl.run(lambda task, llm: ask(llm, task) and 1.0, ["hello"], llm=server.llm())
     assert seen[0].last_user_text == "hello"
+
+
+def test_run_level_warnings_for_empty_capture_and_unused_roles(server: MockLLMServer,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="agentlightning.runner"):
+        agl.run(lambda task, llm: 1.0, [1, 2], llm=server.llm())
+    assert "none of the 2 rollouts" in caplog.text and "captured an LLM call" in caplog.text
+    caplog.clear()
+
+    @agl.rollout(roles=["writer", "judge"])
+    def agent(task: int, llm: agl.LLM) -> float:
+        with agl.role("writer"):
+            ask(llm, "x")
+        return 1.0
+
+    with caplog.at_level("WARNING", logger="agentlightning.runner"):
+        agl.run(agent, [1, 2], llm=server.llm())
+    assert "roles ['judge']" in caplog.text and "matched no LLM call in any of the 2 rollouts" in caplog.text
+    assert "['writer']" in caplog.text
+
+
+def test_callable_object_with_async_call(server: MockLLMServer) -> None:
+    class Agent:
+        async def __call__(self, task: int, llm: agl.LLM) -> float:
+            client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="x", max_retries=0)
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": str(task)}])
+            await client.close()
+            return float(task)
+
+    rollouts = agl.run(Agent(), [1, 2], llm=server.llm())
+    assert [r.final_reward for r in rollouts] == [1.0, 2.0] and all(len(r.calls) == 1 for r in rollouts)
