@@ -5,8 +5,8 @@ client is covered): ``chat.completions.create`` / ``parse``, ``responses.create`
 ``completions.create``, sync and async. Streams are recorded when they are consumed (or closed / collected);
 ``with_raw_response`` and ``with_streaming_response`` calls are recorded once.
 
-Outside a rollout a wrapped call costs one ContextVar lookup. Inside one, a failure of capture itself is logged and
-the agent's call proceeds unchanged; an error raised by the API is recorded (status 'error') and re-raised as is.
+Outside a rollout a wrapped call costs one ContextVar lookup (and a note of its endpoint for diagnostics). Inside
+one, a failure of capture itself is logged and the agent's call proceeds unchanged; an error raised by the API is recorded (status 'error') and re-raised as is.
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ _random_bits = _rng.getrandbits
 _lock = threading.Lock()
 _originals: list[tuple[type, str, Any]] = []
 _active = False
-# The latest patched calls made outside any rollout, as (unix time, resource): diagnostics uses them to explain
+# The latest patched calls made outside any rollout, as (unix time, base URL): diagnostics uses them to explain
 # rollouts that captured nothing (typically a thread started without copying the context).
-_stray_calls: deque[tuple[float, Any]] = deque(maxlen=64)
+_stray_calls: deque[tuple[float, str | None]] = deque(maxlen=64)
 
 
 # -- install / uninstall -----------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def is_installed() -> bool:
 
 def unattributed_since(start: float) -> list[tuple[float, str | None]]:
     """(time, base URL) of the recent patched calls made outside any rollout since unix time ``start``."""
-    return [(when, _endpoint(resource)) for when, resource in list(_stray_calls) if when >= start]
+    return [(when, endpoint) for when, endpoint in list(_stray_calls) if when >= start]
 
 
 _endpoint_cache: dict[int, tuple[Any, str]] = {}
@@ -137,7 +137,7 @@ def _sync_wrapper(api: str) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         recorder = _current_recorder.get()
         if recorder is None or not _active:
-            _stray_calls.append((time.time(), instance))
+            _stray_calls.append((time.time(), _endpoint(instance)))
             return wrapped(*args, **kwargs)
         pending = _start(api, recorder, instance, kwargs)
         try:
@@ -155,7 +155,7 @@ def _async_wrapper(api: str) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         recorder = _current_recorder.get()
         if recorder is None or not _active:
-            _stray_calls.append((time.time(), instance))
+            _stray_calls.append((time.time(), _endpoint(instance)))
             return wrapped(*args, **kwargs)
         return _acall(api, recorder, wrapped, instance, args, kwargs)
 
