@@ -6,7 +6,8 @@ client is covered): ``chat.completions.create`` / ``parse``, ``responses.create`
 ``with_raw_response`` and ``with_streaming_response`` calls are recorded once.
 
 Outside a rollout a wrapped call costs one ContextVar lookup (and a note of its endpoint for diagnostics). Inside
-one, a failure of capture itself is logged and the agent's call proceeds unchanged; an error raised by the API is recorded (status 'error') and re-raised as is.
+one, a failure of capture itself is logged and the agent's call proceeds unchanged; an error raised by the API is
+recorded (status 'error') and re-raised as is.
 """
 
 from __future__ import annotations
