@@ -112,7 +112,8 @@ def _role_notes(rollout: Rollout) -> list[str]:
     notes = []
     missing = unmatched_patterns(rollout.trainable_roles, roles_seen)
     if missing:
-        excluded = sorted({c.role or "<no role>" for c in llm_calls if not role_matches(c.role, rollout.trainable_roles)})
+        patterns = rollout.trainable_roles
+        excluded = sorted({c.role or "<no role>" for c in llm_calls if not role_matches(c.role, patterns)})
         notes.append(
             f"roles {missing} never appeared in this rollout; role names seen: {roles_seen}"
             + (f"; calls excluded as context only: {excluded}" if excluded else "") + "."
