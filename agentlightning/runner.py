@@ -151,6 +151,11 @@ class _ThreadRollout:
         self._claimed = False
         self._claim_lock = threading.Lock()
 
+    @property
+    def claimed(self) -> bool:
+        """Whether the agent thread or the timeout has taken over finishing this rollout."""
+        return self._claimed
+
     def claim(self) -> bool:
         """Whether the caller is the one to finish this rollout (the agent thread or the timeout, not both)."""
         with self._claim_lock:
@@ -201,7 +206,8 @@ def _run_threads(
             threading.Thread(
                 target=context.run, args=(job.run, finished), name=f"agl-rollout-{index}", daemon=True
             ).start()
-        deadlines = [job.deadline for job in running.values() if job.deadline is not None]
+        # A job its own thread has claimed is being finished (reward function running): wait for it, no deadline.
+        deadlines = [job.deadline for job in running.values() if job.deadline is not None and not job.claimed]
         wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
         try:
             index = finished.get(timeout=wait)

@@ -313,3 +313,15 @@ def test_callable_object_with_async_call(server: MockLLMServer) -> None:
 
     rollouts = agl.run(Agent(), [1, 2], llm=server.llm())
     assert [r.final_reward for r in rollouts] == [1.0, 2.0] and all(len(r.calls) == 1 for r in rollouts)
+
+
+def test_slow_reward_function_after_deadline_does_not_spin_or_lose_the_rollout(server: MockLLMServer) -> None:
+    def slow_score(task: int, output: str) -> float:
+        time.sleep(0.6)  # finishing starts before the deadline and ends after it
+        return 1.0
+
+    agent = agl.rollout(reward=slow_score)(lambda task, llm: ask(llm, "q"))
+    started = time.process_time()
+    (rollout,) = agl.run(agent, [1], llm=server.llm(), timeout=0.3)
+    assert rollout.status == "succeeded" and rollout.final_reward == 1.0
+    assert time.process_time() - started < 0.2  # waited (a busy loop burns ~0.3 s of CPU here)
