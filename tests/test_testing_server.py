@@ -184,3 +184,21 @@ def test_thread_safe_request_log() -> None:
         for thread in threads:
             thread.join()
         assert sorted(r.last_user_text for r in server.requests) == sorted(str(i) for i in range(10))
+
+
+def test_command_line_server() -> None:
+    import signal
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "agentlightning.testing", "--reply", "from the shell"],
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stderr.readline()
+        base_url = line.split(" at ")[1].split()[0]
+        reply = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0).chat.completions.create(
+            model="m", messages=MESSAGES)
+        assert reply.choices[0].message.content == "from the shell"
+    finally:
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
