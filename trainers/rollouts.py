@@ -52,7 +52,9 @@ class ServerRollouts:
         self.server = LightningServer(store_path=store_path, settings=settings, logprobs=logprobs).start()
         self._logprobs = logprobs
         try:
-            self.pool = start_workers(agent, self.server.url, nworkers, timeout=rollout_timeout)
+            self.pool = start_workers(
+                agent, self.server.url, nworkers, timeout=rollout_timeout, log_level=logging.WARNING
+            )
         except Exception:
             self.server.stop()
             raise
