@@ -137,6 +137,17 @@ def _bad_task_rollout(agent: RolloutAgent, task: Any, index: int, llm: LLM) -> R
     return None
 
 
+def _failed_before_start(agent: RolloutAgent, task: Any, index: int, llm: LLM, exc: Exception) -> Rollout:
+    now = time.time()
+    message = f"task #{index} for agent {agent.name!r} could not be started: {type(exc).__name__}: {exc}"
+    logger.warning("agl.run: %s", message)
+    return Rollout(
+        rollout_id=new_id("ro"), task=task, status="failed", model_version=llm.model_version,
+        trainable_roles=agent.roles, error=ErrorInfo(type=type(exc).__name__, message=message),
+        diagnostics=[message], timings={"start": now, "end": now, "duration": 0.0},
+    )
+
+
 # -- sync agents: daemon threads -----------------------------------------------------------------------------------
 
 
@@ -200,7 +211,11 @@ def _run_threads(
     while waiting or running:
         while waiting and len(running) < n_workers:
             index = waiting.popleft()
-            job = _ThreadRollout(agent, tasks[index], index, llm, timeout)
+            try:
+                job = _ThreadRollout(agent, tasks[index], index, llm, timeout)
+            except Exception as exc:  # noqa: BLE001 - one unusable task never loses the others
+                results[index] = _failed_before_start(agent, tasks[index], index, llm, exc)
+                continue
             running[index] = job
             context = contextvars.copy_context()
             threading.Thread(

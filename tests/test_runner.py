@@ -325,3 +325,18 @@ def test_slow_reward_function_after_deadline_does_not_spin_or_lose_the_rollout(s
     (rollout,) = agl.run(agent, [1], llm=server.llm(), timeout=0.3)
     assert rollout.status == "succeeded" and rollout.final_reward == 1.0
     assert time.process_time() - started < 0.2  # waited (a busy loop burns ~0.3 s of CPU here)
+
+
+def test_rollout_that_cannot_start_fails_alone(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = agl.rollout(lambda task, llm: 1.0)
+    real_start = agent.start_recorder
+
+    def start_recorder(rollout: agl.Rollout, llm: agl.LLM | None = None) -> object:
+        if rollout.task == "bad":
+            raise RuntimeError("recorder unavailable")
+        return real_start(rollout, llm)
+
+    monkeypatch.setattr(agent, "start_recorder", start_recorder)
+    rollouts = agl.run(agent, ["ok", "bad", "ok"], llm=server.llm())
+    assert [r.status for r in rollouts] == ["succeeded", "failed", "succeeded"]
+    assert "task #1" in rollouts[1].error.message and "recorder unavailable" in rollouts[1].error.message
