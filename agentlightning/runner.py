@@ -251,7 +251,10 @@ async def _run_async(
         if bad is not None:
             return bad
         async with semaphore:
-            return await agent.aexecute(task, llm, timeout=timeout, task_id=task_id_for(task))
+            try:
+                return await agent.aexecute(task, llm, timeout=timeout, task_id=task_id_for(task))
+            except Exception as exc:  # noqa: BLE001 - agent errors are caught inside; this is a failed start
+                return _failed_before_start(agent, task, index, llm, exc)
 
     return list(await asyncio.gather(*(one(index, task) for index, task in enumerate(tasks))))
 

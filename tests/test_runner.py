@@ -327,8 +327,14 @@ def test_slow_reward_function_after_deadline_does_not_spin_or_lose_the_rollout(s
     assert time.process_time() - started < 0.2  # waited (a busy loop burns ~0.3 s of CPU here)
 
 
-def test_rollout_that_cannot_start_fails_alone(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    agent = agl.rollout(lambda task, llm: 1.0)
+async def _async_agent(task: str, llm: agl.LLM) -> float:
+    return 1.0
+
+
+@pytest.mark.parametrize("function", [lambda task, llm: 1.0, _async_agent], ids=["sync", "async"])
+def test_rollout_that_cannot_start_fails_alone(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch,
+                                               function: object) -> None:
+    agent = agl.rollout(function)
     real_start = agent.start_recorder
 
     def start_recorder(rollout: agl.Rollout, llm: agl.LLM | None = None) -> object:
