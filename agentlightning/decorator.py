@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
 import functools
 import inspect
 import json
@@ -91,10 +93,9 @@ class RolloutAgent:
         recorder = self.start_recorder(rollout, llm)
         try:
             with recording(recorder):
+                output = self.invoke(task, llm, rollout)
                 if self.is_async:
-                    output = asyncio.run(self.func(*self._arguments(task, llm, rollout)))
-                else:
-                    output = self.func(*self._arguments(task, llm, rollout))
+                    output = _run_to_completion(output)
         except BaseException as exc:  # noqa: BLE001 - agent failures are data, not crashes of ours
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -109,7 +110,7 @@ class RolloutAgent:
         try:
             with recording(recorder):
                 if self.is_async:
-                    coroutine = self.func(*self._arguments(task, llm, rollout))
+                    coroutine = self.invoke(task, llm, rollout)
                 else:
                     coroutine = asyncio.to_thread(self.func, *self._arguments(task, llm, rollout))
                 output = await asyncio.wait_for(coroutine, timeout)
@@ -225,6 +226,17 @@ def rollout(
     if func is not None:
         return RolloutAgent(func, roles=roles, reward=reward, name=name)
     return lambda f: RolloutAgent(f, roles=roles, reward=reward, name=name)
+
+
+def _run_to_completion(coroutine: Any) -> Any:
+    """Run an async agent from sync code: on this thread, or on a helper thread when a loop already runs here."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    context = contextvars.copy_context()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agl-execute") as pool:
+        return pool.submit(context.run, asyncio.run, coroutine).result()
 
 
 def _agent_parameters(func: Callable[..., Any]) -> list[str]:

@@ -74,6 +74,19 @@ def test_async_agent_through_sync_execute(llm: agl.LLM) -> None:
     assert agent.execute(4, llm).final_reward == 4.0
 
 
+async def test_async_agent_through_sync_execute_inside_a_running_loop(llm: agl.LLM) -> None:
+    @agl.rollout
+    async def agent(task: int, llm: agl.LLM) -> float:
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="x", max_retries=0)
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        await client.close()
+        return float(task)
+
+    rollout = agent.execute(5, llm)  # a notebook or server handler calling the sync API
+    assert rollout.status == "succeeded" and rollout.final_reward == 5.0
+    assert [call.kind for call in rollout.calls] == ["llm"]
+
+
 def test_role_as_decorator_nested_and_async(llm: agl.LLM) -> None:
     @agl.role("checker")
     def check(llm: agl.LLM) -> str:
