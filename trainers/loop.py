@@ -130,7 +130,7 @@ class TrainingRun:
         sampler = _TaskSampler(len(self.dataset), self.seed, state.get("order") or None, int(state.get("cursor", 0)))
 
         backend = HFBackendServer(
-            policy, tokenizer, model_name=model_name, model_version=f"v{start_step}",
+            policy, tokenizer, model_name=model_name, model_version=str(state.get("model_version", "v0")),
             max_batch_size=self.max_batch_size, always_logprobs=True,
             default_max_tokens=self.max_completion_length or 512,
         ).start()

@@ -1,0 +1,89 @@
+"""LightningGRPOTrainer: TRL's loss on LightningRL batches (weights, micro-batches, sampler correction, LoRA+KL)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentlightning.rl.batch import pack
+from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+from agentlightning.trainers.models import tiny_model
+from agentlightning.types import Transition
+
+
+def _row(rollout: str, prompt: list[int], completion: list[int], advantage: float, weight: float = 1.0,
+         logprobs: list[float] | None = None) -> Transition:
+    return Transition(rollout_id=rollout, group_id="g", index=0, prompt_token_ids=prompt,
+                      completion_token_ids=completion, advantage=advantage, weight=weight,
+                      completion_logprobs=logprobs)
+
+
+def _trainer(tmp_path, micro: int, **overrides) -> LightningGRPOTrainer:
+    model, tokenizer = tiny_model(seed=5)
+    settings = {"learning_rate": 0.5, "optim": "sgd", "max_grad_norm": 0.0, **overrides}
+    return LightningGRPOTrainer(model, grpo_config(str(tmp_path / "trl"), micro_batch_size=micro, **settings), tokenizer)
+
+
+def _delta(trainer: LightningGRPOTrainer, batch) -> dict[str, torch.Tensor]:
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.step(batch)
+    return {n: p.detach() - before[n] for n, p in trainer.model.named_parameters()}
+
+
+def test_row_weights_and_micro_batches_give_the_weighted_objective(tmp_path):
+    """One row of weight 1 == the same row twice with weight 1/2 each, even split over uneven micro-batches."""
+    a = _row("r1", [5, 6, 7], [8, 9, 10], advantage=1.0)
+    b = _row("r2", [11, 12], [13, 14], advantage=-1.0)
+    c = _row("r3", [15], [16, 17, 18, 19], advantage=0.5)
+    plain = pack([a, b, c], pad_token_id=0)
+    half = [b.model_copy(update={"weight": 0.5, "rollout_id": "r2a"}), b.model_copy(update={"weight": 0.5, "rollout_id": "r2b"})]
+    # grpo loss = sum_b w_b * mean_tokens(loss_b) / sum_b w_b: rescale so both batches have the same total weight
+    split = pack([a.model_copy(update={"weight": 1.0}), *half, c], pad_token_id=0)
+    one = _delta(_trainer(tmp_path / "one", micro=8), plain)
+    two = _delta(_trainer(tmp_path / "two", micro=2), split)  # micro-batches of 2 and 2 rows
+    assert any(value.abs().max() > 0 for value in one.values())
+    for name in one:
+        assert torch.allclose(one[name], two[name], atol=1e-6), name
+
+
+def test_sampler_logprobs_from_the_same_weights_give_ratio_one(tmp_path):
+    trainer = _trainer(tmp_path, micro=4, temperature=0.7, vllm_importance_sampling_mode="token_truncate")
+    model = trainer.model
+    prompt, completion = [5, 6, 7, 8], [9, 10, 11]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1] / 0.7
+    logprobs = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
+    batch = pack([_row("r1", prompt, completion, 1.0, logprobs=logprobs),
+                  _row("r2", prompt, completion, -1.0, logprobs=logprobs)], pad_token_id=0)
+    inputs = trainer._generate_and_score_completions(batch)
+    ratio = inputs["importance_sampling_ratio"]
+    assert torch.allclose(ratio * batch.completion_mask, batch.completion_mask.float(), atol=1e-3)
+    shifted = pack([_row("r1", prompt, completion, 1.0, logprobs=[lp - 0.5 for lp in logprobs])], pad_token_id=0)
+    assert torch.all(trainer._generate_and_score_completions(shifted)["importance_sampling_ratio"] > 1.5)
+
+
+def test_lora_with_kl_penalty_trains_only_the_adapter(tmp_path):
+    from peft import LoraConfig
+
+    model, tokenizer = tiny_model(seed=6)
+    config = grpo_config(str(tmp_path / "trl"), micro_batch_size=2, learning_rate=0.05, beta=0.1)
+    trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    batch = pack([_row("r1", [5, 6], [7, 8, 9], 1.0), _row("r2", [5, 6], [10, 11], -1.0)], pad_token_id=0)
+    metrics = trainer.step(batch)
+    trainer.step(batch)
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in name for name in changed)
+    assert "kl" in metrics and metrics["rows"] == 2.0
+
+
+def test_bad_batches_are_rejected_with_a_reason(tmp_path):
+    trainer = _trainer(tmp_path, micro=2)
+    empty = pack([_row("r1", [5], [], 1.0)], pad_token_id=0)
+    with pytest.raises(ValueError, match="no rows"):
+        trainer.step(empty)
+    batch = pack([_row("r1", [5], [6], 1.0)], pad_token_id=0)
+    batch.advantages[0] = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        trainer.step(batch)
