@@ -11,12 +11,16 @@ weights under a new model version. The heavy parts live in ``agentlightning.trai
 
 from __future__ import annotations
 
+import argparse
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentlightning.types import Rollout
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -129,3 +133,61 @@ def train(
         progress=progress, seed=seed, trainer_args=dict(trainer_args or {}),
     )
     return run.run()
+
+
+def serve_training(args: argparse.Namespace, extra: Sequence[str]) -> int:
+    """``agl server --model NAME [trainer options]``: serve rollouts to remote clients and train on them.
+
+    Starts the Lightning Server from ``args`` (the ``agl server`` options), waits for the first client to attach
+    a dataset (``agl.Client().train(agent, dataset=...)``), then runs the ``agl.train`` loop with that dataset,
+    the rollouts being run by the clients. Trainer options (``extra``): ``--max-steps``, ``--group-size``,
+    ``--tasks-per-step``, ``--learning-rate``, ``--lora-rank`` (0 = full fine-tuning), ``--temperature``,
+    ``--max-completion-length``, ``--output-dir``, ``--resume``, ``--val-fraction``, ``--val-every``.
+    """
+    from agentlightning.cli import server_from_args
+    from agentlightning.trainers.loop import TrainingRun
+    from agentlightning.trainers.rollouts import RemoteRollouts
+
+    parser = argparse.ArgumentParser(prog="agl server --model NAME", description="trainer options")
+    parser.add_argument("--max-steps", type=int, default=100)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--tasks-per-step", type=int, default=8)
+    parser.add_argument("--learning-rate", type=float, default=1e-6)
+    parser.add_argument("--lora-rank", type=int, default=0, help="LoRA rank; 0 trains every weight")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-completion-length", type=int, default=1024)
+    parser.add_argument("--output-dir", default="runs/agl-server")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
+    parser.add_argument("--val-fraction", type=float, default=0.0, help="hold out this share of the dataset")
+    parser.add_argument("--val-every", type=int, default=10)
+    options = parser.parse_args(list(extra))
+    if not 0 <= options.val_fraction < 1:
+        parser.error(f"--val-fraction must be in [0, 1), got {options.val_fraction}")
+
+    server = server_from_args(args).start()
+    print(f"Lightning server on {server.url}; waiting for a client to attach a dataset", flush=True)
+    try:
+        dataset_id = server.wait_for_dataset()
+        if dataset_id is None:
+            logger.error("no dataset was attached; nothing to train")
+            return 1
+        tasks = [task.payload for task in server.store.dataset_tasks(dataset_id)]
+        held = int(len(tasks) * options.val_fraction)
+        val, train_tasks = (tasks[:held], tasks[held:]) if held else (None, tasks)
+        logger.info("training %s on dataset %s (%d tasks, %d held out)", args.model, dataset_id, len(train_tasks), held)
+        run = TrainingRun(
+            agent=None, dataset=train_tasks, roles=None, model=args.model, tokenizer=None, algorithm="grpo",
+            group_size=options.group_size, tasks_per_step=options.tasks_per_step, max_steps=options.max_steps,
+            learning_rate=options.learning_rate,
+            lora={"r": options.lora_rank, "lora_alpha": 2 * options.lora_rank} if options.lora_rank else None,
+            beta=0.0, loss_type="grpo", temperature=options.temperature, micro_batch_size=8,
+            max_prompt_length=None, max_completion_length=options.max_completion_length, credit="identical",
+            air=None, val_dataset=val, val_every=options.val_every, val_temperature=0.0, success_threshold=1.0,
+            accuracy=None, output_dir=Path(options.output_dir), resume=options.resume, checkpoint_every=10,
+            save_model=True, use_server=True, nworkers=0, rollout_timeout=args.timeout, max_batch_size=64,
+            report_to=(), progress=True, seed=0, source=RemoteRollouts(server, logprobs=True),
+        )
+        print(run.run().summary(), flush=True)
+    finally:
+        server.stop()
+    return 0

@@ -69,11 +69,12 @@ class TrainingRun:
     progress: bool
     seed: int
     trainer_args: dict[str, Any] = field(default_factory=dict)
+    source: Any = None  # a RolloutSource to use instead of starting one (agl server --model)
 
     # -- checks -------------------------------------------------------------------------------------------------
 
     def _validate(self) -> None:
-        if not isinstance(self.agent, RolloutAgent):
+        if self.source is None and not isinstance(self.agent, RolloutAgent):
             if not callable(self.agent):
                 raise TypeError(f"agl.train(agent=...) must be an @agl.rollout function, got {self.agent!r}")
             self.agent = RolloutAgent(self.agent)
@@ -277,6 +278,8 @@ class TrainingRun:
     def _rollout_source(self) -> Any:
         from agentlightning.trainers.rollouts import LocalRollouts, ServerRollouts
 
+        if self.source is not None:
+            return self.source
         if self.use_server:
             return ServerRollouts(
                 self.agent, self.output_dir / "store.db", self.nworkers, rollout_timeout=self.rollout_timeout

@@ -76,6 +76,22 @@ class ServerRollouts:
             self.server.stop()
 
 
+class RemoteRollouts(ServerRollouts):
+    """Rollouts run by remote clients (``agl client`` / ``agl.Client().train``) of a server started elsewhere."""
+
+    def __init__(self, server: Any, *, logprobs: bool = True) -> None:  # noqa: D107 - no workers of our own
+        self.server = server
+        self._logprobs = logprobs
+        self.pool = None
+
+    def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
+        ids = self.server.enqueue(list(tasks), group_size=group_size, group_id=group_prefix)
+        return self.server.wait(ids, timeout=timeout)
+
+    def close(self) -> None:
+        self.server.request_stop()
+
+
 class LocalRollouts:
     """Rollouts in threads of this process (``agl.run``) against the backend's own URL."""
 
