@@ -107,17 +107,19 @@ class RolloutAgent:
         and abandons sync ones, marking the rollout 'timeout'."""
         rollout = self.new_rollout(task, model_version=llm.model_version, **rollout_fields)
         recorder = self.start_recorder(rollout, llm)
+        deadline = asyncio.timeout(timeout)
         try:
             with recording(recorder):
                 if self.is_async:
                     coroutine = self.invoke(task, llm, rollout)
                 else:
                     coroutine = asyncio.to_thread(self.func, *self._arguments(task, llm, rollout))
-                output = await asyncio.wait_for(coroutine, timeout)
-        except TimeoutError:
-            return self.finish_timeout(rollout, recorder, timeout)
+                async with deadline:
+                    output = await coroutine
         except Exception as exc:  # noqa: BLE001
-            return self.finish_failed(rollout, recorder, exc)
+            if isinstance(exc, TimeoutError) and deadline.expired():
+                return self.finish_timeout(rollout, recorder, timeout)
+            return self.finish_failed(rollout, recorder, exc)  # includes a TimeoutError the agent raised itself
         return self.finish(rollout, recorder, output)
 
     def finish_timeout(self, rollout: Rollout, recorder: RolloutRecorder, timeout: float | None) -> Rollout:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 
@@ -178,3 +179,36 @@ def test_bad_signatures_and_role_names() -> None:
         agl.rollout(3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="non-empty string, got ''"):
         agl.role("")
+
+
+@pytest.mark.parametrize("is_async", [True, False])
+async def test_timeout_error_raised_by_the_agent_is_a_failure_not_a_rollout_timeout(
+    llm: agl.LLM, is_async: bool
+) -> None:
+    # socket / asyncio timeouts inside the agent are TimeoutError too; only our own deadline means 'timeout'.
+    def work(llm: agl.LLM) -> float:
+        ask(llm, "query")
+        raise TimeoutError("database lock wait exceeded")
+
+    async def async_agent(task: int, llm: agl.LLM) -> float:
+        return work(llm)
+
+    agent = agl.rollout(async_agent if is_async else (lambda task, llm: work(llm)), name="db")
+    for timeout in (None, 30.0):
+        rollout = await agent.aexecute(1, llm, timeout=timeout)
+        assert rollout.status == "failed", rollout.error
+        assert rollout.error.type == "TimeoutError" and rollout.error.message == "database lock wait exceeded"
+        assert "database lock wait exceeded" in rollout.error.traceback
+        assert [call.kind for call in rollout.calls] == ["llm"]
+
+
+async def test_aexecute_deadline_still_marks_timeout(llm: agl.LLM) -> None:
+    @agl.rollout
+    async def agent(task: int, llm: agl.LLM) -> float:
+        ask(llm, "before the hang")
+        await asyncio.sleep(30)
+        return 1.0
+
+    rollout = await agent.aexecute(1, llm, timeout=0.2)
+    assert rollout.status == "timeout" and rollout.error.type == "Timeout" and "0.2 s" in rollout.error.message
+    assert [call.kind for call in rollout.calls] == ["llm"]
