@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,7 +29,7 @@ from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentlightning.server.auth import AuthMiddleware
 from agentlightning.server.limits import BodyLimitMiddleware
@@ -40,6 +41,8 @@ from agentlightning.server.store import Conflict, NotFound, StoreError, task_id_
 from agentlightning.types import LLM, Rollout
 
 logger = logging.getLogger(__name__)
+
+_PROXY_PATH = re.compile(r"^/rollouts/(?P<rollout_id>[^/]+)/v1/(?P<path>.+)$")
 
 
 class EnqueueRequest(BaseModel):
@@ -337,11 +340,17 @@ def create_app(runtime: Runtime) -> ASGIApp:
         name = upstream.model_name if upstream and upstream.model_name else "default"
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "agentlightning"}]})
 
-    @app.post("/rollouts/{rollout_id}/v1/{path:path}")
-    async def proxied(rollout_id: str, path: str, request: Request) -> Response:
-        return await proxy.handle(request, rollout_id, path)
+    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
+        """Proxy requests, the hot path, skip FastAPI's routing and dependency solving."""
+        if scope["type"] == "http" and scope["method"] == "POST":
+            match = _PROXY_PATH.match(scope["path"])
+            if match is not None:
+                response = await proxy.handle(Request(scope, receive), match["rollout_id"], match["path"])
+                await response(scope, receive, send)
+                return
+        await app(scope, receive, send)
 
-    wrapped: ASGIApp = BodyLimitMiddleware(app, settings.max_body_bytes)
+    wrapped: ASGIApp = BodyLimitMiddleware(dispatch, settings.max_body_bytes)
     if runtime.token:
         wrapped = AuthMiddleware(wrapped, runtime.token)
     return wrapped
