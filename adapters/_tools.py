@@ -60,12 +60,6 @@ class PendingTool:
             return None
         return call
 
-    def _metadata(self) -> dict[str, Any]:
-        metadata: dict[str, Any] = {"adapter": self.adapter}
-        if self.tool_call_id is not None:
-            metadata["tool_call_id"] = self.tool_call_id
-        return metadata
-
 
 def jsonable(value: Any) -> Any:
     """``value`` when it is JSON-serialisable (so stored rollouts round-trip), else its ``str``."""
@@ -122,13 +116,13 @@ def requesting_llm_call(
             if any(request.get("id") == tool_call_id for request in _requested_tools(call)):
                 return call
     if name is not None:
-        wanted = _normalised_arguments(arguments)
+        wanted = parse_arguments(arguments)
         by_name: Call | None = None
         for call in llm_calls:
             for request in _requested_tools(call):
                 if request.get("name") != name:
                     continue
-                if wanted is not None and _normalised_arguments(request.get("arguments")) == wanted:
+                if wanted is not None and parse_arguments(request.get("arguments")) == wanted:
                     if role is None or call.role == role:
                         return call
                 by_name = by_name or call
@@ -157,8 +151,8 @@ def _requested_tools(call: Call) -> list[dict[str, Any]]:
     return requests
 
 
-def _normalised_arguments(arguments: Any) -> Any:
-    """Arguments in a comparable form: JSON text is parsed, dicts compare by value."""
+def parse_arguments(arguments: Any) -> Any:
+    """Tool arguments as data: JSON text is parsed (so dicts compare by value); anything else is returned as is."""
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)

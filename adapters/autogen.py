@@ -15,7 +15,6 @@ Custom ``BaseChatAgent`` subclasses that call a model client themselves can name
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +24,7 @@ import wrapt
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.teams._group_chat._selector_group_chat import SelectorGroupChatManager
 
-from agentlightning.adapters._tools import error_text, start_tool
+from agentlightning.adapters._tools import error_text, parse_arguments, start_tool
 from agentlightning.context import current_recorder, reset_role, set_role
 
 logger = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ def _tool_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
             pending = start_tool(
                 recorder,
                 name=tool_call.name,
-                arguments=_parsed(tool_call.arguments),
+                arguments=parse_arguments(tool_call.arguments),
                 role=agent_name(args, kwargs),
                 adapter="autogen",
                 tool_call_id=tool_call.id,
@@ -117,13 +116,6 @@ async def _selector_wrapper(
         return await wrapped(*args, **kwargs)
     finally:
         reset_role(token)
-
-
-def _parsed(arguments: str) -> Any:
-    try:
-        return json.loads(arguments)
-    except (TypeError, ValueError):
-        return arguments
 
 
 def _patch(owner: type, attribute: str, wrapper: Callable[..., Any]) -> None:

@@ -19,7 +19,6 @@ names, and a warning is logged when the environment variable is set).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -41,7 +40,7 @@ from agents.tracing import (
 )
 from agents.tracing.provider import SynchronousMultiTracingProcessor
 
-from agentlightning.adapters._tools import PendingTool, start_tool
+from agentlightning.adapters._tools import PendingTool, parse_arguments, start_tool
 from agentlightning.context import current_recorder, current_role, reset_role, set_role
 
 logger = logging.getLogger(__name__)
@@ -113,7 +112,7 @@ class AgentLightningTracingProcessor(TracingProcessor):
             reset_role(open_span.role_token)
         if open_span.tool is not None:
             data = span.span_data
-            open_span.tool.arguments = _parsed(data.input)
+            open_span.tool.arguments = parse_arguments(data.input)
             error = span.error
             message = None
             if error is not None:
@@ -126,15 +125,6 @@ class AgentLightningTracingProcessor(TracingProcessor):
 
     def force_flush(self) -> None:
         return None
-
-
-def _parsed(arguments: Any) -> Any:
-    if isinstance(arguments, str):
-        try:
-            return json.loads(arguments)
-        except ValueError:
-            return arguments
-    return arguments
 
 
 _lock = threading.Lock()
