@@ -162,18 +162,8 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
     ) -> None:
         self._model_start(run_id, parent_run_id, kwargs.get("name"), (serialized or {}).get("name"), tags, metadata)
 
-    def on_llm_start(
-        self,
-        serialized: dict[str, Any] | None,
-        prompts: list[str],
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._model_start(run_id, parent_run_id, kwargs.get("name"), (serialized or {}).get("name"), tags, metadata)
+    # Completion-style models (prompts instead of messages): LangChain passes both positionally, so one body serves.
+    on_llm_start = on_chat_model_start
 
     def _model_start(
         self,
@@ -250,24 +240,11 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
 
     # -- other runs keep the tree connected -----------------------------------------------------------------
 
-    def on_retriever_start(
-        self,
-        serialized: dict[str, Any] | None,
-        query: str,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._remember(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
-
-    def on_retriever_end(self, documents: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._forget(run_id)
-
-    def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._forget(run_id)
+    # Retrievers are tree nodes like chains (a named one can name a role); LangChain passes (serialized, query) and
+    # (documents) positionally, so the chain callbacks serve.
+    on_retriever_start = on_chain_start
+    on_retriever_end = on_chain_end
+    on_retriever_error = on_chain_error
 
 
 def _framework_runnable_names() -> set[str]:

@@ -388,3 +388,34 @@ def test_langchain_imported_inside_a_running_agent_is_instrumented() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[('writer', True)]"
+
+
+def test_completion_model_and_retriever_runs_name_roles(serve) -> None:
+    # `OpenAI` (legacy completions) reports through on_llm_start; a retriever is a named node of the run tree too.
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+    from langchain_openai import OpenAI
+
+    server, model = serve(sql_rule)
+
+    class QueryRewriter(BaseRetriever):
+        """Rewrites the query with a chat model before looking it up."""
+
+        chat: ChatOpenAI
+
+        def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+            rewritten = self.chat.invoke(f"Rewrite {query}", config={"callbacks": run_manager.get_child()}).content
+            return [Document(page_content=rewritten)]
+
+    @agl.rollout
+    def agent(task: dict, llm: agl.LLM) -> float:
+        completer = OpenAI(base_url=llm.base_url, api_key=llm.api_key, model=llm.model, max_retries=0)
+        (ChatPromptTemplate.from_template("Write {q}") | completer).with_config(run_name="drafter").invoke({"q": "a"})
+        documents = QueryRewriter(chat=chat_model(llm)).invoke("b")
+        return float(documents[0].page_content.startswith("FINAL"))
+
+    rollout = agent.execute({}, server.llm())
+    assert timeline(rollout) == [("llm", "drafter", "ok"), ("llm", "QueryRewriter", "ok")]
+    assert [call.metadata["api"] for call in rollout.llm_calls] == ["completions", "chat.completions"]
+    assert rollout.final_reward == 1.0
