@@ -113,6 +113,7 @@ def _agl(*args: str, **kwargs) -> subprocess.Popen:  # noqa: ANN003
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
 
 
+@pytest.mark.slow
 def test_client_killed_lease_expires_and_rollout_is_reassigned(tmp_path: Path, upstream: MockLLMServer) -> None:
     dataset = tmp_path / "train.jsonl"
     dataset.write_text(json.dumps({"id": "k1", "mode": "hold", "question": "k1", "mark_dir": str(tmp_path)}) + "\n")
@@ -145,6 +146,7 @@ def test_client_killed_lease_expires_and_rollout_is_reassigned(tmp_path: Path, u
     assert rollout.status == "succeeded" and rollout.attempt == 2
 
 
+@pytest.mark.slow
 def test_server_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path) -> None:
     port = _free_port()
     store = tmp_path / "server.db"
@@ -156,7 +158,7 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path) -> No
         http = httpx.Client(base_url=url, timeout=10)
         try:
             _wait_for(lambda: _healthy(http), 30, "the server to start")
-            tasks = [{"id": f"r{i}", "question": f"q{i}", "calls": 2} for i in range(40)]
+            tasks = [{"id": f"r{i}", "question": f"q{i}", "calls": 2} for i in range(24)]
             ids = http.post("/rollouts", json={"tasks": tasks}).json()["rollout_ids"]
             pool = start_workers(server_agents.chat_agent, url, nworkers=2, spool_dir=str(tmp_path / "spool"))
             try:
