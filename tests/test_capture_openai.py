@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
+import socket
+import threading
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -376,3 +380,56 @@ def test_langchain_openai_calls_recorded_once(server: MockLLMServer, options: di
     assert call.output["content"] == "echo: hello there"
     assert call.completion_token_ids == server.tokenizer.encode("echo: hello there")
     assert call.metadata["stream"] is bool(options.get("streaming"))
+
+
+@pytest.fixture
+def dropping_server() -> Iterator[str]:
+    """A loopback HTTP server that starts a chat stream, sends one chunk, and drops the connection."""
+    chunk = json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                        "choices": [{"index": 0, "delta": {"content": "half"}, "finish_reason": None}]})
+    event = f"data: {chunk}\n\n".encode()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve_one() -> None:  # the client makes exactly one request (max_retries=0)
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                               b"Transfer-Encoding: chunked\r\n\r\n" + f"{len(event):x}\r\n".encode() + event
+                               + b"\r\n")
+
+    thread = threading.Thread(target=serve_one, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    thread.join(timeout=5)
+    listener.close()
+
+
+def test_stream_broken_mid_way_is_recorded_as_error_with_what_arrived(dropping_server: str) -> None:
+    recorder = RolloutRecorder("ro")
+    client = openai.OpenAI(base_url=dropping_server, api_key="x", max_retries=0)
+    received: list[str] = []
+    with recording(recorder), pytest.raises(Exception) as raised:
+        for chunk in client.chat.completions.create(model="m", messages=MESSAGES, stream=True):
+            received.append(chunk.choices[0].delta.content)
+    call = only_call(recorder)
+    assert received == ["half"]
+    assert call.status == "error" and call.error.startswith(type(raised.value).__name__)
+    assert call.output["content"] == "half" and call.metadata["stream"] is True
+
+
+async def test_async_stream_closed_early_is_recorded_once(server: MockLLMServer) -> None:
+    server.set_replies(["one two three four"])
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+        iterator = stream.__aiter__()
+        await iterator.__anext__()
+        await iterator.__anext__()
+        await stream.close()
+        await stream._iterator.aclose()  # what the event loop's async-generator finaliser does when it is collected
+    await client.close()
+    await asyncio.sleep(0)
+    call = only_call(recorder)
+    assert call.output["content"] == "one" and call.output["finish_reason"] == "incomplete_stream"
