@@ -224,10 +224,8 @@ class _Pending:
 
     def handle(self, result: Any) -> Any:
         Stream, AsyncStream, LegacyAPIResponse, APIResponse, AsyncAPIResponse = _openai_types()  # noqa: N806
-        if isinstance(result, Stream):
-            _observe_sync_stream(result, self)
-        elif isinstance(result, AsyncStream):
-            _observe_async_stream(result, self)
+        if isinstance(result, (Stream, AsyncStream)):
+            _observe_stream(result, self)
         elif isinstance(result, LegacyAPIResponse):
             if getattr(result, "_stream", False):
                 _observe_on_parse(result, self)
@@ -595,96 +593,78 @@ class _StreamAccumulator:
         }
 
 
-def _add_chunk(accumulator: _StreamAccumulator, chunk: Any) -> None:
-    try:
-        accumulator.add(chunk)
-    except Exception:  # noqa: BLE001
-        logger.warning("openai capture could not read a stream chunk", exc_info=True)
+class _StreamRecording:
+    """Wraps the iteration over a stream: folds its chunks, and records the call when iteration ends.
+
+    Ends are: exhausted (complete), raised (recorded with the error), closed or collected early (GeneratorExit:
+    recorded as an incomplete stream). A stream never iterated records nothing, as before any chunk arrives.
+    """
+
+    __slots__ = ("pending", "accumulator")
+
+    def __init__(self, pending: _Pending) -> None:
+        self.pending = pending
+        self.accumulator = _StreamAccumulator(pending.api)
+
+    def add(self, chunk: Any) -> None:
+        try:
+            self.accumulator.add(chunk)
+        except Exception:  # noqa: BLE001
+            logger.warning("openai capture could not read a stream chunk", exc_info=True)
+
+    def __enter__(self) -> _StreamRecording:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        error = None if exc is None or isinstance(exc, GeneratorExit) else exc
+        try:
+            fields = self.accumulator.fields()
+            if exc_type is not None and error is None:
+                fields["output"]["finish_reason"] = fields["output"].get("finish_reason") or "incomplete_stream"
+            self.pending.record(fields, stream=True, error=error)
+        except Exception:  # noqa: BLE001
+            logger.warning("openai capture failed to record a streamed %s call", self.pending.api, exc_info=True)
 
 
-def _finish_stream(pending: _Pending, accumulator: _StreamAccumulator, error: BaseException | None,
-                   complete: bool) -> None:
-    try:
-        fields = accumulator.fields()
-        if not complete and error is None:
-            fields["output"]["finish_reason"] = fields["output"].get("finish_reason") or "incomplete_stream"
-        pending.record(fields, stream=True, error=error)
-    except Exception:  # noqa: BLE001
-        logger.warning("openai capture failed to record a streamed %s call", pending.api, exc_info=True)
-
-
-def _observe_sync_stream(stream: Any, pending: _Pending) -> None:
-    """Record ``stream`` when it is consumed, fails, or is closed / collected early (same object returned)."""
+def _observe_stream(stream: Any, pending: _Pending) -> None:
+    """Record ``stream`` (sync or async) when it is consumed, fails, or is closed / collected early (same object)."""
     if getattr(stream, "_agl_observed", False):
         return
-    accumulator = _StreamAccumulator(pending.api)
-    inner: Iterator[Any] = stream._iterator
-
-    def observed() -> Iterator[Any]:
-        error: BaseException | None = None
-        complete = False
-        try:
-            for chunk in inner:
-                _add_chunk(accumulator, chunk)
-                yield chunk
-            complete = True
-        except GeneratorExit:
-            raise
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            _finish_stream(pending, accumulator, error, complete)
-
-    stream._iterator = observed()
+    observe = _observed_async if isinstance(stream, _openai_types()[1]) else _observed_sync
+    stream._iterator = observe(stream._iterator, _StreamRecording(pending))
     stream._agl_observed = True
 
 
-def _observe_async_stream(stream: Any, pending: _Pending) -> None:
-    """Async twin of :func:`_observe_sync_stream`."""
-    if getattr(stream, "_agl_observed", False):
-        return
-    accumulator = _StreamAccumulator(pending.api)
-    inner: AsyncIterator[Any] = stream._iterator
+def _observed_sync(inner: Iterator[Any], recording: _StreamRecording) -> Iterator[Any]:
+    with recording:
+        for chunk in inner:
+            recording.add(chunk)
+            yield chunk
 
-    async def observed() -> AsyncIterator[Any]:
-        error: BaseException | None = None
-        complete = False
-        try:
-            async for chunk in inner:
-                _add_chunk(accumulator, chunk)
-                yield chunk
-            complete = True
-        except GeneratorExit:
-            raise
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            _finish_stream(pending, accumulator, error, complete)
 
-    stream._iterator = observed()
-    stream._agl_observed = True
+async def _observed_async(inner: AsyncIterator[Any], recording: _StreamRecording) -> AsyncIterator[Any]:
+    with recording:
+        async for chunk in inner:
+            recording.add(chunk)
+            yield chunk
 
 
 def _observe_on_parse(raw: Any, pending: _Pending) -> None:
     """For raw responses whose body is read later: record when ``raw.parse()`` is called (once)."""
-    Stream, AsyncStream = _openai_types()[:2]  # noqa: N806
+    streams = _openai_types()[:2]
     original = raw.parse
 
     def observe(parsed: Any) -> Any:
         try:
-            if isinstance(parsed, Stream):
-                _observe_sync_stream(parsed, pending)
-            elif isinstance(parsed, AsyncStream):
-                _observe_async_stream(parsed, pending)
+            if isinstance(parsed, streams):
+                _observe_stream(parsed, pending)
             else:
                 pending.record(_response_fields(pending.api, parsed), raw=True)
         except Exception:  # noqa: BLE001
             logger.warning("openai capture failed to record a raw %s response", pending.api, exc_info=True)
         return parsed
 
-    if _is_coroutine_function(original):
+    if inspect.iscoroutinefunction(original):
 
         @functools.wraps(original)
         async def aparse(*args: Any, **kwargs: Any) -> Any:
@@ -698,8 +678,3 @@ def _observe_on_parse(raw: Any, pending: _Pending) -> None:
             return observe(original(*args, **kwargs))
 
         raw.parse = parse
-
-
-def _is_coroutine_function(func: Any) -> bool:
-    return inspect.iscoroutinefunction(func)
-
