@@ -11,7 +11,7 @@ import json
 import logging
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentlightning.context import RolloutRecorder, install_log_capture, recording
@@ -76,7 +76,7 @@ class RolloutAgent:
         """The record a run of this agent on ``task`` starts from (status 'running')."""
         return Rollout(
             rollout_id=rollout_id or new_id("ro"),
-            task_id=task_id if task_id is not None else _task_id(task),
+            task_id=task_id if task_id is not None else own_task_id(task),
             task=task,
             group_id=group_id,
             attempt=attempt,
@@ -176,7 +176,7 @@ class RolloutAgent:
             return None
         if isinstance(output, bool) or not isinstance(output, (int, float)):
             raise AgentResultError(
-                f"{where} returned {type(output).__name__} {_preview(output)}; expected a float reward or None. "
+                f"{where} returned {type(output).__name__} {preview(output)}; expected a float reward or None. "
                 "To keep returning the answer, name a scorer: @agl.rollout(reward=score) with score(task, output)."
             )
         try:
@@ -272,13 +272,14 @@ def _check_json_task(task: Any, agent_name: str) -> None:
     try:
         json.dumps(task)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"task for agent {agent_name!r} is not JSON-serialisable ({exc}): {_preview(task)}") from None
+        raise ValueError(f"task for agent {agent_name!r} is not JSON-serialisable ({exc}): {preview(task)}") from None
 
 
-def _task_id(task: Any) -> str | None:
-    if isinstance(task, dict):
+def own_task_id(task: Any) -> str | None:
+    """The task's own ``task_id`` (else ``id``) field as a string, or None when it has neither."""
+    if isinstance(task, Mapping):
         for key in ("task_id", "id"):
-            if key in task and task[key] is not None:
+            if task.get(key) is not None:
                 return str(task[key])
     return None
 
@@ -291,7 +292,8 @@ def _jsonable(value: Any) -> Any:
         return repr(value)
 
 
-def _preview(value: Any, limit: int = 80) -> str:
+def preview(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages that name a bad value."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from agentlightning.context import RolloutRecorder, recording
-from agentlightning.decorator import RolloutAgent
+from agentlightning.decorator import RolloutAgent, own_task_id, preview
 from agentlightning.roles import unmatched_patterns
 from agentlightning.types import LLM, ErrorInfo, Rollout, new_id
 
@@ -94,7 +94,7 @@ def _check_arguments(
         agent = RolloutAgent(agent)
     if isinstance(tasks, (str, bytes, Mapping)) or not isinstance(tasks, Iterable):
         raise TypeError(
-            f"agl.run(tasks=...) must be a list of tasks, got {type(tasks).__name__} {_preview(tasks)}"
+            f"agl.run(tasks=...) must be a list of tasks, got {type(tasks).__name__} {preview(tasks)}"
             + (" (wrap a single task in a list)" if isinstance(tasks, (str, Mapping)) else "")
         )
     if isinstance(llm, Mapping):
@@ -113,10 +113,9 @@ def _check_arguments(
 
 def task_id_for(task: Any) -> str:
     """The task's own ``task_id`` / ``id`` field, else a content hash (equal tasks share an id, as GRPO groups need)."""
-    if isinstance(task, Mapping):
-        for key in ("task_id", "id"):
-            if task.get(key) is not None:
-                return str(task[key])
+    own = own_task_id(task)
+    if own is not None:
+        return own
     digest = hashlib.sha1(json.dumps(task, sort_keys=True, default=repr).encode()).hexdigest()
     return f"task-{digest[:12]}"
 
@@ -126,24 +125,23 @@ def _bad_task_rollout(agent: RolloutAgent, task: Any, index: int, llm: LLM) -> R
     try:
         json.dumps(task)
     except (TypeError, ValueError) as exc:
-        now = time.time()
-        message = f"task #{index} for agent {agent.name!r} is not JSON-serialisable ({exc}): {_preview(task)}"
-        logger.warning("agl.run: %s", message)
-        return Rollout(
-            rollout_id=new_id("ro"), task=_preview(task, 200), status="failed", model_version=llm.model_version,
-            trainable_roles=agent.roles, error=ErrorInfo(type="ValueError", message=message),
-            diagnostics=[message], timings={"start": now, "end": now, "duration": 0.0},
-        )
+        message = f"task #{index} for agent {agent.name!r} is not JSON-serialisable ({exc}): {preview(task)}"
+        return _unstarted_rollout(agent, preview(task, 200), llm, "ValueError", message)  # keep the record JSON
     return None
 
 
 def _failed_before_start(agent: RolloutAgent, task: Any, index: int, llm: LLM, exc: Exception) -> Rollout:
-    now = time.time()
     message = f"task #{index} for agent {agent.name!r} could not be started: {type(exc).__name__}: {exc}"
+    return _unstarted_rollout(agent, task, llm, type(exc).__name__, message)
+
+
+def _unstarted_rollout(agent: RolloutAgent, task: Any, llm: LLM, error_type: str, message: str) -> Rollout:
+    """A 'failed' rollout for a task the agent never ran, saying why (logged too)."""
     logger.warning("agl.run: %s", message)
+    now = time.time()
     return Rollout(
         rollout_id=new_id("ro"), task=task, status="failed", model_version=llm.model_version,
-        trainable_roles=agent.roles, error=ErrorInfo(type=type(exc).__name__, message=message),
+        trainable_roles=agent.roles, error=ErrorInfo(type=error_type, message=message),
         diagnostics=[message], timings={"start": now, "end": now, "duration": 0.0},
     )
 
@@ -301,8 +299,3 @@ def _log_summary(agent: RolloutAgent, rollouts: list[Rollout], seconds: float) -
         if unused and any(rollout.llm_calls for rollout in rollouts):
             logger.warning("agl.run: roles %s of agent %r matched no LLM call in any of the %d rollouts; role names "
                            "seen: %s", unused, agent.name, len(rollouts), sorted(r for r in seen if r) or "none")
-
-
-def _preview(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
