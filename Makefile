@@ -31,5 +31,14 @@ test: install
 bench: install
 	$(BIN)/python -m pytest -q -s tests/benchmarks
 
+# The reference project's release, in its own venv, for tests/benchmarks/bench_reference.py (~800 MB, no torch).
+.PHONY: bench-reference-venv
+bench-reference-venv: .venv-ref/.installed
+
+.venv-ref/.installed:
+	$(PYTHON) -m venv .venv-ref
+	.venv-ref/bin/pip install --quiet agentlightning==0.3.0
+	touch $@
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info
