@@ -61,3 +61,17 @@ def test_editable_install_imports_adapters_and_trainers(tmp_path: Path) -> None:
     assert package == ROOT / "agentlightning" / "__init__.py"
     assert adapters == ROOT / "adapters" / "__init__.py"
     assert trainers == ROOT / "trainers" / "__init__.py"
+
+
+def test_public_api_imports_no_torch_and_no_framework() -> None:
+    # DESIGN: the core never imports torch or a framework; adapters patch a framework only once it is imported.
+    heavy = ("torch", "numpy", "transformers", "trl", "peft", "vllm", "openai", "langchain_core", "langgraph",
+             "agents", "autogen_agentchat", "autogen_core")
+    code = (
+        "import sys, agentlightning as agl\n"
+        "for name in agl.__all__: getattr(agl, name)\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", f"importing agentlightning's public API imported {result.stdout.strip()}"
