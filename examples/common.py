@@ -69,6 +69,7 @@ def endpoint_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N held-out tasks")
     parser.add_argument("--workers", type=int, default=4, help="rollouts run in parallel (default: 4)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per rollout (default: 600)")
     parser.add_argument("--output", type=Path, default=None, help="write one JSON line per rollout here")
     return parser
 

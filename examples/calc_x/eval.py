@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         api_key=arguments.api_key,
         sampling_parameters={"temperature": arguments.temperature},
     )
-    rollouts = agl.run(calc_agent, tasks, llm=llm, n_workers=arguments.workers, timeout=600)
+    rollouts = agl.run(calc_agent, tasks, llm=llm, n_workers=arguments.workers, timeout=arguments.timeout)
     if arguments.output:
         write_rollouts(arguments.output, rollouts)
     tool_calls = [call for rollout in rollouts for call in rollout.calls if call.kind == "tool"]

@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         api_key=arguments.api_key,
         sampling_parameters={"temperature": arguments.temperature},
     )
-    rollouts = agl.run(agent_run, tasks, llm=llm, n_workers=arguments.workers, timeout=300)
+    rollouts = agl.run(agent_run, tasks, llm=llm, n_workers=arguments.workers, timeout=arguments.timeout)
     if arguments.output:
         write_rollouts(arguments.output, rollouts)
     print(summarise(rollouts).line(f"number game ({arguments.model})"))

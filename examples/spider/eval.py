@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         api_key=arguments.api_key,
         sampling_parameters={"temperature": arguments.temperature},
     )
-    rollouts = agl.run(sql_agent, tasks, llm=llm, n_workers=arguments.workers, timeout=600)
+    rollouts = agl.run(sql_agent, tasks, llm=llm, n_workers=arguments.workers, timeout=arguments.timeout)
     if arguments.output:
         write_rollouts(arguments.output, rollouts)
     print(summarise(rollouts).line(f"spider validation ({arguments.model})"))
