@@ -166,7 +166,7 @@ def _client(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
     client = Client(args.server_url, token=args.token)
     client.train(args.agent, dataset=args.dataset, dataset_id=args.dataset_id, nworkers=args.nworkers,
-                 timeout=args.timeout)
+                 timeout=args.timeout, log_level=logging.getLogger().level)
     return 0
 
 

@@ -81,6 +81,8 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.s
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the pool drains us
     logging.basicConfig(level=config.log_level, format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "httpcore"):  # one line per HTTP request would flood the logs and every rollout's logs
+        logging.getLogger(noisy).setLevel(max(config.log_level, logging.WARNING))
     _capture_output()
     agent = load_agent(config.agent_ref)
     enable_auto_instrumentation()  # pay adapter set-up now, not inside the first lease

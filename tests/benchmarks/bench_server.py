@@ -2,7 +2,9 @@
 
 Processes: the mock upstream (``MockLLMServer``) and the server (``agl server``, SQLite store on disk) each run in
 their own process; N worker processes (``start_workers``) run an agent making K=6 chat calls per rollout with the
-real ``openai`` client through the rollout's proxy URL, and report results.
+plain HTTP client through the rollout's proxy URL, and report results.
+
+The agent calls with plain httpx by default (``--sdk``: through the real ``openai`` client, captured client-side).
 
 1. Proxy latency: sequential chat calls straight to the mock vs through the proxy of a running rollout,
    interleaved so that machine load hits both alike; reports the medians and the added median latency.
@@ -48,23 +50,34 @@ with MockLLMServer() as server:
 """
 
 
-def _client(base_url: str, api_key: str) -> openai.OpenAI:
+def _http() -> httpx.Client:
     http = _HTTP.get("http")
     if http is None:  # one pooled connection set per process, like a long-running agent service
-        http = _HTTP["http"] = httpx.Client(limits=httpx.Limits(max_keepalive_connections=8))
-    return openai.OpenAI(base_url=base_url, api_key=api_key, http_client=http, max_retries=0)
+        http = _HTTP["http"] = httpx.Client(limits=httpx.Limits(max_keepalive_connections=8), timeout=60)
+    return http
 
 
 def run_agent(task: dict, llm: agl.LLM) -> float:
-    """K chat calls, each with the conversation so far; reward 1 if every answer echoed its question."""
-    client = _client(llm.base_url, llm.api_key)
+    """K chat calls, each with the conversation so far; reward 1 if every answer echoed its question.
+
+    With ``task["sdk"]`` the calls go through the real ``openai`` client (captured client-side too, then joined
+    with the proxy's records); otherwise through plain httpx, so that the figures measure the Lightning path
+    rather than the SDK (the openai client alone costs several CPU milliseconds per call)."""
+    http = _http()
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, http_client=http, max_retries=0) if task.get("sdk") else None
     messages: list[dict[str, Any]] = []
     good = 0
     for turn in range(task["calls"]):
         question = f"{task['question']} turn {turn}"
         messages.append({"role": "user", "content": question})
-        reply = client.chat.completions.create(model=llm.model, messages=messages, max_tokens=16)
-        answer = reply.choices[0].message.content or ""
+        if client is not None:
+            reply = client.chat.completions.create(model=llm.model, messages=messages, max_tokens=16)
+            answer = reply.choices[0].message.content or ""
+        else:
+            response = http.post(f"{llm.base_url}/chat/completions", headers={"authorization": f"Bearer {llm.api_key}"},
+                                 json={"model": llm.model, "messages": messages, "max_tokens": 16})
+            response.raise_for_status()
+            answer = response.json()["choices"][0]["message"]["content"] or ""
         messages.append({"role": "assistant", "content": answer})
         good += question in answer
     return good / task["calls"]
@@ -73,7 +86,7 @@ def run_agent(task: dict, llm: agl.LLM) -> float:
 bench_agent = agl.rollout(run_agent)
 
 
-def _direct_worker(args: tuple[str, list[dict]]) -> int:
+def _direct_worker(args: tuple[str, list[dict]]) -> int:  # a spawn Pool target
     base_url, tasks = args
     llm = agl.LLM(base_url=base_url, model="mock-model")
     for task in tasks:
@@ -123,26 +136,45 @@ def measure_latency(http: httpx.Client, mock_url: str, server_url: str, samples:
     return statistics.median(direct), statistics.median(proxied)
 
 
-def measure_throughput(server_url: str, workers: int, rollouts: int, calls: int) -> tuple[float, int]:
-    """Rollouts per second through the server with ``workers`` worker processes; also returns failures."""
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by the processes ``pids`` (Linux /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def measure_throughput(
+    server_url: str, workers: int, rollouts: int, calls: int, server_pid: int, mock_pid: int, sdk: bool
+) -> tuple[float, int, dict[str, float]]:
+    """Rollouts per second through the server with ``workers`` worker processes, failures, and CPU milliseconds
+    per rollout spent by the server, the workers and the upstream."""
     from agentlightning.client import start_workers
 
     http = httpx.Client(timeout=60)
     spool = tempfile.mkdtemp(prefix="agl-bench-spool-")
     pool = start_workers(bench_agent, server_url, nworkers=workers, spool_dir=spool, log_level=30)
     try:
-        warm = [{"question": f"warm {i}", "calls": calls} for i in range(workers * 4)]
+        warm = [{"question": f"warm {i}", "calls": calls, "sdk": sdk} for i in range(workers * 4)]
         _run_batch(http, server_url, warm)
-        tasks = [{"question": f"question {i}", "calls": calls} for i in range(rollouts)]
+        tasks = [{"question": f"question {i}", "calls": calls, "sdk": sdk} for i in range(rollouts)]
+        groups = {"server": [server_pid], "workers": pool.pids, "upstream": [mock_pid]}
+        before = {name: cpu_seconds(pids) for name, pids in groups.items()}
         start = time.perf_counter()
         rows = _run_batch(http, server_url, tasks)
         elapsed = time.perf_counter() - start
+        cpu_ms = {name: (cpu_seconds(pids) - before[name]) * 1000 / rollouts for name, pids in groups.items()}
     finally:
         http.post(f"{server_url}/stop")
         pool.wait(30)
         pool.stop(5)
     failed = sum(1 for row in rows if row["status"] != "succeeded" or row["n_calls"] != calls)
-    return rollouts / elapsed, failed
+    return rollouts / elapsed, failed, cpu_ms
 
 
 def _run_batch(http: httpx.Client, server_url: str, tasks: list[dict]) -> list[dict]:
@@ -158,18 +190,28 @@ def _run_batch(http: httpx.Client, server_url: str, tasks: list[dict]) -> list[d
     return [row for row in rows if row["rollout_id"] in wanted]
 
 
-def measure_direct(mock_url: str, workers: int, rollouts: int, calls: int) -> float:
-    """Rollouts per second of the same agent code calling the mock directly from ``workers`` processes."""
-    tasks = [{"question": f"question {i}", "calls": calls} for i in range(rollouts)]
+def measure_direct(
+    mock_url: str, workers: int, rollouts: int, calls: int, mock_pid: int, sdk: bool
+) -> tuple[float, dict[str, float]]:
+    """Rollouts per second of the same agent code calling the mock directly from ``workers`` processes, and the
+    CPU milliseconds per rollout of those processes and of the upstream."""
+    tasks = [{"question": f"question {i}", "calls": calls, "sdk": sdk} for i in range(rollouts)]
     chunks = [(mock_url, tasks[i::workers]) for i in range(workers)]
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        pool.map(_direct_worker, [(mock_url, [{"question": "warm", "calls": calls}] * 4)] * workers)
+        pool.map(_direct_worker, [(mock_url, [{"question": "warm", "calls": calls, "sdk": sdk}] * 4)] * workers)
+        pids = [process.pid for process in pool._pool]  # type: ignore[attr-defined]
+        before = {"workers": cpu_seconds(pids), "upstream": cpu_seconds([mock_pid])}
         start = time.perf_counter()
         assert sum(pool.map(_direct_worker, chunks)) == rollouts
-        return rollouts / (time.perf_counter() - start)
+        rate = rollouts / (time.perf_counter() - start)
+        cpu_ms = {"workers": (cpu_seconds(pids) - before["workers"]) * 1000 / rollouts,
+                  "upstream": (cpu_seconds([mock_pid]) - before["upstream"]) * 1000 / rollouts}
+        return rate, cpu_ms
 
 
-def run(workers: int = 4, rollouts: int = 600, calls: int = CALLS, samples: int = 300) -> dict[str, float]:
+def run(
+    workers: int = 4, rollouts: int = 600, calls: int = CALLS, samples: int = 300, sdk: bool = False
+) -> dict[str, float]:
     """Run both measurements and print a report; returns the figures."""
     env = {**os.environ, "PYTHONPATH": f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     mock = subprocess.Popen([sys.executable, "-c", MOCK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -184,8 +226,8 @@ def run(workers: int = 4, rollouts: int = 600, calls: int = CALLS, samples: int 
             _wait_healthy(server_url)
             with httpx.Client(timeout=30) as http:
                 direct_s, proxied_s = measure_latency(http, mock_url, server_url, samples)
-            direct_rate = measure_direct(mock_url, workers, rollouts, calls)
-            rate, failed = measure_throughput(server_url, workers, rollouts, calls)
+            direct_rate, direct_cpu = measure_direct(mock_url, workers, rollouts, calls, mock.pid, sdk)
+            rate, failed, cpu = measure_throughput(server_url, workers, rollouts, calls, server.pid, mock.pid, sdk)
         finally:
             server.terminate()
             server.wait(20)
@@ -193,13 +235,19 @@ def run(workers: int = 4, rollouts: int = 600, calls: int = CALLS, samples: int 
             mock.wait(20)
     added_ms = (proxied_s - direct_s) * 1000
     print(f"\nLightning Server benchmark ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}): "
-          f"{workers} workers, {rollouts} rollouts x {calls} LLM calls")
+          f"{workers} workers, {rollouts} rollouts x {calls} LLM calls, agent calls via {'openai' if sdk else 'httpx'}")
     print(f"  proxy latency  direct median {direct_s * 1000:.2f} ms | proxied median {proxied_s * 1000:.2f} ms | "
           f"added {added_ms:.2f} ms (target < 2 ms) | ratio proxied/direct {proxied_s / direct_s:.2f}x")
     print(f"  throughput     through server {rate:.1f} rollouts/s = {rate * calls:.0f} proxied calls/s "
           f"(target >= 150 rollouts/s) | direct to upstream {direct_rate:.1f} rollouts/s | "
           f"ratio server/direct {rate / direct_rate:.2f}x | failed {failed}")
-    return {"added_ms": added_ms, "rollouts_per_s": rate, "direct_rollouts_per_s": direct_rate, "failed": failed}
+    print(f"  CPU ms/rollout through server: server {cpu['server']:.1f} | workers {cpu['workers']:.1f} | upstream "
+          f"{cpu['upstream']:.1f} || direct: workers {direct_cpu['workers']:.1f} | upstream {direct_cpu['upstream']:.1f}")
+    total = sum(cpu.values())
+    print(f"  => at {os.cpu_count()} idle cores the server path would sustain ~{os.cpu_count() * 1000 / total:.0f} "
+          f"rollouts/s (CPU-bound estimate), the server process alone ~{1000 / cpu['server']:.0f} rollouts/s")
+    return {"added_ms": added_ms, "rollouts_per_s": rate, "direct_rollouts_per_s": direct_rate, "failed": failed,
+            **{f"cpu_ms_{name}": value for name, value in cpu.items()}}
 
 
 def test_bench_server() -> None:
@@ -213,5 +261,6 @@ if __name__ == "__main__":
     parser.add_argument("--rollouts", type=int, default=600)
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--sdk", action="store_true", help="agents call through the openai client (captured)")
     options = parser.parse_args()
-    run(options.workers, options.rollouts, options.calls, options.samples)
+    run(options.workers, options.rollouts, options.calls, options.samples, options.sdk)
