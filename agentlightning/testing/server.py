@@ -252,23 +252,19 @@ class MockLLMServer:
 
     def _respond(self, request: MockRequest, reply: MockReply) -> Response:
         body, model = request.body, request.model or self.models[0]
-        if request.path.endswith("/chat/completions"):
-            prompt_text = render_chat_prompt(request.messages, request.tools)
-        elif request.path.endswith("/responses"):
+        if request.path.endswith(("/chat/completions", "/responses")):
             prompt_text = render_chat_prompt(request.messages, request.tools)
         else:
             prompt_text = request.messages[0]["content"]
         completion_text = payloads.completion_text(reply)
         top = body.get("top_logprobs") or 0
-        logprobs = body.get("logprobs")
         gen = Generation(
             reply=reply,
             prompt_ids=self.tokenizer.encode(prompt_text),
             completion_text=completion_text,
             completion_ids=self.tokenizer.encode(completion_text),
             with_token_ids=self.token_ids or bool(body.get("return_token_ids")),
-            with_logprobs=bool(logprobs) or (isinstance(logprobs, int) and not isinstance(logprobs, bool)
-                                             and logprobs > 0),
+            with_logprobs=bool(body.get("logprobs")),  # chat: true; legacy completions: a count > 0
             top_logprobs=int(top) if isinstance(top, int) else 0,
         )
         stream = bool(body.get("stream"))
