@@ -266,6 +266,14 @@ class _TeeToRollout(io.TextIOBase):
             recorder.logs.extend(f"{time.strftime('%H:%M:%S')} {self._name}: {line}" for line in lines if line)
         return len(text)
 
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._stream.encoding
+
+    @property
+    def errors(self) -> str | None:  # type: ignore[override]
+        return self._stream.errors
+
     def flush(self) -> None:
         self._stream.flush()
 

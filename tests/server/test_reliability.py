@@ -147,6 +147,29 @@ def test_client_killed_lease_expires_and_rollout_is_reassigned(tmp_path: Path, u
 
 
 @pytest.mark.slow
+def test_ctrl_c_drains_running_rollouts_and_takes_no_new_ones(tmp_path: Path, upstream: MockLLMServer) -> None:
+    tasks = [{"id": f"c{i}", "mode": "hold", "question": f"c{i}", "mark_dir": str(tmp_path)} for i in range(2)]
+    with LightningServer(tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model",
+                         settings=FAST) as server:
+        dataset_id = server.add_dataset(tasks)
+        running, waiting = server.enqueue(dataset_id)
+        client = _agl("client", "--agent", "server_agents:behaving_agent", "--dataset-id", dataset_id,
+                      "--nworkers", "1", "--server-url", server.url, "--log-level", "WARNING")
+        try:
+            _wait_for(lambda: list(tmp_path.glob("c0.*")), 30, "the first rollout to start")
+            os.killpg(client.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+            time.sleep(0.3)
+            (tmp_path / "release-c0").write_text("")
+            assert client.wait(30) == 0, client.stdout.read().decode()
+        finally:
+            if client.poll() is None:
+                os.killpg(client.pid, signal.SIGKILL)
+        [finished] = server.wait([running], timeout=10)
+        assert finished.status == "succeeded" and finished.attempt == 1
+        assert server.store.rollout_state(waiting) == ("queued", 1)
+
+
+@pytest.mark.slow
 def test_server_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path) -> None:
     port = _free_port()
     store = tmp_path / "server.db"
