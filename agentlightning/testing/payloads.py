@@ -36,6 +36,11 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:24]}"
 
 
+def _body(response_id: str, kind: str, created: int, model: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """The envelope every chat / completions body and chunk shares."""
+    return {"id": response_id, "object": kind, "created": created, "model": model, "choices": choices}
+
+
 def usage(gen: Generation) -> dict[str, Any]:
     """Chat / completions ``usage`` block."""
     prompt, completion = len(gen.prompt_ids), len(gen.completion_ids)
@@ -79,14 +84,8 @@ def chat_completion(gen: Generation, model: str, n: int, tokenizer: MockTokenize
         if gen.with_token_ids:
             choice["token_ids"] = gen.completion_ids
         choices.append(choice)
-    body: dict[str, Any] = {
-        "id": _new_id("chatcmpl-"),
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": usage(gen),
-    }
+    body = _body(_new_id("chatcmpl-"), "chat.completion", int(time.time()), model, choices)
+    body["usage"] = usage(gen)
     if gen.with_token_ids:
         body["prompt_token_ids"] = gen.prompt_ids
     return body
@@ -110,8 +109,7 @@ def chat_chunks(
             choice["logprobs"] = chat_logprobs(tokenizer, ids, gen.top_logprobs)
         if gen.with_token_ids:
             choice["token_ids"] = ids or []
-        return {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
-                "choices": [choice]}
+        return _body(response_id, "chat.completion.chunk", created, model, [choice])
 
     first = chunk({"role": "assistant", "content": ""})
     if gen.with_token_ids:
@@ -128,8 +126,7 @@ def chat_chunks(
                     tokenizer.encode(text))
     yield chunk({}, [], finish=reply.resolved_finish_reason())
     if include_usage:
-        yield {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
-               "choices": [], "usage": usage(gen)}
+        yield {**_body(response_id, "chat.completion.chunk", created, model, []), "usage": usage(gen)}
 
 
 def completion_logprobs(tokenizer: MockTokenizer, ids: list[int], offset: int = 0) -> dict[str, Any]:
@@ -155,14 +152,8 @@ def completion(gen: Generation, model: str, tokenizer: MockTokenizer) -> dict[st
         "finish_reason": gen.reply.resolved_finish_reason(),
         "logprobs": completion_logprobs(tokenizer, gen.completion_ids) if gen.with_logprobs else None,
     }
-    body: dict[str, Any] = {
-        "id": _new_id("cmpl-"),
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": usage(gen),
-    }
+    body = _body(_new_id("cmpl-"), "text_completion", int(time.time()), model, [choice])
+    body["usage"] = usage(gen)
     if gen.with_token_ids:
         choice["token_ids"] = gen.completion_ids
         choice["prompt_token_ids"] = gen.prompt_ids
@@ -178,17 +169,15 @@ def completion_chunks(gen: Generation, model: str, tokenizer: MockTokenizer) -> 
         ids = tokenizer.encode(piece)
         choice: dict[str, Any] = {"index": 0, "text": piece, "finish_reason": None,
                                   "logprobs": completion_logprobs(tokenizer, ids) if gen.with_logprobs else None}
-        body: dict[str, Any] = {"id": response_id, "object": "text_completion", "created": created, "model": model,
-                                "choices": [choice]}
+        body = _body(response_id, "text_completion", created, model, [choice])
         if gen.with_token_ids:
             choice["token_ids"] = ids
             if index == 0:
                 choice["prompt_token_ids"] = gen.prompt_ids
                 body["prompt_token_ids"] = gen.prompt_ids
         yield body
-    yield {"id": response_id, "object": "text_completion", "created": created, "model": model,
-           "choices": [{"index": 0, "text": "", "finish_reason": gen.reply.resolved_finish_reason(),
-                        "logprobs": None}]}
+    last = {"index": 0, "text": "", "finish_reason": gen.reply.resolved_finish_reason(), "logprobs": None}
+    yield _body(response_id, "text_completion", created, model, [last])
 
 
 def response_object(gen: Generation, model: str, status: str = "completed") -> dict[str, Any]:
