@@ -2,9 +2,11 @@
 
 Processes: the mock upstream (``MockLLMServer``) and the server (``agl server``, SQLite store on disk) each run in
 their own process; N worker processes (``start_workers``) run an agent making K=6 chat calls per rollout with the
-plain HTTP client through the rollout's proxy URL, and report results.
+real ``openai`` client through the rollout's proxy URL, and report results.
 
-The agent calls with plain httpx by default (``--sdk``: through the real ``openai`` client, captured client-side).
+The agent calls through the real ``openai`` client (captured client-side, joined with the proxy's records);
+``--plain-http`` makes it call with plain httpx, so that the figures measure the Lightning path rather than the SDK
+(the openai client alone costs several CPU milliseconds per call).
 
 1. Proxy latency: sequential chat calls straight to the mock vs through the proxy of a running rollout,
    interleaved so that machine load hits both alike; reports the medians and the added median latency.
@@ -60,11 +62,11 @@ def _http() -> httpx.Client:
 def run_agent(task: dict, llm: agl.LLM) -> float:
     """K chat calls, each with the conversation so far; reward 1 if every answer echoed its question.
 
-    With ``task["sdk"]`` the calls go through the real ``openai`` client (captured client-side too, then joined
-    with the proxy's records); otherwise through plain httpx, so that the figures measure the Lightning path
-    rather than the SDK (the openai client alone costs several CPU milliseconds per call)."""
+    With ``task["sdk"]`` (the default) the calls go through the real ``openai`` client; otherwise through plain
+    httpx."""
     http = _http()
-    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, http_client=http, max_retries=0) if task.get("sdk") else None
+    sdk = task.get("sdk", True)
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, http_client=http, max_retries=0) if sdk else None
     messages: list[dict[str, Any]] = []
     good = 0
     for turn in range(task["calls"]):
@@ -150,7 +152,7 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def measure_throughput(
-    server_url: str, workers: int, rollouts: int, calls: int, server_pid: int, mock_pid: int, sdk: bool
+    server_url: str, workers: int, rollouts: int, calls: int, server_pid: int, mock_pid: int, sdk: bool = True
 ) -> tuple[float, int, dict[str, float]]:
     """Rollouts per second through the server with ``workers`` worker processes, failures, and CPU milliseconds
     per rollout spent by the server, the workers and the upstream."""
@@ -191,7 +193,7 @@ def _run_batch(http: httpx.Client, server_url: str, tasks: list[dict]) -> list[d
 
 
 def measure_direct(
-    mock_url: str, workers: int, rollouts: int, calls: int, mock_pid: int, sdk: bool
+    mock_url: str, workers: int, rollouts: int, calls: int, mock_pid: int, sdk: bool = True
 ) -> tuple[float, dict[str, float]]:
     """Rollouts per second of the same agent code calling the mock directly from ``workers`` processes, and the
     CPU milliseconds per rollout of those processes and of the upstream."""
@@ -210,7 +212,7 @@ def measure_direct(
 
 
 def run(
-    workers: int = 4, rollouts: int = 600, calls: int = CALLS, samples: int = 300, sdk: bool = False
+    workers: int = 4, rollouts: int = 600, calls: int = CALLS, samples: int = 300, sdk: bool = True
 ) -> dict[str, float]:
     """Run both measurements and print a report; returns the figures."""
     env = {**os.environ, "PYTHONPATH": f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -261,6 +263,7 @@ if __name__ == "__main__":
     parser.add_argument("--rollouts", type=int, default=600)
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--samples", type=int, default=300)
-    parser.add_argument("--sdk", action="store_true", help="agents call through the openai client (captured)")
+    parser.add_argument("--plain-http", action="store_true",
+                        help="agents call with plain httpx instead of the openai client (measures our path alone)")
     options = parser.parse_args()
-    run(options.workers, options.rollouts, options.calls, options.samples, options.sdk)
+    run(options.workers, options.rollouts, options.calls, options.samples, not options.plain_http)
