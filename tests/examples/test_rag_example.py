@@ -66,3 +66,12 @@ def test_eval_script(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2].startswith("musique dev (m): 3 rollouts") and "failed rollouts 0" in lines[-2]
     assert lines[-1].startswith("answer F1 ")
+
+
+def test_train_main_dry_run(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from examples.rag import train as rag_train
+
+    assert rag_train.main(["--dry-run", "--data-dir", str(data_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "llm:rag_agent tool:rag_agent llm:rag_agent" in out
+    assert out.strip().splitlines()[-1].startswith("dry run: 12 rollouts, mean reward 0.3667")  # (1 + 0.1 + 0) / 3

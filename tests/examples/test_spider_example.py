@@ -96,3 +96,13 @@ def test_eval_script_scores_an_endpoint(tasks: list[dict], data_dir: Path, capsy
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("spider validation (mock): 3 rollouts, mean reward")
     assert "failed rollouts 0" in line
+
+
+def test_train_main_dry_run_prints_rollouts_and_transitions(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from examples.spider import train as spider_train
+
+    assert spider_train.main(["--dry-run", "--data-dir", str(data_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "llm:writer llm:checker" in out and "transitions for training" in out
+    assert " checker " not in out.split("transitions for training")[1]  # the checker is never trained
+    assert out.strip().splitlines()[-1].startswith("dry run: 12 rollouts")
