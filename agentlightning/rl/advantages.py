@@ -115,16 +115,17 @@ def compute_advantages(
         else:  # reinforce++_baseline: group mean baseline, batch-level scaling of the centred values
             centres = {group: _mean(members) for group, members in groups.items()}
             everything = list(rollouts.values())
-            spread = _std(everything, lambda row: centres[_group_of(row)], std_ddof) if scale else None
+            spread = _std(everything, lambda row: centres[group_key(row)], std_ddof) if scale else None
             for rollout in everything:
-                _set(rollout, lambda row: centres[_group_of(row)], spread, eps)
+                _set(rollout, lambda row: centres[group_key(row)], spread, eps)
 
     for rollout in rollouts.values():
         _set_weights(rollout, weighting)
     return list(transitions)
 
 
-def _group_of(row: Transition) -> str:
+def group_key(row: Transition) -> str:
+    """The group ``row`` is normalised in: its ``group_id``, else a group of its own rollout."""
     return row.group_id if row.group_id is not None else f"rollout:{row.rollout_id}"
 
 
@@ -141,7 +142,7 @@ def _by_rollout(transitions: Sequence[Transition]) -> dict[str, _RolloutRows]:
                 f"transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r} has a non-finite "
                 f"reward {reward!r}"
             )
-        group = _group_of(row)
+        group = group_key(row)
         entry = rollouts.get(row.rollout_id)
         if entry is None:
             entry = rollouts[row.rollout_id] = _RolloutRows(row.rollout_id, group)

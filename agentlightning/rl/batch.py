@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from agentlightning.rl.advantages import group_key
 from agentlightning.types import Transition
 
 if TYPE_CHECKING:
@@ -222,7 +223,7 @@ def _zero_variance_rows(rows: Sequence[Transition], stats: PackStats) -> np.ndar
     import numpy as np
 
     bounds: dict[str, tuple[float, float]] = {}
-    keys = [row.group_id if row.group_id is not None else f"rollout:{row.rollout_id}" for row in rows]
+    keys = [group_key(row) for row in rows]
     for key, row in zip(keys, rows):
         low, high = bounds.get(key, (row.reward, row.reward))
         bounds[key] = (min(low, row.reward), max(high, row.reward))
