@@ -1,0 +1,47 @@
+"""``agl server --model DIR``: the server trains on rollouts run by a remote ``agl.Client``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import threading
+
+from train_agents import echo_length_agent
+
+import agentlightning as agl
+from agentlightning.cli import add_server_arguments
+from agentlightning.train import serve_training
+from agentlightning.trainers.models import tiny_model
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_server_with_model_trains_on_client_rollouts(tmp_path):
+    model, tokenizer = tiny_model(seed=4)
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    port = _free_port()
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    args = parser.parse_args(["--port", str(port), "--store", str(tmp_path / "store.db"),
+                              "--model", str(tmp_path / "tiny")])
+    trainer_options = ["--max-steps", "2", "--group-size", "2", "--tasks-per-step", "2", "--learning-rate", "0.01",
+                       "--max-completion-length", "6", "--output-dir", str(tmp_path / "out")]
+    outcome: dict[str, int] = {}
+    server = threading.Thread(target=lambda: outcome.update(code=serve_training(args, trainer_options)), daemon=True)
+    server.start()
+
+    tasks = [{"id": f"t{i}", "question": f"{i} * 2?"} for i in range(3)]
+    agl.Client(f"http://127.0.0.1:{port}").train(echo_length_agent, dataset=tasks, nworkers=2)
+    server.join(timeout=120)
+
+    assert outcome.get("code") == 0
+    rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    assert all(row["llm_calls"] == 4 for row in rows)
+    assert (tmp_path / "out" / "model" / "config.json").exists()
