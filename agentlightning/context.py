@@ -27,9 +27,8 @@ class RolloutRecorder:
         self.calls: list[Call] = []
         self.rewards: list[Reward] = []
         self.logs: list[str] = []
-        # Facts for diagnostics: which endpoints the agent called, which role names were seen.
+        # Facts for diagnostics: which endpoints the agent called (role names are read from the calls themselves).
         self.endpoints_seen: set[str] = set()
-        self.roles_seen: list[str] = []
         self.llm_base_url: str | None = None  # the endpoint the agent was given, when known
         self._sequence = 0
         self._lock = threading.Lock()
@@ -44,8 +43,6 @@ class RolloutRecorder:
     def add_call(self, call: Call) -> None:
         """Attach a finished (or failed) call to this rollout."""
         call.rollout_id = self.rollout_id
-        if call.role is not None and call.role not in self.roles_seen:
-            self.roles_seen.append(call.role)
         if self.model_version is not None and "model_version" not in call.metadata:
             call.metadata["model_version"] = self.model_version
         with self._lock:
