@@ -15,8 +15,8 @@ import agentlightning as agl
 logger = logging.getLogger("server_agents")
 
 
-def _ask(llm: agl.LLM, text: str) -> str:
-    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+def _ask(llm: agl.LLM, text: str, client: openai.OpenAI | None = None) -> str:
+    client = client or openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
     reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": text}])
     return reply.choices[0].message.content or ""
 
@@ -24,9 +24,10 @@ def _ask(llm: agl.LLM, text: str) -> str:
 @agl.rollout
 def chat_agent(task: dict, llm: agl.LLM) -> float:
     """Makes ``task["calls"]`` chat calls through llm.base_url; reward 1 if the last answer echoes the question."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
     content = ""
     for index in range(task.get("calls", 1)):
-        content = _ask(llm, f"{task['question']} #{index}")
+        content = _ask(llm, f"{task['question']} #{index}", client)
     logger.info("answered %s", task["question"])
     return 1.0 if task["question"] in content else 0.0
 

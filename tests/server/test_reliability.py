@@ -181,11 +181,11 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path) -> No
         http = httpx.Client(base_url=url, timeout=10)
         try:
             _wait_for(lambda: _healthy(http), 30, "the server to start")
-            tasks = [{"id": f"r{i}", "question": f"q{i}", "calls": 2} for i in range(24)]
+            tasks = [{"id": f"r{i}", "question": f"q{i}", "calls": 2} for i in range(16)]
             ids = http.post("/rollouts", json={"tasks": tasks}).json()["rollout_ids"]
             pool = start_workers(server_agents.chat_agent, url, nworkers=2, spool_dir=str(tmp_path / "spool"))
             try:
-                done_before = _wait_for(lambda: _finished(http, 5), 60, "some rollouts to finish")
+                done_before = _wait_for(lambda: _finished(http, 3), 60, "some rollouts to finish")
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait(10)
                 server = _agl(*args)  # same store, same port: clients reconnect
