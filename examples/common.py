@@ -133,7 +133,7 @@ def mock_dry_run(
     air: Any = None,
 ) -> DryRunResult:
     """Run ``agent`` on every task ``group_size`` times against a local mock model (rule-based ``handler``) with
-    vLLM-style token ids, then make GRPO transitions of the trainable roles, exactly as training would."""
+    vLLM-style token ids, then make the GRPO transitions of the trainable roles that training would use."""
     import agentlightning as agl
     from agentlightning.rl.advantages import compute_advantages
     from agentlightning.testing import MockLLMServer
