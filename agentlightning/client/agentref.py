@@ -29,11 +29,22 @@ def agent_ref(agent: RolloutAgent | Callable[..., Any] | str) -> str:
             f"agent {qualname or agent!r} cannot be imported by worker processes: define it at module level "
             "(not inside a function or as a lambda), or pass 'module:attribute'"
         )
+    if isinstance(agent, RolloutAgent):
+        # ``my_agent = agl.rollout(run, roles=[...])``: name the RolloutAgent itself so its options travel too.
+        namespace = vars(_resolve(module, "", module))
+        named = next((name for name, value in namespace.items() if value is agent), None)
+        if named is not None:
+            return f"{module}:{named}"
     ref = f"{module}:{qualname}"
     resolved = _resolve(module, qualname, ref)
     resolved_func = resolved.func if isinstance(resolved, RolloutAgent) else resolved
     if resolved_func is not func:
         raise ValueError(f"agent reference {ref!r} resolves to a different object than the agent given")
+    if isinstance(agent, RolloutAgent) and resolved is not agent and (agent.roles is not None or agent.reward):
+        raise ValueError(
+            f"agent {agent.name!r} (with roles/reward options) is not a module-level name of {module}, so worker "
+            "processes could not rebuild it: assign it at module level (my_agent = agl.rollout(...)) and pass that"
+        )
     return ref
 
 
@@ -59,7 +70,7 @@ def _resolve(module_name: str, qualname: str, ref: str) -> Any:
         except ImportError as exc:
             raise ValueError(f"cannot import the module of agent {ref!r}: {exc} (sys.path={sys.path[:4]}...)") from None
     target: Any = module
-    for part in qualname.split("."):
+    for part in filter(None, qualname.split(".")):
         try:
             target = getattr(target, part)
         except AttributeError:

@@ -424,6 +424,9 @@ class SQLiteStore(Store):
             self._flush_locked()
             with self._transaction():
                 self._end_attempt(rollout_id, attempt, worker_id, result.status, result.error, result.logs, now)
+                if attempt < current and state == "running":
+                    superseded = ErrorInfo(type="Superseded", message=f"attempt {attempt} finished the rollout first")
+                    self._end_attempt(rollout_id, current, None, "superseded", superseded, [], now)
                 if decision.retried:
                     self._db.execute(
                         "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL "

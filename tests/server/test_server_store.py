@@ -109,8 +109,8 @@ def test_expired_lease_requeues_and_late_success_is_kept(store: SQLiteStore) -> 
     late = store.complete(rid, 1, "w-dead", _result(lease, reward=0.5))
     assert late.accepted and late.status == "succeeded"
     assert store.get_rollout(rid).final_reward == 0.5
-    with pytest.raises(Conflict, match="already finished"):
-        store.complete(rid, 2, "w2", _result(lease2))
+    superseded = store.complete(rid, 2, "w2", _result(lease2))
+    assert superseded.duplicate and not superseded.accepted and "superseded" in superseded.message
     assert store.attempts(rid)[0].error is None  # the late success overwrote the lease error for attempt 1
 
 
@@ -142,6 +142,15 @@ def test_everything_survives_reopen(tmp_path: Path) -> None:
     reopened.close()
 
 
+def test_result_of_another_finished_rollout_attempt_conflicts(store: SQLiteStore) -> None:
+    info = store.add_dataset([{"id": "t"}])
+    [rid] = store.enqueue(store.dataset_tasks(info.dataset_id))
+    lease = store.dequeue("w", 10.0)
+    store.complete(rid, 1, "w", _result(lease))
+    with pytest.raises(Conflict, match="already finished"):
+        store.complete(rid, 2, "w", _result(lease))
+
+
 def test_list_and_cancel(store: SQLiteStore) -> None:
     info = store.add_dataset([{"id": f"t{i}"} for i in range(5)])
     ids = store.enqueue(store.dataset_tasks(info.dataset_id), dataset_id=info.dataset_id)
@@ -154,3 +163,14 @@ def test_list_and_cancel(store: SQLiteStore) -> None:
     with pytest.raises(NotFound):
         store.cancel("ro-unknown")
     assert json.loads(store.get_rollout(ids[0]).model_dump_json())["status"] == "cancelled"
+
+
+def test_late_success_supersedes_the_running_attempt(store: SQLiteStore) -> None:
+    info = store.add_dataset([{"id": "t"}])
+    [rid] = store.enqueue(store.dataset_tasks(info.dataset_id), max_attempts=3)
+    first = store.dequeue("slow", 0.01)
+    store.expire_leases(now=time.time() + 1)
+    second = store.dequeue("fast", 10.0)
+    assert store.complete(rid, 1, "slow", _result(first)).status == "succeeded"
+    assert [(a.attempt, a.status) for a in store.attempts(rid)] == [(1, "succeeded"), (2, "superseded")]
+    assert store.complete(rid, 2, "fast", _result(second)).duplicate
