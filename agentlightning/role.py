@@ -5,13 +5,17 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from contextvars import Token
+from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Any, TypeVar
 
 from agentlightning.context import reset_role, set_role
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+# The roles entered in this context, innermost last, with the token that undoes each. Context-local, so one role
+# object shared by concurrent tasks or threads (`WRITER = agl.role("writer")`) undoes each entry where it was made.
+_entered: ContextVar[tuple[tuple[role, Token[str | None]], ...]] = ContextVar("agl_roles_entered", default=())
 
 
 class role:  # noqa: N801 - used like a function: `with agl.role("writer"):`
@@ -30,16 +34,21 @@ class role:  # noqa: N801 - used like a function: `with agl.role("writer"):`
         if not isinstance(name, str) or not name:
             raise ValueError(f"agl.role: name must be a non-empty string, got {name!r}")
         self.name = name
-        self._tokens: list[Token[str | None]] = []
 
     def __enter__(self) -> role:
-        self._tokens.append(set_role(self.name))
+        _entered.set((*_entered.get(), (self, set_role(self.name))))
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        reset_role(self._tokens.pop())
+        entered = _entered.get()
+        for position in range(len(entered) - 1, -1, -1):
+            owner, token = entered[position]
+            if owner is self:
+                _entered.set(entered[:position] + entered[position + 1 :])
+                reset_role(token)
+                return
 
     async def __aenter__(self) -> role:
         return self.__enter__()

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+import threading
 
 import openai
 import pytest
 
 import agentlightning as agl
+from agentlightning.context import current_role
 from agentlightning.decorator import RolloutAgent
 from agentlightning.testing import MockLLMServer
 
@@ -212,3 +215,52 @@ async def test_aexecute_deadline_still_marks_timeout(llm: agl.LLM) -> None:
     rollout = await agent.aexecute(1, llm, timeout=0.2)
     assert rollout.status == "timeout" and rollout.error.type == "Timeout" and "0.2 s" in rollout.error.message
     assert [call.kind for call in rollout.calls] == ["llm"]
+
+
+async def test_one_role_object_shared_by_concurrent_tasks_restores_each_tasks_role() -> None:
+    writer = agl.role("writer")  # a module-level role object, used by parallel rollouts on one event loop
+    b_inside = asyncio.Event()
+    seen: dict[str, str | None] = {}
+
+    async def first() -> None:
+        with agl.role("planner"):
+            async with writer:
+                await b_inside.wait()  # the other task enters the same object, then this one leaves first
+            seen["first after"] = current_role()
+
+    async def second() -> None:
+        await asyncio.sleep(0)
+        async with writer:
+            b_inside.set()
+            await asyncio.sleep(0.01)
+            seen["second inside"] = current_role()
+        seen["second after"] = current_role()
+
+    await asyncio.gather(first(), second())
+    assert seen == {"first after": "planner", "second inside": "writer", "second after": None}
+
+
+def test_one_role_object_shared_by_threads_and_reentered() -> None:
+    writer = agl.role("writer")
+    both_inside = threading.Barrier(2)
+    first_left = threading.Event()
+    seen: dict[str, list[str | None]] = {}
+
+    def work(name: str, outer: str | None) -> None:
+        with agl.role(outer) if outer else contextlib.nullcontext():
+            with writer:
+                both_inside.wait()
+                with writer:
+                    inner = current_role()
+                after_inner = current_role()
+                if name == "b":
+                    first_left.wait(5)  # "a" leaves the shared object while "b" is still inside it
+            first_left.set()
+            seen[name] = [inner, after_inner, current_role()]
+
+    threads = [threading.Thread(target=work, args=("a", "planner")), threading.Thread(target=work, args=("b", None))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == {"a": ["writer", "writer", "planner"], "b": ["writer", "writer", None]}
