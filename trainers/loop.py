@@ -116,7 +116,9 @@ class TrainingRun:
             max_steps=self.max_steps,
             seed=self.seed,
             max_completion_length=self.max_completion_length or 512,
-            **self.trainer_args,
+            # The HF backend samples from the very weights being trained, so the sampler/trainer importance ratio
+            # is 1 up to float noise and its extra forward pass is skipped; a separate sampler (vLLM) turns it on.
+            **{"vllm_importance_sampling_correction": False, **self.trainer_args},
         )
         trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=_lora_config(self.lora))
         policy = trainer.model
