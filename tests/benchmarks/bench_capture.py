@@ -132,6 +132,18 @@ def measure(n: int = 1500) -> dict[str, float]:
     return medians
 
 
+def _per_call(step: Callable[[], object], recorder: RolloutRecorder, n: int) -> float:
+    """Thread CPU seconds per ``step()``: the best of five blocks of ``n // 5`` steps (recorder emptied between)."""
+    timings = []
+    for _ in range(5):
+        recorder.calls.clear()
+        started = time.thread_time()
+        for _ in range(n // 5):
+            step()
+        timings.append((time.thread_time() - started) / (n // 5))
+    return min(timings)
+
+
 def capture_work(n: int = 5000) -> dict[str, float]:
     """Seconds of capture work alone per call (start + record of a real parsed response), without the client."""
     kwargs = {"model": "bench-model", "messages": MESSAGES, "temperature": 0.7, "max_tokens": 128}
@@ -140,29 +152,23 @@ def capture_work(n: int = 5000) -> dict[str, float]:
         client = _client(body)
         response = client.chat.completions.with_raw_response.create(**kwargs).parse()
         resource, recorder = client.chat.completions, RolloutRecorder("ro-bench")
-        timings = []
-        for _ in range(5):
-            recorder.calls.clear()
-            started = time.thread_time()
-            for _ in range(n // 5):
-                adapter._Pending("chat.completions", recorder, resource, dict(kwargs)).handle(response)
-            timings.append((time.thread_time() - started) / (n // 5))
-        result[label] = min(timings)
+
+        def call() -> object:
+            return adapter._Pending("chat.completions", recorder, resource, dict(kwargs)).handle(response)
+
+        result[label] = _per_call(call, recorder, n)
     client = _client(_stream_body(), "text/event-stream")
     chunks = list(client.chat.completions.with_raw_response.create(stream=True, **kwargs).parse())
     resource, recorder = client.chat.completions, RolloutRecorder("ro-bench")
-    timings = []
-    for _ in range(5):
-        recorder.calls.clear()
-        started = time.thread_time()
-        for _ in range(n // 5):
-            pending = adapter._Pending("chat.completions", recorder, resource, {**kwargs, "stream": True})
-            accumulator = adapter._StreamAccumulator("chat.completions")
-            for chunk in chunks:
-                accumulator.add(chunk)
-            pending.record(accumulator.fields(), stream=True)
-        timings.append((time.thread_time() - started) / (n // 5))
-    result["capture work, stream"] = min(timings)
+
+    def stream() -> None:
+        pending = adapter._Pending("chat.completions", recorder, resource, {**kwargs, "stream": True})
+        accumulator = adapter._StreamAccumulator("chat.completions")
+        for chunk in chunks:
+            accumulator.add(chunk)
+        pending.record(accumulator.fields(), stream=True)
+
+    result["capture work, stream"] = _per_call(stream, recorder, n)
     return result
 
 
