@@ -57,6 +57,8 @@ class LightningServer:
         self.port = port
         self._public_url = public_url
         self.runtime = Runtime(store=store or SQLiteStore(store_path), settings=settings or Settings(), token=token)
+        self._upstream_api_key = upstream_api_key
+        self._logprobs = logprobs
         if upstream_url is not None:
             self.set_upstream(upstream_url, model_name, model_version, api_key=upstream_api_key, logprobs=logprobs)
         self._server: uvicorn.Server | None = None
@@ -141,7 +143,8 @@ class LightningServer:
         logprobs: bool | None = None,
     ) -> ModelVersion:
         """Forward the proxy to ``url`` serving ``model_name``; calls recorded from now on carry ``model_version``
-        (default: ``model_name``). ``logprobs=True`` asks the upstream for sampling logprobs on every call."""
+        (default: ``model_name``). ``logprobs=True`` asks the upstream for sampling logprobs on every call;
+        ``api_key`` and ``logprobs`` default to the previous upstream's, then to the constructor's."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"upstream url must start with http:// or https://, got {url!r}")
         current = self.runtime.upstream
@@ -150,8 +153,8 @@ class LightningServer:
             url=url.rstrip("/"),
             model_name=model_name,
             model_version=version,
-            api_key=api_key if api_key is not None else (current.api_key if current else None),
-            logprobs=logprobs if logprobs is not None else (current.logprobs if current else False),
+            api_key=api_key if api_key is not None else (current.api_key if current else self._upstream_api_key),
+            logprobs=logprobs if logprobs is not None else (current.logprobs if current else self._logprobs),
         )
         return self.store.set_model_version(version, model_name or "", url)
 
