@@ -68,6 +68,7 @@ class GenerationEngine:
         max_batch_size: int = 32,
         batch_wait_s: float = 0.005,
         max_model_len: int | None = None,
+        prefix_sharing: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"GenerationEngine(max_batch_size={max_batch_size}): must be >= 1")
@@ -78,6 +79,7 @@ class GenerationEngine:
         self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", 4096)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.prefix_sharing = prefix_sharing
         self._queue: queue.Queue[_Row | None] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -169,14 +171,15 @@ class GenerationEngine:
         self.rows_run += len(rows)
         device = next(self.model.parameters()).device
         batch = len(rows)
-        width = max(len(row.prompt_ids) for row in rows)
+        shared = _shared_prefix([row.prompt_ids for row in rows]) if self.prefix_sharing else 0
+        width = max(len(row.prompt_ids) for row in rows) - shared
         input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((batch, width), dtype=torch.long)
         for i, row in enumerate(rows):
-            input_ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
-            attention[i, width - len(row.prompt_ids) :] = 1
+            suffix = row.prompt_ids[shared:]
+            input_ids[i, width - len(suffix) :] = torch.tensor(suffix)
+            attention[i, width - len(suffix) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
         budgets = [max(1, min(row.params.max_tokens, self.max_model_len - len(row.prompt_ids))) for row in rows]
         temperatures = torch.tensor([max(row.params.temperature, 0.0) for row in rows], device=device)
         generators = [_generator(row.params.seed, device) for row in rows]
@@ -184,8 +187,18 @@ class GenerationEngine:
         was_training = self.model.training
         self.model.eval()
         try:
+            cache = None
+            if shared:
+                # The rows' common prompt prefix (system prompt, tools, examples) is computed once and its KV
+                # cache repeated for every row; rows then continue with [padding][own suffix], padding masked.
+                prefix = torch.tensor([rows[0].prompt_ids[:shared]], device=device)
+                cache = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
+                cache.batch_repeat_interleave(batch)
+                attention = torch.cat([torch.ones((batch, shared), dtype=attention.dtype, device=device), attention], 1)
+            positions = ((attention.cumsum(-1) - 1).clamp(min=0))[:, shared:]
             out = self.model(
-                input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True, logits_to_keep=1
+                input_ids=input_ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
+                use_cache=True, logits_to_keep=1,
             )
             tokens: list[list[int]] = [[] for _ in rows]
             logprobs: list[list[float]] = [[] for _ in rows]
@@ -263,6 +276,19 @@ class GenerationEngine:
             if index >= 0:
                 text = text[:index]
         return text
+
+
+def _shared_prefix(prompts: list[list[int]], minimum: int = 32) -> int:
+    """Length of the prompts' common prefix worth computing once (0 when shorter than ``minimum`` tokens); at least
+    one token of every prompt is left to run per row."""
+    first = prompts[0]
+    length = min(len(prompt) for prompt in prompts) - 1
+    for prompt in prompts[1:]:
+        same = 0
+        while same < length and prompt[same] == first[same]:
+            same += 1
+        length = same
+    return length if length >= minimum else 0
 
 
 def _filter(log_probs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:

@@ -145,3 +145,28 @@ def test_tool_calls_are_parsed_from_generated_text():
     assert calls == [] and content.startswith("<tool_call>")  # a broken call stays visible to the agent
     content, calls = parse_tool_calls('<tool_call>{"name": "f", "arguments": {}}')  # unterminated at the end
     assert content is None and calls[0]["function"]["name"] == "f"
+
+
+def test_shared_prompt_prefix_is_computed_once_with_identical_results():
+    from agentlightning.trainers.generation import GenerationEngine, SamplingParams, _shared_prefix
+
+    model, tokenizer = tiny_model(seed=8)
+    system = "You are a helpful assistant. Use the calculator tool to compute 12 * 5 - 8 / 2. " * 2
+    prompts = [tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}],
+                                             tokenize=False, add_generation_prompt=True)
+               for q in ("What is 3 + 4?", "Tom has 5 apples", "hi")]
+    ids = [tokenizer.encode(text, add_special_tokens=False) for text in prompts]
+    assert _shared_prefix(ids) >= 32
+    results = {}
+    for sharing in (True, False):
+        engine = GenerationEngine(model, tokenizer, max_batch_size=8, batch_wait_s=0.2, prefix_sharing=sharing)
+        engine.start()
+        try:
+            futures = [engine.submit(row, SamplingParams(max_tokens=6, temperature=0)) for row in ids]
+            results[sharing] = [future.result(timeout=60) for future in futures]
+        finally:
+            engine.stop()
+        assert engine.batches_run == 1
+    for shared, plain in zip(results[True], results[False], strict=True):
+        assert shared.token_ids == plain.token_ids
+        assert torch.allclose(torch.tensor(shared.logprobs), torch.tensor(plain.logprobs), atol=1e-4)
