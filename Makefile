@@ -32,12 +32,17 @@ bench: install
 	$(BIN)/python -m pytest -q -s tests/benchmarks
 
 # The reference project's release, in its own venv, for tests/benchmarks/bench_reference.py (~800 MB, no torch).
+# OpenTelemetry stays at 1.44: from 1.45 the OTLP exporter ignores the endpoint 0.3.0's tracer sets, so its spans
+# would never reach its store.
+REF_OTEL := 1.44.0
 .PHONY: bench-reference-venv
 bench-reference-venv: .venv-ref/.installed
 
 .venv-ref/.installed:
 	$(PYTHON) -m venv .venv-ref
-	.venv-ref/bin/pip install --quiet agentlightning==0.3.0
+	.venv-ref/bin/pip install --quiet agentlightning==0.3.0 opentelemetry-api==$(REF_OTEL) \
+		opentelemetry-sdk==$(REF_OTEL) opentelemetry-exporter-otlp==$(REF_OTEL) \
+		opentelemetry-exporter-otlp-proto-http==$(REF_OTEL) opentelemetry-exporter-otlp-proto-grpc==$(REF_OTEL)
 	touch $@
 
 clean:

@@ -7,10 +7,12 @@ token ids recorded, a reward per rollout, timed from the enqueue until every rol
 - Ours: ``agl server`` (SQLite store on disk, calls through the per-rollout proxy) with ``start_workers``, measured
   by ``bench_server.measure_throughput``.
 - Reference: 0.3.0's in-memory store behind its client-server HTTP API, driven by ``reference_store_driver.py`` run
-  with the reference venv's Python (``.venv-ref``, made by ``make bench-reference-venv``). Its workers call the
-  upstream directly and record the calls as spans, as 0.3.0's runner and tracer do (details in that file).
+  with the reference venv's Python (``.venv-ref``, made by ``make bench-reference-venv``): 0.3.0's own
+  ``LitAgentRunner`` + ``OtelTracer`` workers, each call an OTel span exported to the store; the calls go to the
+  upstream directly (no proxy hop, in 0.3.0's favour; details in that file).
 
-Prints both rates, their ratio, and CPU milliseconds per rollout of each part. Without ``.venv-ref`` it measures ours
+Prints both rates and their ratio, and CPU milliseconds per rollout of each part (the steadier figure on a loaded
+machine) and their ratio. Without ``.venv-ref`` it measures ours
 only and says how to create it. Run with either of:
 
     python tests/benchmarks/bench_reference.py [--workers 4] [--rollouts 200] [--calls 6] [--repeat 1]
@@ -103,7 +105,8 @@ def run(workers: int = 4, rollouts: int = 200, calls: int = CALLS, repeat: int =
         print(f"           0.3.0 (in-memory store over HTTP, direct calls) {reference['rollouts_per_s']:.1f} "
               f"rollouts/s, failed {reference['failed']} | ratio ours/0.3.0 "
               f"{ours['rollouts_per_s'] / reference['rollouts_per_s']:.2f}x")
-        print(f"           CPU ms/rollout: {_cpu_line(reference['cpu_ms'])}")
+        print(f"           CPU ms/rollout: {_cpu_line(reference['cpu_ms'])} | ratio 0.3.0/ours "
+              f"{sum(reference['cpu_ms'].values()) / sum(ours['cpu_ms'].values()):.2f}x")
     if not have_reference:
         print(f"  reference half skipped: {REFERENCE_PYTHON} not found; create it with\n    {CREATE_HINT}")
     return rounds

@@ -3,25 +3,25 @@
 Runs ONLY under the reference virtual environment (``.venv-ref``, see ``make bench-reference-venv``), never under
 ours: it imports the 0.3.0 ``agentlightning`` package. ``bench_reference.py`` starts it as a subprocess.
 
-What it does, with 0.3.0's own parts only:
+What it does, with 0.3.0's own parts only (our code here is the agent and the timing):
 
 - starts 0.3.0's store server with its own CLI entry point (``agentlightning.cli.store.main``, i.e. ``agl store``:
   an ``InMemoryLightningStore`` behind ``LightningStoreServer``) in a forked process on a free loopback port;
-- registers the upstream as an ``LLM`` resource and enqueues R rollouts (``enqueue_many_rollouts``);
-- N worker processes, each with its own ``LightningStoreClient``, do what 0.3.0's ``LitAgentRunner`` does per
-  rollout: ``dequeue_rollout`` -> ``get_resources_by_id`` -> run the agent (K chat calls with the real ``openai``
-  client, each with the conversation so far and ``return_token_ids``, as 0.3.0's LLM proxy would add) -> one span
-  per call the way its OTel exporter stores them (``get_next_span_sequence_id`` + ``add_span``, with the prompt,
-  completion and token ids as ``gen_ai.*`` / ``prompt_token_ids`` / ``response_token_ids`` attributes) -> a reward
-  span from ``emit_reward`` -> ``update_attempt(status="succeeded")``;
-- times from the enqueue until every worker has finished its ``update_attempt`` for the batch, after a warm-up
-  batch; then checks in the store that every rollout succeeded with K+1 spans and that 0.3.0's own
+- registers the upstream as an ``LLM`` resource and enqueues R rollouts at once (``enqueue_many_rollouts``);
+- N forked worker processes each run what 0.3.0's client-server execution strategy runs per runner: a
+  ``LitAgentRunner`` with an ``OtelTracer`` over its own ``LightningStoreClient`` (dequeue, resources, trace
+  context, agent, reward span, ``update_attempt``, heartbeats). The agent is ``bench_server.run_agent`` as a
+  ``LitAgent``: K chat calls with the real ``openai`` client, each with the conversation so far and
+  ``return_token_ids`` (what 0.3.0's LLM proxy adds), each recorded as an ``openai.chat.completion`` span with the
+  prompt, completion and token ids, exported to the store by the tracer (OTLP/HTTP, one request per span);
+- times from the enqueue until the store has no unfinished rollout (polled every 20 ms, as ours is), after a
+  warm-up batch; then checks that every rollout succeeded with K+1 spans, and that 0.3.0's own
   ``TracerTraceToTriplet`` adapter turns one of them into K triplets with token ids and the reward;
 - prints one JSON line: rollouts/s, failures, CPU ms per rollout of the store server, the workers and the upstream.
 
-Differences from our path, all in the reference's favour: the calls go straight to the upstream (no proxy hop),
-idle workers poll every 20 ms (0.3.0's runner default is 5 s), no worker heartbeats, and completion is counted by
-the workers rather than by polling the store.
+Differences from our path, both in the reference's favour: the calls go straight to the upstream (0.3.0 would put
+its LiteLLM proxy in between to get token ids; ours goes through our proxy), and idle workers poll every 20 ms
+(0.3.0's runner default is 5 s, which would leave workers idle for most of a short benchmark).
 
     .venv-ref/bin/python tests/benchmarks/reference_store_driver.py --upstream http://127.0.0.1:PORT/v1
 """
@@ -36,10 +36,8 @@ import os
 import socket
 import sys
 import time
-import uuid
 from importlib.metadata import version
 from multiprocessing.process import BaseProcess
-from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
@@ -48,6 +46,9 @@ REFERENCE_VERSION = "0.3.0"
 if version("agentlightning") != REFERENCE_VERSION:  # before importing it: our package has other modules
     sys.exit(f"reference_store_driver.py needs agentlightning=={REFERENCE_VERSION} (the separate venv made by "
              f"`make bench-reference-venv`), found {version('agentlightning')}: run it with .venv-ref/bin/python")
+if tuple(int(part) for part in version("opentelemetry-exporter-otlp-proto-http").split(".")[:2]) >= (1, 45):
+    sys.exit("0.3.0's tracer cannot point opentelemetry-exporter-otlp-proto-http>=1.45 at its store (spans would go "
+             "to localhost:4318); install the 1.44.0 OpenTelemetry packages as `make bench-reference-venv` does")
 # 0.3.0 imports litellm, which otherwise tries to download its model cost map on import (loopback only here).
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
@@ -55,11 +56,16 @@ import httpx
 import openai
 from agentlightning.adapter.triplet import TracerTraceToTriplet
 from agentlightning.cli import store as store_cli
-from agentlightning.emitter.reward import emit_reward, find_final_reward
+from agentlightning.emitter.reward import find_final_reward
+from agentlightning.litagent import LitAgent
+from agentlightning.runner import LitAgentRunner
 from agentlightning.store.client_server import LightningStoreClient
-from agentlightning.types import LLM, EnqueueRolloutRequest, Span
+from agentlightning.tracer import OtelTracer
+from agentlightning.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout
+from opentelemetry import trace as trace_api
 
-POLL_INTERVAL = 0.02
+POLL_INTERVAL = 0.02  # 0.3.0's runner default is 5 s: idle workers would miss most of a short benchmark
+UNFINISHED = ["queuing", "preparing", "running", "requeuing"]
 
 
 def _free_port() -> int:
@@ -81,11 +87,8 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def _call_span(
-    rollout_id: str, attempt_id: str, sequence_id: int, trace_id: str, model: str,
-    messages: list[dict[str, str]], reply: Any, start: float, end: float,
-) -> Span:
-    """The span 0.3.0's tracer + LLM proxy would store for one chat call (``openai.chat.completion``)."""
+def _call_attributes(model: str, messages: list[dict[str, str]], reply: Any) -> dict[str, Any]:
+    """What 0.3.0's tracing + LLM proxy record for one chat call: prompt, completion, usage and token ids."""
     attributes: dict[str, Any] = {"gen_ai.request.model": model, "gen_ai.response.id": reply.id,
                                   "gen_ai.response.model": reply.model}
     for index, message in enumerate(messages):
@@ -95,84 +98,75 @@ def _call_span(
     attributes["gen_ai.completion.0.role"] = "assistant"
     attributes["gen_ai.completion.0.content"] = choice.message.content or ""
     attributes["gen_ai.completion.0.finish_reason"] = choice.finish_reason
-    extra = reply.model_extra or {}
-    attributes["prompt_token_ids"] = list(extra.get("prompt_token_ids") or [])
+    attributes["prompt_token_ids"] = list((reply.model_extra or {}).get("prompt_token_ids") or [])
     attributes["response_token_ids"] = list((choice.model_extra or {}).get("token_ids") or [])
     if reply.usage is not None:
         attributes["gen_ai.usage.prompt_tokens"] = reply.usage.prompt_tokens
         attributes["gen_ai.usage.completion_tokens"] = reply.usage.completion_tokens
-    return Span.from_attributes(
-        attributes=attributes, rollout_id=rollout_id, attempt_id=attempt_id, sequence_id=sequence_id,
-        name="openai.chat.completion", trace_id=trace_id, start_time=start, end_time=end,
-    )
+    return attributes
 
 
-async def _run_rollout(store: LightningStoreClient, client_cache: dict[str, openai.AsyncOpenAI], attempted: Any) -> None:
-    rollout_id, attempt_id = attempted.rollout_id, attempted.attempt.attempt_id
-    resources = await store.get_resources_by_id(attempted.resources_id)
-    if resources is None:
-        raise RuntimeError(f"rollout {rollout_id}: resources {attempted.resources_id!r} not found in the store")
-    llm = resources.resources["main_llm"]
-    client = client_cache.get(llm.endpoint)
-    if client is None:
-        client = client_cache[llm.endpoint] = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
-    task = attempted.input
-    trace_id = uuid.uuid4().hex
-    messages: list[dict[str, str]] = []
-    good = 0
-    for turn in range(task["calls"]):
-        question = f"{task['question']} turn {turn}"
-        messages.append({"role": "user", "content": question})
-        start = time.time()
-        reply = await client.chat.completions.create(
-            model=llm.model, messages=messages, max_tokens=16, extra_body={"return_token_ids": True})
-        end = time.time()
-        answer = reply.choices[0].message.content or ""
-        sequence_id = await store.get_next_span_sequence_id(rollout_id, attempt_id)
-        await store.add_span(_call_span(rollout_id, attempt_id, sequence_id, trace_id, llm.model, list(messages),
-                                        reply, start, end))
-        messages.append({"role": "assistant", "content": answer})
-        good += question in answer
-    reward = emit_reward(good / task["calls"], propagate=False)
-    sequence_id = await store.get_next_span_sequence_id(rollout_id, attempt_id)
-    await store.add_span(Span.from_core_fields(reward, rollout_id=rollout_id, attempt_id=attempt_id,
-                                               sequence_id=sequence_id))
-    await store.update_attempt(rollout_id, attempt_id, status="succeeded")
+class EchoAgent(LitAgent[dict]):
+    """K chat calls, each with the conversation so far; reward 1 if every answer echoed its question.
+
+    The same agent as ``bench_server.run_agent``, written against 0.3.0's ``LitAgent``. Each call is one
+    ``openai.chat.completion`` OpenTelemetry span, which 0.3.0's ``OtelTracer`` exports to the store.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._clients: dict[str, openai.AsyncOpenAI] = {}
+
+    async def training_rollout_async(self, task: dict, resources: NamedResources, rollout: Rollout) -> float:
+        llm = resources["main_llm"]
+        assert isinstance(llm, LLM)
+        client = self._clients.get(llm.endpoint)
+        if client is None:
+            client = self._clients[llm.endpoint] = openai.AsyncOpenAI(
+                base_url=llm.endpoint, api_key="none", max_retries=0)
+        tracer = trace_api.get_tracer(__name__)
+        messages: list[dict[str, str]] = []
+        good = 0
+        for turn in range(task["calls"]):
+            question = f"{task['question']} turn {turn}"
+            messages.append({"role": "user", "content": question})
+            with tracer.start_as_current_span("openai.chat.completion") as span:
+                reply = await client.chat.completions.create(
+                    model=llm.model, messages=messages, max_tokens=16, extra_body={"return_token_ids": True})
+                span.set_attributes(_call_attributes(llm.model, messages, reply))
+            answer = reply.choices[0].message.content or ""
+            messages.append({"role": "assistant", "content": answer})
+            good += question in answer
+        return good / task["calls"]
 
 
-async def _worker_loop(store_url: str, worker_id: str, stop: Event, done: Synchronized) -> None:
+async def _run_worker(store_url: str, worker_id: int, stop: Event) -> None:
+    """What 0.3.0's client-server execution strategy runs in each runner process (``Trainer._runner_bundle``)."""
     store = LightningStoreClient(store_url)
-    clients: dict[str, openai.AsyncOpenAI] = {}
+    runner: LitAgentRunner[dict] = LitAgentRunner(OtelTracer(), poll_interval=POLL_INTERVAL, interval_jitter=0.0)
+    runner.init(agent=EchoAgent())
+    runner.init_worker(worker_id, store)
     try:
-        while not stop.is_set():
-            attempted = await store.dequeue_rollout(worker_id=worker_id)
-            if attempted is None:
-                await asyncio.sleep(POLL_INTERVAL)
-                continue
-            try:
-                await _run_rollout(store, clients, attempted)
-            except Exception as exc:  # the rollout counts as failed; the check in the store reports it
-                print(f"{worker_id}: rollout {attempted.rollout_id} failed: {exc!r}", file=sys.stderr, flush=True)
-                await store.update_attempt(attempted.rollout_id, attempted.attempt.attempt_id, status="failed")
-            with done.get_lock():
-                done.value += 1
+        await runner.iter(event=stop)
     finally:
+        runner.teardown_worker(worker_id)
+        runner.teardown()
         await store.close()
 
 
-def worker_main(store_url: str, worker_id: str, stop: Event, done: Synchronized) -> None:
+def worker_main(store_url: str, worker_id: int, stop: Event) -> None:
     """Entry point of one worker process."""
-    asyncio.run(_worker_loop(store_url, worker_id, stop, done))
+    asyncio.run(_run_worker(store_url, worker_id, stop))
 
 
-async def _run_batch(store: LightningStoreClient, done: Synchronized, tasks: list[dict], resources_id: str) -> list[str]:
-    with done.get_lock():
-        done.value = 0
+async def _run_batch(store: LightningStoreClient, tasks: list[dict], resources_id: str) -> list[str]:
+    """Enqueue ``tasks`` and return their rollout ids once none of them is left unfinished."""
     rollouts = await store.enqueue_many_rollouts(
         [EnqueueRolloutRequest(input=task, mode="train", resources_id=resources_id) for task in tasks])
-    while done.value < len(tasks):
-        await asyncio.sleep(0.005)
-    return [rollout.rollout_id for rollout in rollouts]
+    ids = [rollout.rollout_id for rollout in rollouts]
+    while (await store.query_rollouts(status_in=UNFINISHED, limit=1)).total:
+        await asyncio.sleep(0.02)
+    return ids
 
 
 async def _check(store: LightningStoreClient, ids: list[str], calls: int) -> dict[str, Any]:
@@ -192,16 +186,16 @@ async def _check(store: LightningStoreClient, ids: list[str], calls: int) -> dic
     }
 
 
-async def _drive(store_url: str, args: argparse.Namespace, pids: dict[str, list[int]], done: Synchronized) -> dict[str, Any]:
+async def _drive(store_url: str, args: argparse.Namespace, pids: dict[str, list[int]]) -> dict[str, Any]:
     store = LightningStoreClient(store_url)
     try:
         resources = await store.add_resources({"main_llm": LLM(endpoint=args.upstream, model=args.model)})
         warm = [{"question": f"warm {i}", "calls": args.calls} for i in range(args.workers * 4)]
-        await _run_batch(store, done, warm, resources.resources_id)
+        await _run_batch(store, warm, resources.resources_id)
         tasks = [{"question": f"question {i}", "calls": args.calls} for i in range(args.rollouts)]
         before = {name: cpu_seconds(group) for name, group in pids.items()}
         start = time.perf_counter()
-        ids = await _run_batch(store, done, tasks, resources.resources_id)
+        ids = await _run_batch(store, tasks, resources.resources_id)
         elapsed = time.perf_counter() - start
         cpu_ms = {name: (cpu_seconds(group) - before[name]) * 1000 / args.rollouts for name, group in pids.items()}
         checks = await _check(store, ids, args.calls)
@@ -242,8 +236,8 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     argv = ["--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
     server = context.Process(target=store_cli.main, args=(argv,), name="reference-store", daemon=True)
-    stop, done = context.Event(), context.Value("i", 0)
-    workers = [context.Process(target=worker_main, args=(url, f"ref-worker-{i}", stop, done), daemon=True)
+    stop = context.Event()
+    workers = [context.Process(target=worker_main, args=(url, i, stop), daemon=True)
                for i in range(args.workers)]
     server.start()
     try:
@@ -252,7 +246,7 @@ def main() -> None:
             worker.start()
         pids = {"server": [server.pid or 0], "workers": [worker.pid or 0 for worker in workers],
                 "upstream": [args.upstream_pid] if args.upstream_pid else []}
-        figures = asyncio.run(_drive(url, args, pids, done))
+        figures = asyncio.run(_drive(url, args, pids))
     finally:
         stop.set()
         for process in [*workers, server]:
