@@ -101,7 +101,7 @@ class HFBackendServer:
         if self._thread is not None:
             return self
         self.engine.start()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # so asyncio sets TCP_NODELAY
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self._port))
         self._port = sock.getsockname()[1]
