@@ -141,3 +141,8 @@ def uninstall() -> None:
         while _originals:
             owner, attribute, original = _originals.pop()
             setattr(owner, attribute, original)
+
+
+def is_installed() -> bool:
+    """Whether AgentChat is patched now."""
+    return bool(_originals)

@@ -292,6 +292,11 @@ def uninstall() -> None:
         _hook_var = None
 
 
+def is_installed() -> bool:
+    """Whether the handler is registered now."""
+    return _hook_var is not None
+
+
 def installed_handler() -> AgentLightningCallbackHandler | None:
     """The registered handler, or None when the adapter is not installed."""
     return _hook_var.get() if _hook_var is not None else None

@@ -174,6 +174,11 @@ def uninstall() -> None:
         get_trace_provider().set_processors([p for p in _registered() if p is not processor])
 
 
+def is_installed() -> bool:
+    """Whether the capture processor is registered now."""
+    return _processor is not None
+
+
 def _registered() -> list[TracingProcessor]:
     """The processors the SDK's provider calls now."""
     multi = getattr(get_trace_provider(), "_multi_processor", None)

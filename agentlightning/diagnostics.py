@@ -73,9 +73,8 @@ def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder) -> str:
 
 def _patch_state() -> str:
     adapters = installed_adapters()
-    adapter = sys.modules.get("agentlightning.adapters.openai")
-    if "openai" in adapters or (adapter is not None and adapter.is_installed()):
-        return f"The openai client is patched (installed capture adapters: {', '.join(adapters) or 'openai'})."
+    if "openai" in adapters:
+        return f"The openai client is patched (installed capture adapters: {', '.join(adapters)})."
     if "openai" not in sys.modules:
         return ("The openai client was never imported in this process, so it is not patched; an agent using another "
                 "HTTP client is only captured through the server's proxy.")

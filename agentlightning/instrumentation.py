@@ -1,6 +1,8 @@
 """Which capture adapters exist, and installing them when their framework is (or gets) imported.
 
-Each adapter module in ``agentlightning.adapters`` exposes ``install()`` and ``uninstall()``; both are idempotent.
+Each adapter module in ``agentlightning.adapters`` exposes ``install()``, ``uninstall()`` (both idempotent) and
+``is_installed()``. The adapter is the only record of whether it is installed: the registry asks it, so calling an
+adapter's ``install`` / ``uninstall`` directly and going through :func:`instrument` never disagree.
 ``enable_auto_instrumentation()`` runs when a rollout starts: it installs every adapter whose framework is
 already imported, and registers a post-import hook for the others so that a framework imported later (for
 example inside the agent function) is instrumented the moment it is imported. Importing Agent Lightning never
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import sys
 import threading
 from dataclasses import dataclass
 from types import ModuleType
@@ -40,7 +43,6 @@ ADAPTERS: dict[str, AdapterSpec] = {
 }
 
 _lock = threading.RLock()
-_installed: set[str] = set()
 _hooks_registered = False
 
 
@@ -58,8 +60,6 @@ def instrument(name: str) -> None:
     """
     spec = _spec(name)
     with _lock:
-        if name in _installed:
-            return
         try:
             importlib.import_module(spec.trigger_module)
         except ImportError as exc:
@@ -68,7 +68,6 @@ def instrument(name: str) -> None:
                 f"agl.instrument({name!r}) needs {spec.trigger_module!r}: pip install 'agentlightning[{extra}]'"
             ) from exc
         importlib.import_module(spec.adapter_module).install()
-        _installed.add(name)
         logger.debug("installed capture adapter %s", name)
 
 
@@ -76,16 +75,19 @@ def uninstrument(name: str) -> None:
     """Remove the adapter ``name`` and restore the framework's original behaviour."""
     spec = _spec(name)
     with _lock:
-        if name not in _installed:
-            return
-        importlib.import_module(spec.adapter_module).uninstall()
-        _installed.discard(name)
+        adapter = sys.modules.get(spec.adapter_module)  # never imported: never installed
+        if adapter is not None:
+            adapter.uninstall()
 
 
 def installed_adapters() -> list[str]:
     """Names of the adapters installed now."""
-    with _lock:
-        return sorted(_installed)
+    installed = []
+    for name, spec in ADAPTERS.items():
+        adapter = sys.modules.get(spec.adapter_module)
+        if adapter is not None and adapter.is_installed():
+            installed.append(name)
+    return sorted(installed)
 
 
 def _install_on_import(name: str) -> None:

@@ -433,3 +433,25 @@ async def test_async_stream_closed_early_is_recorded_once(server: MockLLMServer)
     await asyncio.sleep(0)
     call = only_call(recorder)
     assert call.output["content"] == "one" and call.output["finish_reason"] == "incomplete_stream"
+
+
+def test_registry_and_adapter_agree_when_the_adapter_is_used_directly(server: MockLLMServer) -> None:
+    from agentlightning.adapters import openai as adapter
+    from agentlightning.instrumentation import installed_adapters
+
+    agl.instrument("openai")
+    adapter.uninstall()  # behind the registry's back
+    try:
+        assert "openai" not in installed_adapters()
+        agl.instrument("openai")  # must really patch again, not trust a stale note
+        assert adapter.is_installed() and "openai" in installed_adapters()
+        recorder = RolloutRecorder("ro")
+        with recording(recorder):
+            sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
+        assert len(recorder.calls) == 1
+        agl.uninstrument("openai")
+        adapter.install()  # installed directly: agl.uninstrument must still remove it
+        agl.uninstrument("openai")
+        assert not adapter.is_installed() and "openai" not in installed_adapters()
+    finally:
+        agl.instrument("openai")
