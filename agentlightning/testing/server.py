@@ -30,6 +30,7 @@ from agentlightning.testing import payloads
 from agentlightning.testing.payloads import Generation
 from agentlightning.testing.replies import MockReply, MockRequest
 from agentlightning.testing.tokenizer import MockTokenizer, render_chat_prompt
+from agentlightning.types import LLM
 
 logger = logging.getLogger(__name__)
 
@@ -122,10 +123,8 @@ class MockLLMServer:
         """The OpenAI base URL, ``http://127.0.0.1:<port>/v1``."""
         return f"{self.url}/v1"
 
-    def llm(self, model: str | None = None) -> Any:
+    def llm(self, model: str | None = None) -> LLM:
         """An ``agl.LLM`` pointing at this server."""
-        from agentlightning.types import LLM
-
         return LLM(base_url=self.base_url, model=model or self.models[0], api_key="mock")
 
     def start(self) -> MockLLMServer:
