@@ -44,7 +44,7 @@ class RolloutAgent:
         name: str | None = None,
     ) -> None:
         if not callable(func):
-            raise TypeError(f"@agl.rollout must decorate a function, got {type(func).__name__}")
+            raise TypeError(f"@agl.rollout must decorate a function, got {type(func).__name__} {preview(func)}")
         if roles is not None and (isinstance(roles, str) or not all(isinstance(r, str) and r for r in roles)):
             raise ValueError(f"@agl.rollout(roles=...) must be a list of role names or globs, got {roles!r}")
         self.func = func

@@ -142,7 +142,7 @@ def extract_transitions(
     """
     patterns = _check_roles(roles)
     if failed not in _FAILED_POLICIES:
-        raise ValueError(f"failed={failed!r} is not a policy; use one of {list(_FAILED_POLICIES)}")
+        raise ValueError(f"transitions(): failed={failed!r} is not a policy; use one of {list(_FAILED_POLICIES)}")
     if missing_reward is not None:
         missing_reward = check_finite(missing_reward, "extract_transitions(missing_reward=...)")
     credit_function = resolve_credit(credit)
@@ -203,10 +203,16 @@ def _check_roles(roles: Sequence[str] | None) -> list[str] | None:
     if roles is None:
         return None
     if isinstance(roles, str):
-        raise ValueError(f"roles must be a list of role names or globs, got the string {roles!r}; use [{roles!r}]")
+        raise ValueError(
+            f"transitions(roles=...): roles must be a list of role names or globs, got the string {roles!r}; "
+            f"use [{roles!r}]"
+        )
     patterns = list(roles)
     if not patterns or not all(isinstance(pattern, str) and pattern for pattern in patterns):
-        raise ValueError(f"roles must be a non-empty list of role names or globs (or None for all), got {roles!r}")
+        raise ValueError(
+            f"transitions(roles=...): roles must be a non-empty list of role names or globs (or None for all), "
+            f"got {roles!r}"
+        )
     return patterns
 
 
