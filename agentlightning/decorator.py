@@ -11,7 +11,7 @@ import json
 import logging
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from agentlightning.context import RolloutRecorder, install_log_capture, recording
@@ -50,8 +50,9 @@ class RolloutAgent:
         self.func = func
         self.roles: list[str] | None = list(roles) if roles is not None else None
         self.reward = reward
-        self.name = name or getattr(func, "__qualname__", getattr(func, "__name__", "agent"))
-        self.is_async = inspect.iscoroutinefunction(func)
+        self.name = name or getattr(func, "__qualname__", None) or type(func).__qualname__
+        # An `async def` function, a partial of one, or an object whose __call__ is `async def`.
+        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
         self._parameters = _agent_parameters(func)
         functools.update_wrapper(self, func)
 
@@ -93,9 +94,7 @@ class RolloutAgent:
         recorder = self.start_recorder(rollout, llm)
         try:
             with recording(recorder):
-                output = self.invoke(task, llm, rollout)
-                if self.is_async:
-                    output = _run_to_completion(output)
+                output = self.result(task, llm, rollout)
         except BaseException as exc:  # noqa: BLE001 - agent failures are data, not crashes of ours
             if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                 raise
@@ -110,12 +109,13 @@ class RolloutAgent:
         deadline = asyncio.timeout(timeout)
         try:
             with recording(recorder):
-                if self.is_async:
-                    coroutine = self.invoke(task, llm, rollout)
-                else:
-                    coroutine = asyncio.to_thread(self.func, *self._arguments(task, llm, rollout))
                 async with deadline:
-                    output = await coroutine
+                    if self.is_async:
+                        output = await self.invoke(task, llm, rollout)
+                    else:
+                        output = await asyncio.to_thread(self.func, *self._arguments(task, llm, rollout))
+                        if inspect.isawaitable(output):  # a plain function that returned a coroutine
+                            output = await output
         except Exception as exc:  # noqa: BLE001
             if isinstance(exc, TimeoutError) and deadline.expired():
                 return self.finish_timeout(rollout, recorder, timeout)
@@ -143,6 +143,12 @@ class RolloutAgent:
     def invoke(self, task: Any, llm: LLM, rollout: Rollout) -> Any:
         """Call the agent function with the arguments it takes (a coroutine for async agents); no capture set-up."""
         return self.func(*self._arguments(task, llm, rollout))
+
+    def result(self, task: Any, llm: LLM, rollout: Rollout) -> Any:
+        """Call the agent and wait for what it returns, on this thread: an awaitable (async agent, or a plain
+        function returning a coroutine) runs to completion on an event loop of its own. No capture set-up."""
+        output = self.invoke(task, llm, rollout)
+        return _run_to_completion(output) if inspect.isawaitable(output) else output
 
     # -- internals ------------------------------------------------------------------------------------------
 
@@ -230,15 +236,19 @@ def rollout(
     return lambda f: RolloutAgent(f, roles=roles, reward=reward, name=name)
 
 
-def _run_to_completion(coroutine: Any) -> Any:
-    """Run an async agent from sync code: on this thread, or on a helper thread when a loop already runs here."""
+def _run_to_completion(awaitable: Awaitable[Any]) -> Any:
+    """Await from sync code: on this thread, or on a helper thread when a loop already runs here."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coroutine)
+        return asyncio.run(_awaited(awaitable))
     context = contextvars.copy_context()
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="agl-execute") as pool:
-        return pool.submit(context.run, asyncio.run, coroutine).result()
+        return pool.submit(context.run, asyncio.run, _awaited(awaitable)).result()
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
 
 
 def _agent_parameters(func: Callable[..., Any]) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
-import inspect
 import json
 import logging
 import queue
@@ -177,9 +176,7 @@ class _ThreadRollout:
         agent, rollout, recorder = self.agent, self.rollout, self.recorder
         try:
             with recording(recorder):
-                output = agent.invoke(self.task, self.llm, rollout)
-                if inspect.isawaitable(output):  # e.g. a callable object with an async __call__
-                    output = asyncio.run(_awaited(output))
+                output = agent.result(self.task, self.llm, rollout)
         except BaseException as exc:  # noqa: BLE001 - agent failures are data
             if self.claim():
                 agent.finish_failed(rollout, recorder, exc)
@@ -275,10 +272,6 @@ def _in_helper_thread(function: Callable[[], list[Rollout]]) -> list[Rollout]:
     if "error" in box:
         raise box["error"]
     return box["result"]
-
-
-async def _awaited(awaitable: Any) -> Any:
-    return await awaitable
 
 
 def _log_summary(agent: RolloutAgent, rollouts: list[Rollout], seconds: float) -> None:

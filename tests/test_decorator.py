@@ -264,3 +264,27 @@ def test_one_role_object_shared_by_threads_and_reentered() -> None:
     for thread in threads:
         thread.join()
     assert seen == {"a": ["writer", "writer", "planner"], "b": ["writer", "writer", None]}
+
+
+class AsyncCallableAgent:
+    """An agent object whose ``__call__`` is ``async def``."""
+
+    async def __call__(self, task: int, llm: agl.LLM) -> float:
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="x", max_retries=0)
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": str(task)}])
+        await client.close()
+        return float(task)
+
+
+def returns_a_coroutine(task: int, llm: agl.LLM) -> object:
+    return AsyncCallableAgent()(task, llm)  # a plain function handing back the coroutine of an async one
+
+
+@pytest.mark.parametrize("func", [AsyncCallableAgent(), returns_a_coroutine])
+async def test_awaitable_results_are_awaited_by_execute_and_aexecute(llm: agl.LLM, func: object) -> None:
+    agent = agl.rollout(func)
+    assert agent.is_async == isinstance(func, AsyncCallableAgent)
+    for rollout in (await agent.aexecute(3, llm), agent.execute(4, llm)):
+        assert rollout.status == "succeeded", rollout.error
+        assert [call.kind for call in rollout.calls] == ["llm"] and rollout.final_reward in (3.0, 4.0)
+    assert agl.rollout(AsyncCallableAgent()).name == "AsyncCallableAgent"
