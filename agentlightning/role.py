@@ -59,19 +59,19 @@ class role:  # noqa: N801 - used like a function: `with agl.role("writer"):`
         self.__exit__(exc_type, exc, tb)
 
     def __call__(self, func: F) -> F:
-        name = self.name
+        # The object itself is entered on every call: entries are context-local, so concurrent calls are safe.
         if inspect.iscoroutinefunction(func):
 
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                with role(name):
+                with self:
                     return await func(*args, **kwargs)
 
             return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with role(name):
+            with self:
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
