@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "run": "agentlightning.runner",
     "arun": "agentlightning.runner",
     "transitions": "agentlightning.rl.transitions",
-    "train": "agentlightning.train",
+    "train": "agentlightning.training",
     "Client": "agentlightning.client",
 }
 

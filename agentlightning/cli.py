@@ -1,7 +1,7 @@
 """The ``agl`` command: ``agl server``, ``agl client``, ``agl rollouts list|show``.
 
 ``agl server --model NAME ...`` hands over to the trainer: it calls
-``agentlightning.train.serve_training(args, extra)`` with the parsed server options (``args``, see
+``agentlightning.training.serve_training(args, extra)`` with the parsed server options (``args``, see
 :func:`add_server_arguments`; :func:`server_from_args` builds the matching :class:`LightningServer`) and the
 command-line words this parser did not know (``extra``, the trainer's own options), and exits with its return
 code. Without ``--model`` the server only dispatches rollouts and proxies an existing ``--upstream`` endpoint.
@@ -82,7 +82,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--public-url", help="URL clients reach this server at (default http://host:port)")
     parser.add_argument("--collect", type=int, metavar="K", default=0,
                         help="when a client attaches a dataset, run K rollouts per task, then stop everyone")
-    parser.add_argument("--model", help="train this model: hands over to agentlightning.train.serve_training")
+    parser.add_argument("--model", help="train this model: hands over to agentlightning.training.serve_training")
 
 
 def server_from_args(args: argparse.Namespace) -> Any:
@@ -102,10 +102,10 @@ def server_from_args(args: argparse.Namespace) -> Any:
 
 def _serve_training(args: argparse.Namespace, extra: list[str]) -> int:
     try:
-        train = importlib.import_module("agentlightning.train")
+        train = importlib.import_module("agentlightning.training")
         serve_training = train.serve_training
     except (ImportError, AttributeError) as exc:
-        raise RuntimeError(f"agl server --model needs agentlightning.train.serve_training ({exc})") from None
+        raise RuntimeError(f"agl server --model needs agentlightning.training.serve_training ({exc})") from None
     return int(serve_training(args, extra) or 0)
 
 

@@ -23,7 +23,7 @@ from agentlightning.decorator import RolloutAgent
 from agentlightning.rl.advantages import ESTIMATORS, compute_advantages
 from agentlightning.rl.batch import pack
 from agentlightning.rl.transitions import extract_transitions
-from agentlightning.train import TrainResult
+from agentlightning.training import TrainResult
 from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from train_agents import echo_length_agent
 
 import agentlightning as agl
 from agentlightning.cli import add_server_arguments
-from agentlightning.train import serve_training
+from agentlightning.training import serve_training
 from agentlightning.trainers.models import tiny_model
 
 
