@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
@@ -63,7 +64,9 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
 
     def __init__(self) -> None:
         self._runs: dict[UUID, _Run] = {}
-        self._generic_names: dict[str, bool] = {}
+        # LangChain's own class names, and the size of sys.modules when they were listed: a framework class can
+        # only appear with a newly imported module, so the (costly) walk of Runnable subclasses reruns only then.
+        self._framework_names: tuple[int, frozenset[str]] = (-1, frozenset())
 
     # -- run tree -------------------------------------------------------------------------------------------
 
@@ -95,12 +98,12 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
 
     def _is_generic(self, name: str) -> bool:
         """Whether ``name`` is a LangChain default (a class name of LangChain itself), not a name the user gave."""
-        known = self._generic_names.get(name)
-        if known is None:
-            base = name.split("<", 1)[0]
-            known = base in _framework_runnable_names()
-            self._generic_names[name] = known
-        return known
+        modules, names = self._framework_names
+        if modules != len(sys.modules):
+            modules = len(sys.modules)
+            names = _framework_runnable_names()
+            self._framework_names = (modules, names)
+        return name.split("<", 1)[0] in names
 
     def _role_of(self, run: _Run | None) -> tuple[_Run, str] | None:
         """The nearest run (``run`` itself or an ancestor) naming a role, with that role."""
@@ -247,7 +250,7 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
     on_retriever_error = on_chain_error
 
 
-def _framework_runnable_names() -> set[str]:
+def _framework_runnable_names() -> frozenset[str]:
     """Class names of every Runnable defined by LangChain / LangGraph packages (their default run names)."""
     names = {"RunnableLambda", "<lambda>", "LangGraph"}
     stack: list[type] = [Runnable]
@@ -260,7 +263,7 @@ def _framework_runnable_names() -> set[str]:
         if cls.__module__.split(".", 1)[0].startswith(("langchain", "langgraph")):
             names.add(cls.__name__)
         stack.extend(cls.__subclasses__())
-    return names
+    return frozenset(names)
 
 
 _lock = threading.Lock()

@@ -419,3 +419,19 @@ def test_completion_model_and_retriever_runs_name_roles(serve) -> None:
     assert timeline(rollout) == [("llm", "drafter", "ok"), ("llm", "QueryRewriter", "ok")]
     assert [call.metadata["api"] for call in rollout.llm_calls] == ["completions", "chat.completions"]
     assert rollout.final_reward == 1.0
+
+
+def test_framework_class_names_are_relisted_when_a_module_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from agentlightning.adapters.langchain import AgentLightningCallbackHandler
+
+    handler = AgentLightningCallbackHandler()
+    assert handler._is_generic("RunnableSequence") and not handler._is_generic("LateRunnable")
+    for index in range(1000):  # unique user names are neither cached nor costly
+        assert not handler._is_generic(f"step-{index}")
+    module = types.ModuleType("langchain_late_plugin")  # a LangChain package imported after the first lookups
+    late = type("LateRunnable", (RunnableLambda,), {"__module__": module.__name__})
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert handler._is_generic("LateRunnable") and handler._is_generic("LateRunnable<a,b>")
+    del late
