@@ -325,15 +325,12 @@ def _rollout_transitions(
 
 def _intermediate_rewards(rollout: Rollout, rules: AIR | None, include_emitted: bool) -> dict[str, tuple[float, int]]:
     """Sum and count of the call-level rewards of ``rollout`` per call id."""
-    rewards = (
-        [reward for reward in rollout.rewards if reward.call_id is not None and reward.source != "final"]
-        if include_emitted
-        else []
-    )
+    rewards = [reward for reward in rollout.rewards if reward.source != "final"] if include_emitted else []
     if rules is not None:
         rewards.extend(rules.rewards(rollout))
     totals: dict[str, tuple[float, int]] = {}
     for reward in rewards:
-        total, count = totals.get(reward.call_id, (0.0, 0))  # type: ignore[arg-type]
-        totals[reward.call_id] = (total + reward.value, count + 1)  # type: ignore[index]
+        if reward.call_id is not None:  # episode-level rewards other than the final one are not spread
+            total, count = totals.get(reward.call_id, (0.0, 0))
+            totals[reward.call_id] = (total + reward.value, count + 1)
     return totals
