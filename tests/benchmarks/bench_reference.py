@@ -37,8 +37,8 @@ from bench_server import CALLS, MOCK_SCRIPT, _free_port, _wait_healthy, measure_
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_PYTHON = ROOT / ".venv-ref" / "bin" / "python"
 DRIVER = Path(__file__).with_name("reference_store_driver.py")
-CREATE_HINT = ("make bench-reference-venv   (python3 -m venv .venv-ref && .venv-ref/bin/pip install "
-               "agentlightning==0.3.0; ~800 MB, no torch)")
+CREATE_HINT = ("make bench-reference-venv   (a venv with agentlightning==0.3.0 and OpenTelemetry 1.44.0, "
+               "see the Makefile; ~800 MB, no torch)")
 
 
 def measure_ours(mock_url: str, mock_pid: int, workers: int, rollouts: int, calls: int) -> dict[str, Any]:
