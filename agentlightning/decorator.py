@@ -53,7 +53,7 @@ class RolloutAgent:
         self.name = name or getattr(func, "__qualname__", None) or type(func).__qualname__
         # An `async def` function, a partial of one, or an object whose __call__ is `async def`.
         self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
-        self._parameters = _agent_parameters(func)
+        self._parameters, self._rollout_keyword = _agent_parameters(func)
         functools.update_wrapper(self, func)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -113,7 +113,7 @@ class RolloutAgent:
                     if self.is_async:
                         output = await self.invoke(task, llm, rollout)
                     else:
-                        output = await asyncio.to_thread(self.func, *self._arguments(task, llm, rollout))
+                        output = await asyncio.to_thread(self.invoke, task, llm, rollout)
                         if inspect.isawaitable(output):  # a plain function that returned a coroutine
                             output = await output
         except Exception as exc:  # noqa: BLE001
@@ -142,7 +142,9 @@ class RolloutAgent:
 
     def invoke(self, task: Any, llm: LLM, rollout: Rollout) -> Any:
         """Call the agent function with the arguments it takes (a coroutine for async agents); no capture set-up."""
-        return self.func(*self._arguments(task, llm, rollout))
+        values = {"task": task, "llm": llm, "rollout": rollout}
+        arguments = [values[kind] for kind in self._parameters]
+        return self.func(*arguments, rollout=rollout) if self._rollout_keyword else self.func(*arguments)
 
     def result(self, task: Any, llm: LLM, rollout: Rollout) -> Any:
         """Call the agent and wait for what it returns, on this thread: an awaitable (async agent, or a plain
@@ -151,10 +153,6 @@ class RolloutAgent:
         return _run_to_completion(output) if inspect.isawaitable(output) else output
 
     # -- internals ------------------------------------------------------------------------------------------
-
-    def _arguments(self, task: Any, llm: LLM, rollout: Rollout) -> list[Any]:
-        values = {"task": task, "llm": llm, "rollout": rollout}
-        return [values[kind] for kind in self._parameters]
 
     def finish(self, rollout: Rollout, recorder: RolloutRecorder, output: Any) -> Rollout:
         """Complete ``rollout`` from the agent's return value (applies ``reward=``, validates the reward)."""
@@ -251,15 +249,17 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
-def _agent_parameters(func: Callable[..., Any]) -> list[str]:
-    """Which of task / llm / rollout the function takes, in its positional order."""
+def _agent_parameters(func: Callable[..., Any]) -> tuple[list[str], bool]:
+    """Which of task / llm / rollout the function takes, in its positional order, and whether it takes
+    ``rollout`` as a keyword-only parameter. A required parameter beyond those is a ``TypeError`` now, naming it,
+    rather than a failure of every rollout later."""
     try:
         parameters = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):
-        return ["task", "llm"]
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return ["task", "llm"], False
     if any(p.kind == p.VAR_POSITIONAL for p in parameters):
-        return ["task", "llm"]
+        return ["task", "llm"], False
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     kinds: list[str] = []
     for index, parameter in enumerate(positional):
         if parameter.name == "rollout":
@@ -270,12 +270,23 @@ def _agent_parameters(func: Callable[..., Any]) -> list[str]:
             kinds.append("llm")
         elif parameter.default is parameter.empty:
             raise TypeError(
-                f"@agl.rollout: {func.__qualname__} has a required parameter {parameter.name!r}; an agent takes "
+                f"@agl.rollout: {_name(func)} has a required parameter {parameter.name!r}; an agent takes "
                 "(task, llm) and optionally rollout"
             )
+    rollout_keyword = False
+    for parameter in parameters:
+        if parameter.kind != parameter.KEYWORD_ONLY:
+            continue
+        if parameter.name == "rollout" and "rollout" not in kinds:
+            rollout_keyword = True
+        elif parameter.default is parameter.empty:
+            raise TypeError(
+                f"@agl.rollout: {_name(func)} has a required keyword-only parameter {parameter.name!r}; an agent "
+                "takes (task, llm) and optionally rollout"
+            )
     if not kinds:
-        raise TypeError(f"@agl.rollout: {func.__qualname__} must take at least the task as its first parameter")
-    return kinds
+        raise TypeError(f"@agl.rollout: {_name(func)} must take at least the task as its first parameter")
+    return kinds, rollout_keyword
 
 
 def _check_json_task(task: Any, agent_name: str) -> None:

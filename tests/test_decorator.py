@@ -288,3 +288,23 @@ async def test_awaitable_results_are_awaited_by_execute_and_aexecute(llm: agl.LL
         assert rollout.status == "succeeded", rollout.error
         assert [call.kind for call in rollout.calls] == ["llm"] and rollout.final_reward in (3.0, 4.0)
     assert agl.rollout(AsyncCallableAgent()).name == "AsyncCallableAgent"
+
+
+def test_keyword_only_rollout_parameter_and_required_extras_named_at_decoration(llm: agl.LLM) -> None:
+    @agl.rollout
+    def agent(task: int, llm: agl.LLM, *, rollout: agl.Rollout, retries: int = 2) -> float:
+        assert rollout.status == "running" and retries == 2
+        ask(llm, rollout.rollout_id)
+        return float(task)
+
+    rollout = agent.execute(2, llm)
+    assert rollout.status == "succeeded" and rollout.calls[0].input[0]["content"] == rollout.rollout_id
+    with pytest.raises(TypeError, match="required keyword-only parameter 'retries'"):
+        agl.rollout(lambda task, llm, *, retries: 1.0)
+
+    class NeedsMore:
+        def __call__(self, task: int, llm: agl.LLM, extra: str) -> float:
+            return 1.0
+
+    with pytest.raises(TypeError, match="NeedsMore.* has a required parameter 'extra'"):
+        agl.rollout(NeedsMore())
