@@ -141,8 +141,10 @@ class MockLLMServer:
         self._server = uvicorn.Server(config)
         started = threading.Event()
 
+        loop_factory = config.get_loop_factory() or asyncio.new_event_loop  # uvloop where installed
+
         def serve() -> None:
-            loop = asyncio.new_event_loop()
+            loop = loop_factory()
             asyncio.set_event_loop(loop)
             self._loop = loop
             self._stopping = asyncio.Event()
