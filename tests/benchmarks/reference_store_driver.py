@@ -66,6 +66,7 @@ from opentelemetry import trace as trace_api
 
 POLL_INTERVAL = 0.02  # 0.3.0's runner default is 5 s: idle workers would miss most of a short benchmark
 UNFINISHED = ["queuing", "preparing", "running", "requeuing"]
+BATCH_TIMEOUT = 600.0
 
 
 def _free_port() -> int:
@@ -164,7 +165,10 @@ async def _run_batch(store: LightningStoreClient, tasks: list[dict], resources_i
     rollouts = await store.enqueue_many_rollouts(
         [EnqueueRolloutRequest(input=task, mode="train", resources_id=resources_id) for task in tasks])
     ids = [rollout.rollout_id for rollout in rollouts]
-    while (await store.query_rollouts(status_in=UNFINISHED, limit=1)).total:
+    deadline = time.monotonic() + BATCH_TIMEOUT
+    while unfinished := (await store.query_rollouts(status_in=UNFINISHED, limit=1)).total:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{unfinished} of {len(tasks)} rollouts still unfinished after {BATCH_TIMEOUT} s")
         await asyncio.sleep(0.02)
     return ids
 
