@@ -111,21 +111,21 @@ def requesting_llm_call(
     """
     snapshot = list(recorder.calls)  # copying a list is atomic; other threads may append meanwhile
     llm_calls = [call for call in reversed(snapshot) if call.kind == "llm"]
+    requests = [(call, request) for call in llm_calls for request in _requested_tools(call)]
     if tool_call_id is not None:
-        for call in llm_calls:
-            if any(request.get("id") == tool_call_id for request in _requested_tools(call)):
+        for call, request in requests:
+            if request.get("id") == tool_call_id:
                 return call
     if name is not None:
         wanted = parse_arguments(arguments)
         by_name: Call | None = None
-        for call in llm_calls:
-            for request in _requested_tools(call):
-                if request.get("name") != name:
-                    continue
-                if wanted is not None and parse_arguments(request.get("arguments")) == wanted:
-                    if role is None or call.role == role:
-                        return call
-                by_name = by_name or call
+        for call, request in requests:
+            if request.get("name") != name:
+                continue
+            same_arguments = wanted is not None and parse_arguments(request.get("arguments")) == wanted
+            if same_arguments and (role is None or call.role == role):
+                return call
+            by_name = by_name or call
         if by_name is not None:
             return by_name
     return llm_calls[0] if llm_calls else None
