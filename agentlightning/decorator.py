@@ -110,12 +110,7 @@ class RolloutAgent:
         try:
             with recording(recorder):
                 async with deadline:
-                    if self.is_async:
-                        output = await self.invoke(task, llm, rollout)
-                    else:
-                        output = await asyncio.to_thread(self.invoke, task, llm, rollout)
-                        if inspect.isawaitable(output):  # a plain function that returned a coroutine
-                            output = await output
+                    output = await self.aresult(task, llm, rollout)
         except Exception as exc:  # noqa: BLE001
             if isinstance(exc, TimeoutError) and deadline.expired():
                 return self.finish_timeout(rollout, recorder, timeout)
@@ -151,6 +146,14 @@ class RolloutAgent:
         function returning a coroutine) runs to completion on an event loop of its own. No capture set-up."""
         output = self.invoke(task, llm, rollout)
         return _run_to_completion(output) if inspect.isawaitable(output) else output
+
+    async def aresult(self, task: Any, llm: LLM, rollout: Rollout) -> Any:
+        """Async :meth:`result`: async agents run on this loop, sync ones on a worker thread (with this context);
+        an awaitable a sync agent returns is awaited here. No capture set-up."""
+        if self.is_async:
+            return await self.invoke(task, llm, rollout)
+        output = await asyncio.to_thread(self.invoke, task, llm, rollout)
+        return await output if inspect.isawaitable(output) else output
 
     # -- internals ------------------------------------------------------------------------------------------
 
