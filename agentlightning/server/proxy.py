@@ -16,19 +16,28 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from agentlightning.server.extract import ENDPOINTS, StreamAccumulator, fill_from_body, new_call
 from agentlightning.server.runtime import Runtime, Upstream
+from agentlightning.server.upstream_http import (
+    ConnectError,
+    HttpxUpstreamClient,
+    ReadTimeout,
+    RemoteProtocolError,
+    UpstreamClient,
+    UpstreamHTTP,
+    UpstreamResponse,
+    env_proxy_for,
+)
 from agentlightning.types import Call
 
 logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-_RETRY_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.PoolTimeout)
+_RETRY_ERRORS = (ConnectError, RemoteProtocolError)
 
 
 def openai_error(status: int, message: str, code: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -41,20 +50,33 @@ class Proxy:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.client: httpx.AsyncClient | None = None
+        self.client: UpstreamClient | None = None
+        self._via_env_proxy: HttpxUpstreamClient | None = None
+        self._env_proxied: dict[str, bool] = {}
 
     async def start(self) -> None:
-        """Open the pooled upstream connection (inside the server's event loop)."""
-        settings = self.runtime.settings
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(settings.upstream_timeout, connect=10.0),
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=60),
-        )
+        """Create the pooled upstream client (inside the server's event loop)."""
+        self.client = UpstreamClient(timeout=self.runtime.settings.upstream_timeout, connect_timeout=10.0)
 
     async def close(self) -> None:
         """Close upstream connections."""
         if self.client is not None:
             await self.client.aclose()
+        if self._via_env_proxy is not None:
+            await self._via_env_proxy.aclose()
+
+    def _client_for(self, upstream_url: str) -> UpstreamHTTP:
+        """The lean client, or httpx for an upstream that the environment (``HTTPS_PROXY`` ...) routes through a
+        proxy."""
+        proxied = self._env_proxied.get(upstream_url)
+        if proxied is None:
+            proxied = self._env_proxied[upstream_url] = env_proxy_for(upstream_url) is not None
+        if not proxied:
+            assert self.client is not None, "proxy not started"
+            return self.client
+        if self._via_env_proxy is None:
+            self._via_env_proxy = HttpxUpstreamClient(timeout=self.runtime.settings.upstream_timeout)
+        return self._via_env_proxy
 
     async def handle(self, request: Request, rollout_id: str, path: str) -> Response:
         """Serve ``POST /rollouts/{rollout_id}/v1/{path}``."""
@@ -81,9 +103,10 @@ class Proxy:
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
+        client = self._client_for(upstream.url)
         if body.get("stream"):
-            return await self._stream(url, headers, payload, call, attempt, endpoint)
-        return await self._forward(url, headers, payload, call, attempt, endpoint)
+            return await self._stream(client, url, headers, payload, call, attempt, endpoint)
+        return await self._forward(client, url, headers, payload, call, attempt, endpoint)
 
     def _check_rollout(self, rollout_id: str) -> tuple[Response | None, int]:
         state = self.runtime.store.rollout_state(rollout_id)
@@ -96,34 +119,47 @@ class Proxy:
                                      "serves the attempt that holds its lease", f"rollout_{status}"), attempt
         return None, attempt
 
-    async def _forward(
-        self, url: str, headers: dict[str, str], payload: bytes, call: Call, attempt: int, endpoint: str
-    ) -> Response:
-        assert self.client is not None
+    async def _send(
+        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: Call, attempt: int,
+        endpoint: str, stream: bool,
+    ) -> tuple[UpstreamResponse | None, Response | None, int]:
+        """POST upstream, retrying connection failures and retryable statuses with backoff. Returns (the answer
+        to pass on, None, tries) or (None, the error answer, tries); an error status comes back already read."""
         settings = self.runtime.settings
         tries = 0
         while True:
             tries += 1
             try:
-                response = await self.client.post(url, content=payload, headers=headers)
+                response = await client.post(url, payload, headers, stream=stream)
+                if stream and response.status_code >= 400:
+                    await response.aread()
             except _RETRY_ERRORS as exc:
                 if tries <= settings.upstream_retries:
                     await self._backoff(tries, None, endpoint, type(exc).__name__)
                     continue
                 message = f"upstream {url} unreachable after {tries} tries: {type(exc).__name__}: {exc}"
-                return self._failed(call, attempt, endpoint, 502, message, "upstream_unreachable")
-            except httpx.TimeoutException as exc:
+                return None, self._failed(call, attempt, endpoint, 502, message, "upstream_unreachable"), tries
+            except ReadTimeout as exc:
                 message = f"upstream {url} did not answer within {settings.upstream_timeout} s ({type(exc).__name__})"
-                return self._failed(call, attempt, endpoint, 504, message, "upstream_timeout")
+                return None, self._failed(call, attempt, endpoint, 504, message, "upstream_timeout"), tries
             if response.status_code in RETRY_STATUSES and tries <= settings.upstream_retries:
-                await self._backoff(tries, response.headers.get("retry-after"), endpoint, str(response.status_code))
+                await self._backoff(tries, response.header("retry-after"), endpoint, str(response.status_code))
                 continue
-            break
+            return response, None, tries
+
+    async def _forward(
+        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: Call, attempt: int,
+        endpoint: str,
+    ) -> Response:
+        response, failure, tries = await self._send(client, url, headers, payload, call, attempt, endpoint, False)
+        if response is None:
+            assert failure is not None
+            return failure
         call.end_time = time.time()
         call.metadata["upstream_tries"] = tries
-        content = response.content
+        content = await response.aread()
         record = BackgroundTask(self._record_body, call, attempt, endpoint, response.status_code, content)
-        media_type = response.headers.get("content-type", "application/json")
+        media_type = response.header("content-type") or "application/json"
         return Response(content, status_code=response.status_code, media_type=media_type, background=record)
 
     async def _record_body(self, call: Call, attempt: int, endpoint: str, status: int, content: bytes) -> None:
@@ -140,36 +176,19 @@ class Proxy:
         self._record(call, attempt, endpoint)
 
     async def _stream(
-        self, url: str, headers: dict[str, str], payload: bytes, call: Call, attempt: int, endpoint: str
+        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: Call, attempt: int,
+        endpoint: str,
     ) -> Response:
-        assert self.client is not None
-        settings = self.runtime.settings
-        tries = 0
-        while True:
-            tries += 1
-            upstream_request = self.client.build_request("POST", url, content=payload, headers=headers)
-            try:
-                response = await self.client.send(upstream_request, stream=True)
-            except _RETRY_ERRORS as exc:
-                if tries <= settings.upstream_retries:
-                    await self._backoff(tries, None, endpoint, type(exc).__name__)
-                    continue
-                message = f"upstream {url} unreachable after {tries} tries: {type(exc).__name__}: {exc}"
-                return self._failed(call, attempt, endpoint, 502, message, "upstream_unreachable")
-            except httpx.TimeoutException as exc:
-                message = f"upstream {url} did not answer within {settings.upstream_timeout} s ({type(exc).__name__})"
-                return self._failed(call, attempt, endpoint, 504, message, "upstream_timeout")
-            if response.status_code >= 400:
-                content = await response.aread()
-                await response.aclose()
-                if response.status_code in RETRY_STATUSES and tries <= settings.upstream_retries:
-                    await self._backoff(tries, response.headers.get("retry-after"), endpoint, str(response.status_code))
-                    continue
-                call.end_time = time.time()
-                record = BackgroundTask(self._record_body, call, attempt, endpoint, response.status_code, content)
-                return Response(content, status_code=response.status_code,
-                                media_type=response.headers.get("content-type"), background=record)
-            break
+        response, failure, tries = await self._send(client, url, headers, payload, call, attempt, endpoint, True)
+        if response is None:
+            assert failure is not None
+            return failure
+        if response.status_code >= 400:
+            content = await response.aread()
+            call.end_time = time.time()
+            record = BackgroundTask(self._record_body, call, attempt, endpoint, response.status_code, content)
+            return Response(content, status_code=response.status_code, media_type=response.header("content-type"),
+                            background=record)
         call.metadata["upstream_tries"] = tries
         accumulator = StreamAccumulator(endpoint)
 
@@ -190,7 +209,7 @@ class Proxy:
                 self._record(call, attempt, endpoint)
 
         return StreamingResponse(passthrough(), status_code=response.status_code,
-                                 media_type=response.headers.get("content-type", "text/event-stream"))
+                                 media_type=response.header("content-type") or "text/event-stream")
 
     def _failed(self, call: Call, attempt: int, endpoint: str, status: int, message: str, code: str) -> Response:
         call.end_time = time.time()
