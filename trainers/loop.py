@@ -148,6 +148,10 @@ class TrainingRun:
             if self.val_dataset and initial_val is None:
                 initial_val = self._validate_policy(source, backend, "initial")
                 logger.info("held-out before training: %s", _fmt(initial_val))
+                start_row = {"step": 0, "model_version": backend.model_version,
+                             **{f"val/{key}": value for key, value in initial_val.items()}}
+                writer.write(start_row)
+                history.append(start_row)
             bar = _progress(self.progress, start_step, self.max_steps)
             for step in range(start_step, self.max_steps):
                 row = self._train_step(step, trainer, backend, source, sampler)

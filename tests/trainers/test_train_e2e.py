@@ -21,10 +21,11 @@ def test_train_updates_weights_and_serves_the_new_version(tmp_path):
         nworkers=2, progress=False, save_model=False, val_dataset=tasks[:2], val_every=0,
     )
 
-    first, second = result.history
+    start, first, second = result.history
+    assert start["step"] == 0 and "val/reward" in start  # the held-out evaluation before training
     assert first["model_version"] == "v0" and first["model_version_after"] == "v1"
     assert second["model_version"] == "v1", "the second step's rollouts must be served by the updated weights"
-    for row in result.history:
+    for row in (first, second):
         assert row["llm_calls"] == 8 and row["calls_on_version"] == 8
         assert row["train/rows"] > 0
     changed = [name for name, value in result.model.state_dict().items() if not torch.equal(value, before[name])]
