@@ -6,7 +6,8 @@ shapes what we want it to learn:
 
 - 1.0: the calculator was called with an expression whose value is the right answer;
 - 0.3: no tool call, but the reply's last number is the right answer;
-- 0.1: a well-formed calculator call whose value is wrong (the format was right);
+- 0.1: a well-formed calculator call on the problem's own numbers whose value is wrong (the format was right;
+  copying the example's expression earns nothing);
 - 0.0: anything else.
 """
 
@@ -89,7 +90,8 @@ def calculate(expression: str) -> float:
 
 
 def score(task: dict[str, Any], used_tool: bool, value: float | None, well_formed: bool) -> float:
-    """The shaped reward described in the module docstring."""
+    """The shaped reward described in the module docstring (``well_formed``: a parseable call that uses the
+    problem's numbers)."""
     correct = value is not None and abs(value - task["answer"]) < 1e-6
     if used_tool and correct:
         return 1.0
@@ -98,6 +100,12 @@ def score(task: dict[str, Any], used_tool: bool, value: float | None, well_forme
     if used_tool and well_formed:
         return 0.1
     return 0.0
+
+
+def uses_problem_numbers(expression: str, question: str) -> bool:
+    """Whether ``expression`` combines at least two numbers, all of them taken from ``question``."""
+    numbers = re.findall(r"\d+(?:\.\d+)?", expression)
+    return len(numbers) >= 2 and set(numbers) <= set(re.findall(r"\d+(?:\.\d+)?", question))
 
 
 @agl.rollout
@@ -114,10 +122,10 @@ def calculator_agent(task: dict[str, Any], llm: agl.LLM) -> float:
         if call.function.name != "calculator":
             continue
         try:
-            arguments = json.loads(call.function.arguments)
-            value = calculate(str(arguments["expression"]))
+            expression = str(json.loads(call.function.arguments)["expression"])
+            value = calculate(expression)
         except (ValueError, KeyError, TypeError):
             return score(task, used_tool=True, value=None, well_formed=False)
-        return score(task, used_tool=True, value=value, well_formed=True)
+        return score(task, used_tool=True, value=value, well_formed=uses_problem_numbers(expression, task["question"]))
     numbers = re.findall(r"-?\d+(?:\.\d+)?", message.content or "")
     return score(task, used_tool=False, value=float(numbers[-1]) if numbers else None, well_formed=False)

@@ -1,0 +1,57 @@
+"""The demo's task generator, calculator, reward and agent (against the mock OpenAI server)."""
+
+from __future__ import annotations
+
+import pytest
+
+import agentlightning as agl
+from agentlightning.demo import split_problems
+from agentlightning.demo_task import calculate, calculator_agent, make_problems, score, uses_problem_numbers
+from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
+
+
+def test_problems_are_deterministic_and_the_held_out_split_is_disjoint():
+    assert make_problems(5, seed=3) == make_problems(5, seed=3)
+    train, held_out = split_problems(200, 24, seed=0)
+    assert len(train) == 200 and len(held_out) == 24
+    assert not {p["question"] for p in train} & {p["question"] for p in held_out}
+    for problem in train[:50]:
+        assert isinstance(problem["answer"], int)
+
+
+def test_calculator_is_safe_arithmetic():
+    assert calculate("3 + 4 * 2") == 11
+    assert calculate("6 x 7") == 42
+    for bad in ("__import__('os')", "2 ** 1000", "1 / 0", "x"):
+        with pytest.raises(ValueError):
+            calculate(bad)
+
+
+def test_reward_shaping():
+    task = {"question": "Tom has 58 pens and gives away 8. How many pens are left?", "answer": 50}
+    assert score(task, used_tool=True, value=50.0, well_formed=True) == 1.0
+    assert score(task, used_tool=False, value=50.0, well_formed=False) == 0.3
+    assert score(task, used_tool=True, value=66.0, well_formed=True) == 0.1
+    assert score(task, used_tool=True, value=5.0, well_formed=False) == 0.0
+    assert uses_problem_numbers("58 - 8", task["question"])
+    assert not uses_problem_numbers("3 + 2", task["question"])  # the prompt's example, copied
+    assert not uses_problem_numbers("58", task["question"])
+
+
+@pytest.mark.parametrize(
+    ("reply", "reward"),
+    [
+        (MockReply(tool_calls=[MockToolCall(name="calculator", arguments={"expression": "58 - 8"})]), 1.0),
+        (MockReply(tool_calls=[MockToolCall(name="calculator", arguments={"expression": "58 + 8"})]), 0.1),
+        (MockReply(tool_calls=[MockToolCall(name="calculator", arguments={"expression": "3 + 2"})]), 0.0),
+        (MockReply(content="Tom has 50 pens left."), 0.3),
+        (MockReply(content="I do not know."), 0.0),
+    ],
+)
+def test_agent_scores_what_the_model_did(reply, reward):
+    task = {"id": "t", "question": "Tom has 58 pens and gives away 8. How many pens are left?", "answer": 50}
+    with MockLLMServer(replies=[reply]) as server:
+        (rollout,) = agl.run(calculator_agent, [task], llm=server.llm())
+        (request,) = server.requests
+    assert rollout.final_reward == reward
+    assert request.tools and request.tools[0]["function"]["name"] == "calculator"
