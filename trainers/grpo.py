@@ -181,6 +181,12 @@ class LightningGRPOTrainer(GRPOTrainer):
         metrics["learning_rate"] = float(self.lr_scheduler.get_last_lr()[0])
         if grad_norm is not None:
             metrics["grad_norm"] = grad_norm
+        if "importance_sampling_ratio" in inputs:
+            ratio, mask = inputs["importance_sampling_ratio"], inputs["completion_mask"].bool()
+            values = ratio.expand_as(mask)[mask] if ratio.shape[-1] != 1 else ratio.flatten()
+            metrics["sampling/importance_sampling_ratio/mean"] = float(values.mean()) if values.numel() else 1.0
+            difference = (inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]).abs()[mask]
+            metrics["sampling/sampling_logp_difference/mean"] = float(difference.mean()) if difference.numel() else 0.0
         metrics["rows"] = float(len(batch))
         metrics["micro_batches"] = float(len(micro_batches))
         metrics["update_seconds"] = time.perf_counter() - started

@@ -60,6 +60,8 @@ def test_sampler_logprobs_from_the_same_weights_give_ratio_one(tmp_path):
     assert torch.allclose(ratio * batch.completion_mask, batch.completion_mask.float(), atol=1e-3)
     shifted = pack([_row("r1", prompt, completion, 1.0, logprobs=[lp - 0.5 for lp in logprobs])], pad_token_id=0)
     assert torch.all(trainer._generate_and_score_completions(shifted)["importance_sampling_ratio"] > 1.5)
+    metrics = trainer.step(batch)
+    assert abs(metrics["sampling/importance_sampling_ratio/mean"] - 1.0) < 1e-3
 
 
 def test_lora_with_kl_penalty_trains_only_the_adapter(tmp_path):
