@@ -6,14 +6,15 @@ for); 4xx answers raise :class:`ServerError` with the server's message.
 
 from __future__ import annotations
 
+import json as jsonlib
 import logging
 import os
 import time
 from typing import Any, Protocol
 
-import httpx
-
+from agentlightning.client.http import HttpxTransport, KeepAliveHTTP, Transport, TransportError
 from agentlightning.server.records import Lease, ResultOutcome
+from agentlightning.server.upstream_http import env_proxy_for
 from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -67,8 +68,10 @@ class ServerAPI:
 
     def __init__(self, server_url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
         self.server_url = server_url.rstrip("/")
+        self.timeout = timeout
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=self.server_url, headers=headers, timeout=timeout)
+        self._http: Transport = (HttpxTransport(self.server_url, headers) if env_proxy_for(self.server_url)
+                                 else KeepAliveHTTP(self.server_url, headers))
 
     def close(self) -> None:
         """Close connections."""
@@ -90,17 +93,19 @@ class ServerAPI:
         """Send a request, retrying transient failures for up to ``retry_for`` seconds (None: until ``stop``)."""
         deadline = None if retry_for is None else time.monotonic() + retry_for
         delay = 0.05
+        headers = dict(headers or {})
+        if json is not None:
+            content = jsonlib.dumps(json).encode()
+            headers.setdefault("content-type", "application/json")
         while True:
             try:
-                response = self._http.request(
-                    method, path, json=json, content=content, headers=headers, params=params,
-                    timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-                )
-                if response.status_code not in _RETRY_STATUSES:
+                status, data = self._http.request(method, path, body=content, headers=headers, params=params,
+                                                  timeout=timeout if timeout is not None else self.timeout)
+                if status not in _RETRY_STATUSES:
                     break
-                problem = f"HTTP {response.status_code}"
-            except httpx.TransportError as exc:
-                problem = f"{type(exc).__name__}: {exc}"
+                problem = f"HTTP {status}"
+            except TransportError as exc:
+                problem = str(exc)
             if (deadline is not None and time.monotonic() + delay > deadline) or (stop is not None and stop.is_set()):
                 raise Unreachable(f"{method} {self.server_url}{path} failed: {problem}")
             logger.info("server %s not answering (%s); retrying in %.2f s", self.server_url, problem, delay)
@@ -109,9 +114,9 @@ class ServerAPI:
             else:
                 time.sleep(delay)
             delay = min(delay * 2, 2.0)
-        if response.status_code >= 400:
-            raise ServerError(response.status_code, _detail(response))
-        return response.json()
+        if status >= 400:
+            raise ServerError(status, _detail(data))
+        return jsonlib.loads(data)
 
     # -- protocol --------------------------------------------------------------------------------------------
 
@@ -138,9 +143,11 @@ class ServerAPI:
         self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None = 600.0
     ) -> ResultOutcome:
         """Report a finished attempt (idempotent: safe to repeat)."""
-        body = {"attempt": attempt, "worker_id": worker_id, "rollout": rollout.model_dump(mode="json")}
+        head = jsonlib.dumps({"attempt": attempt, "worker_id": worker_id})[:-1]
+        body = f'{head}, "rollout": {rollout.model_dump_json()}}}'.encode()  # the record serialised once, by pydantic
         return ResultOutcome.model_validate(
-            self.request("POST", f"/rollouts/{rollout.rollout_id}/result", json=body, retry_for=retry_for)
+            self.request("POST", f"/rollouts/{rollout.rollout_id}/result", content=body,
+                         headers={"content-type": "application/json"}, retry_for=retry_for)
         )
 
     def get_dataset(self, dataset_id: str) -> dict[str, Any] | None:
@@ -161,11 +168,11 @@ class ServerAPI:
         return self.request("POST", f"/datasets/{dataset_id}/attach")
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(data: bytes) -> str:
     try:
-        body = response.json()
+        body = jsonlib.loads(data)
     except ValueError:
-        return response.text[:500]
+        return data[:500].decode(errors="replace")
     if isinstance(body, dict):
         if "detail" in body:
             return str(body["detail"])
