@@ -201,6 +201,7 @@ _SUMMARY_COLUMNS = (
 # Proxy calls are written once this many are buffered, or when :meth:`SQLiteStore.flush` runs (the server
 # flushes on a short timer and before joining a rollout's calls).
 PROXY_BATCH = 256
+_INSERT_PROXY_CALL = "INSERT INTO proxy_calls(rollout_id, attempt, start_time, body) VALUES (?, ?, ?, ?)"
 
 
 def dataset_id_for(records: Sequence[Any]) -> str:
@@ -421,8 +422,8 @@ class SQLiteStore(Store):
                     message=f"attempt {attempt} is stale (rollout {rollout_id} is on attempt {current}); kept its log only",
                 )
             decision = decide(state if attempt == current else "queued", event, attempt, max_attempts)
-            self._flush_locked()
-            with self._transaction():
+            with self._transaction():  # buffered proxy calls go in the same commit, kept buffered if it fails
+                self._insert_proxy_buffer()
                 self._end_attempt(rollout_id, attempt, worker_id, result.status, result.error, result.logs, now)
                 if attempt < current and state == "running":
                     superseded = ErrorInfo(type="Superseded", message=f"attempt {attempt} finished the rollout first")
@@ -435,6 +436,7 @@ class SQLiteStore(Store):
                     )
                 else:
                     self._write_final(rollout_id, attempt, decision.state, result, now)
+            self._proxy_buffer = []
             self._running.pop(rollout_id, None)
         return ResultOutcome(
             rollout_id=rollout_id, accepted=True, status=decision.state, attempt=decision.attempt,
@@ -578,9 +580,13 @@ class SQLiteStore(Store):
             return
         rows, self._proxy_buffer = self._proxy_buffer, []
         with self._transaction():
-            self._db.executemany(
-                "INSERT INTO proxy_calls(rollout_id, attempt, start_time, body) VALUES (?, ?, ?, ?)", rows
-            )
+            self._db.executemany(_INSERT_PROXY_CALL, rows)
+
+    def _insert_proxy_buffer(self) -> None:
+        """Write the buffered proxy calls inside the caller's transaction (the caller empties the buffer once it
+        committed)."""
+        if self._proxy_buffer:
+            self._db.executemany(_INSERT_PROXY_CALL, self._proxy_buffer)
 
     def proxy_calls(self, rollout_id: str, attempt: int | None = None) -> list[Call]:
         with self._lock:

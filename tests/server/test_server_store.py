@@ -57,6 +57,30 @@ def test_enqueue_groups_and_dequeue_in_order(store: SQLiteStore) -> None:
         store.enqueue(store.dataset_tasks(info.dataset_id), group_size=0)
 
 
+def test_proxy_calls_written_with_the_result_survive_a_failed_result_write(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    info = store.add_dataset([{"id": "t"}, {"id": "u"}])
+    first_id, other_id = store.enqueue(store.dataset_tasks(info.dataset_id))
+    lease = store.dequeue("w", 10.0)
+    other = store.dequeue("w", 10.0)
+    store.record_proxy_call(Call(rollout_id=first_id, completion_token_ids=[1]), attempt=1)
+    store.record_proxy_call(Call(rollout_id=other_id, completion_token_ids=[2]), attempt=1)  # still running
+
+    def broken(*_args: object) -> None:
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(store, "_write_final", broken)
+        with pytest.raises(OSError, match="disk full"):
+            store.complete(first_id, 1, "w", _result(lease))
+    assert store.rollout_state(first_id) == ("running", 1)
+    assert store.complete(first_id, 1, "w", _result(lease)).accepted
+    assert [c.completion_token_ids for c in store.get_rollout(first_id).calls] == [[1]]
+    assert store.complete(other_id, 1, "w", _result(other)).accepted
+    assert [c.completion_token_ids for c in store.get_rollout(other_id).calls] == [[2]]
+
+
 def test_result_is_idempotent_and_joins_proxy_calls(store: SQLiteStore) -> None:
     info = store.add_dataset([{"id": "t"}])
     [rid] = store.enqueue(store.dataset_tasks(info.dataset_id))
