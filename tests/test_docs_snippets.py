@@ -1,4 +1,4 @@
-"""The python snippets of the capture, testing and framework docs run as written, in order, and print what the
+"""The python snippets of the README and of the capture, testing and framework docs run as written, in order, and print what the
 pages say they print (the ``# ...`` lines closing a block; wrapped or elided ones, with ``...``, are not compared).
 
 Each page runs in a fresh interpreter: pages set process-wide state (an OpenTelemetry provider, installed adapters)
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-PAGES = ["capture.md", "testing.md", "frameworks/langchain.md", "frameworks/openai_agents.md", "frameworks/autogen.md"]
+PAGES = ["../README.md", "capture.md", "testing.md", "frameworks/langchain.md", "frameworks/openai_agents.md", "frameworks/autogen.md"]
 RUNNER = """
 import re, sys
 blocks = re.findall(r"```python\\n(.*?)```", open(sys.argv[1]).read(), flags=re.S)
