@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections import deque
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -130,9 +131,10 @@ class _Connection(asyncio.Protocol):
         self._done_future: asyncio.Future[None] | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._paused = False
+        self._streaming = False
         self.status = 0
         self.headers: list[tuple[bytes, bytes]] = []
-        self.chunks: list[bytes] = []
+        self.chunks: deque[bytes] = deque()
         self.buffered = 0
         self.complete = False
         self.error: HTTPError | None = None
@@ -188,7 +190,7 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
         self.buffered += len(body)
-        if self.buffered > _STREAM_HIGH_WATER and self.transport is not None and not self._paused:
+        if self._streaming and self.buffered > _STREAM_HIGH_WATER and self.transport is not None and not self._paused:
             self._paused = True
             self.transport.pause_reading()
         self._wake()
@@ -204,14 +206,16 @@ class _Connection(asyncio.Protocol):
 
     # -- exchange ------------------------------------------------------------------------------------------------
 
-    def send(self, request: bytes) -> None:
-        """Start an exchange: reset the state and write ``request`` in one piece."""
+    def send(self, request: bytes, streaming: bool) -> None:
+        """Start an exchange: reset the state and write ``request`` in one piece. A ``streaming`` exchange stops
+        reading while its consumer lags; otherwise the whole body is buffered."""
         assert self.transport is not None and not self._busy
         self._busy = True
+        self._streaming = streaming
         self._received = False
         self.status = 0
         self.headers = []
-        self.chunks = []
+        self.chunks = deque()
         self.buffered = 0
         self.complete = False
         self.error = None
@@ -239,7 +243,7 @@ class _Connection(asyncio.Protocol):
                 raise self.error
             self._waiter = self._loop.create_future()
             await self._waiter
-        chunk = self.chunks.pop(0)
+        chunk = self.chunks.popleft()
         self.buffered -= len(chunk)
         if self._paused and self.buffered <= _STREAM_HIGH_WATER // 2 and self.transport is not None:
             self._paused = False
@@ -320,9 +324,11 @@ class _Response:
         if self._content is None:
             connection = self._connection
             assert connection is not None, "response already closed"
-            try:
-                await connection.wait_done()
-                self._content = b"".join(connection.chunks)
+            try:  # chunk by chunk: a streaming exchange only reads on while its chunks are taken
+                parts = []
+                while (chunk := await connection.next_chunk()) is not None:
+                    parts.append(chunk)
+                self._content = b"".join(parts)
             finally:
                 self._release()
         return self._content
@@ -375,7 +381,7 @@ class UpstreamClient:
         request = f"POST{target.head}{lines}content-length: {len(body)}\r\n\r\n".encode("latin-1") + body
         while True:
             connection = await self._acquire(target)
-            connection.send(request)
+            connection.send(request, stream)
             try:
                 await connection.wait_headers()
                 if not stream:

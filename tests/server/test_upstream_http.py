@@ -129,6 +129,30 @@ async def test_chunked_answer_read_whole_and_streamed(serve) -> None:
     await client.aclose()
 
 
+async def test_large_answers_read_whole_and_streamed_with_back_pressure(serve) -> None:
+    big = json.dumps({"logprobs": [{"token": "x", "logprob": -0.5}] * 60_000}).encode()  # ~2 MB, above the high water
+
+    async def large(_conn: int, req: int, _body: bytes, writer: asyncio.StreamWriter) -> None:
+        writer.write(_answer(500 if req == 3 else 200, big))
+        await writer.drain()
+
+    raw = await serve(large)
+    client = UpstreamClient(timeout=5)
+    whole = await asyncio.wait_for(client.post(raw.url, b"{}", {}), 10)
+    assert await whole.aread() == big
+    streamed = await asyncio.wait_for(client.post(raw.url, b"{}", {}, stream=True), 10)
+    received = b""
+    async for chunk in streamed.aiter_raw():
+        received += chunk
+        await asyncio.sleep(0)  # a consumer slower than the socket
+    assert received == big
+    await streamed.aclose()
+    failed = await asyncio.wait_for(client.post(raw.url, b"{}", {}, stream=True), 10)  # an error read whole
+    assert failed.status_code == 500 and await asyncio.wait_for(failed.aread(), 10) == big
+    assert raw.connections == 1
+    await client.aclose()
+
+
 async def test_answer_delimited_by_connection_close(serve) -> None:
     async def until_close(_conn: int, _req: int, _body: bytes, writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{\"done\": true}")
