@@ -144,7 +144,7 @@ class ServerAPI:
     ) -> ResultOutcome:
         """Report a finished attempt (idempotent: safe to repeat)."""
         head = jsonlib.dumps({"attempt": attempt, "worker_id": worker_id})[:-1]
-        body = f'{head}, "rollout": {rollout.model_dump_json()}}}'.encode()  # the record serialised once, by pydantic
+        body = f'{head}, "rollout": {rollout.model_dump_json()}}}'.encode()  # serialised once, by pydantic
         return ResultOutcome.model_validate(
             self.request("POST", f"/rollouts/{rollout.rollout_id}/result", content=body,
                          headers={"content-type": "application/json"}, retry_for=retry_for)

@@ -99,7 +99,7 @@ class KeepAliveHTTP:
             return connection, True
         if self._tls:
             if self._ssl is None:
-                self._ssl = ssl.create_default_context()
+                self._ssl = httpx.create_ssl_context()  # the CA bundle and SSL_CERT_* variables httpx used
             return http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._ssl), False
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout), False
 
@@ -122,8 +122,9 @@ class HttpxTransport:
         timeout: float,
     ) -> tuple[int, bytes]:
         try:
-            response = self._client.request(method, path, content=body, headers=headers, params=params,  # type: ignore[arg-type]
-                                            timeout=timeout)
+            response = self._client.request(
+                method, path, content=body, headers=headers, params=params, timeout=timeout  # type: ignore[arg-type]
+            )
         except httpx.TransportError as exc:
             raise TransportError(f"{type(exc).__name__}: {exc}") from None
         return response.status_code, response.content

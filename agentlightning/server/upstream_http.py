@@ -423,7 +423,7 @@ class UpstreamClient:
         context = None
         if target.tls:
             if self._ssl is None:
-                self._ssl = ssl.create_default_context()
+                self._ssl = httpx.create_ssl_context()  # the CA bundle and SSL_CERT_* variables httpx used
             context = self._ssl
         try:
             _, connection = await asyncio.wait_for(
@@ -432,7 +432,8 @@ class UpstreamClient:
                 self.connect_timeout,
             )
         except TimeoutError:
-            raise ConnectTimeout(f"could not connect to {target.host}:{target.port} within {self.connect_timeout} s") from None
+            where = f"{target.host}:{target.port}"
+            raise ConnectTimeout(f"could not connect to {where} within {self.connect_timeout} s") from None
         except (OSError, ssl.SSLError) as exc:
             raise ConnectError(f"could not connect to {target.host}:{target.port}: {exc}") from None
         self.connections_opened += 1
