@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     minutes = (time.perf_counter() - started) / 60
     before, after = result.initial_validation or {}, result.final_validation or {}
     print(f"\nfinished in {minutes:.1f} min")
-    print(f"held-out mean reward: {before.get('reward', float('nan')):.3f} -> {after.get('reward', float('nan')):.3f}")
-    print(f"held-out accuracy   : {before.get('accuracy', float('nan')):.3f} -> {after.get('accuracy', float('nan')):.3f}")
+    for key, label in (("reward", "held-out mean reward"), ("accuracy", "held-out accuracy   ")):
+        print(f"{label}: {before.get(key, float('nan')):.3f} -> {after.get(key, float('nan')):.3f}")
     print(result.summary())
     return 0
 

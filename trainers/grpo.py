@@ -95,7 +95,9 @@ class LightningGRPOTrainer(GRPOTrainer):
         from datasets import Dataset
 
         if processing_class.pad_token_id is None:
-            raise ValueError("LightningGRPOTrainer: the tokenizer needs a pad token (see trainers.models.prepare_tokenizer)")
+            raise ValueError(
+                "LightningGRPOTrainer: the tokenizer needs a pad token (see trainers.models.prepare_tokenizer)"
+            )
         super().__init__(
             model=model,
             reward_funcs=[_rewards_come_from_agents],

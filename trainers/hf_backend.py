@@ -68,7 +68,9 @@ class HFBackendServer:
         always_logprobs: bool = False,
     ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("HFBackendServer: the tokenizer has no chat_template (see trainers.models.prepare_tokenizer)")
+            raise ValueError(
+                "HFBackendServer: the tokenizer has no chat_template (see trainers.models.prepare_tokenizer)"
+            )
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.host = host
@@ -336,7 +338,8 @@ class HFBackendServer:
             for choice in payload["choices"]:
                 delta: dict[str, Any] = {"content": choice["message"]["content"]}
                 if choice["message"].get("tool_calls"):
-                    delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(choice["message"]["tool_calls"])]
+                    calls = choice["message"]["tool_calls"]
+                    delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(calls)]
                 chunk = dict(base, choices=[{
                     "index": choice["index"], "delta": delta, "finish_reason": None,
                     "token_ids": choice["token_ids"], "logprobs": choice["logprobs"],
@@ -374,7 +377,8 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
         content = item.get("content")
         if isinstance(content, list):
             item["content"] = "".join(
-                part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text")
+                part.get("text", "") for part in content
+                if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text")
             )
         elif content is None:
             item["content"] = ""

@@ -79,7 +79,9 @@ class TrainingRun:
                 raise TypeError(f"agl.train(agent=...) must be an @agl.rollout function, got {self.agent!r}")
             self.agent = RolloutAgent(self.agent)
         if isinstance(self.dataset, (str, bytes, dict)) or not isinstance(self.dataset, Sequence) or not self.dataset:
-            raise ValueError(f"agl.train(dataset=...) must be a non-empty list of tasks, got {type(self.dataset).__name__}")
+            raise ValueError(
+                f"agl.train(dataset=...) must be a non-empty list of tasks, got {type(self.dataset).__name__}"
+            )
         if self.algorithm not in ESTIMATORS:
             raise ValueError(f"agl.train(algorithm={self.algorithm!r}): use one of {list(ESTIMATORS)}")
         for name in ("group_size", "tasks_per_step", "max_steps", "micro_batch_size"):

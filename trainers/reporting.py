@@ -29,7 +29,9 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError as exc:
-                raise ImportError("report_to=['tensorboard'] needs the tensorboard package: pip install tensorboard") from exc
+                raise ImportError(
+                    "report_to=['tensorboard'] needs the tensorboard package: pip install tensorboard"
+                ) from exc
             self._tensorboard = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
         if "wandb" in report_to:
             try:

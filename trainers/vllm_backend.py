@@ -131,7 +131,9 @@ class VLLMBackend:
         probe = "/health/" if self.sync_mode == "weights" else "/health"
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(f"vLLM exited with code {self._process.returncode} while starting: {self._command()}")
+                raise RuntimeError(
+                    f"vLLM exited with code {self._process.returncode} while starting: {self._command()}"
+                )
             try:
                 if httpx.get(self.url + probe, timeout=5).status_code == 200:
                     return
