@@ -34,7 +34,7 @@ def split_problems(train_size: int, val_size: int, seed: int) -> tuple[list[dict
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agentlightning.demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=8, help="training steps (default 8)")
+    parser.add_argument("--steps", type=int, default=12, help="training steps (default 12)")
     parser.add_argument("--tasks-per-step", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--val-size", type=int, default=24, help="held-out problems")
