@@ -85,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nfinished in {minutes:.1f} min")
     for key, label in (("reward", "held-out mean reward"), ("accuracy", "held-out accuracy   ")):
         print(f"{label}: {before.get(key, float('nan')):.3f} -> {after.get(key, float('nan')):.3f}")
-    print(result.summary())
     return 0
 
 

@@ -226,6 +226,26 @@ def load_policy(arguments: argparse.Namespace) -> tuple[Any, Any]:
     return load_model(arguments.model, dtype=dtype, device=device)
 
 
+def run_recipe(
+    arguments: argparse.Namespace,
+    plan: dict[str, Any],
+    mock_handler: Callable[[list[dict[str, Any]]], Any],
+    dry_run_tasks: list[dict[str, Any]],
+    group_size: int,
+) -> int:
+    """The shared end of every ``train.py``: ``--dry-run`` against the mock model, else ``agl.train`` on the policy."""
+    if arguments.dry_run:
+        result = mock_dry_run(plan["agent"], dry_run_tasks, mock_handler(dry_run_tasks), group_size=group_size,
+                              air=plan.get("air"))
+        print_dry_run(result)
+        return 0
+    import agentlightning as agl
+
+    model, tokenizer = load_policy(arguments)
+    print(agl.train(model=model, tokenizer=tokenizer, **plan).summary())
+    return 0
+
+
 def cli(main: Callable[[], int]) -> int:
     """Run a script's ``main``; a missing data file is a one-line error (exit status 2), not a traceback."""
     try:

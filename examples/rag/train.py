@@ -13,18 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from examples.common import (
-    cli,
-    add_training_arguments,
-    base_parser,
-    load_policy,
-    mock_dry_run,
-    print_dry_run,
-    training_kwargs,
-)
+from examples.common import add_training_arguments, base_parser, cli, run_recipe, training_kwargs
 from examples.rag.data import load_tasks
 from examples.rag.mock import mock_handler
 from examples.rag.rag_agent import rag_agent
+
 
 def parser() -> argparse.ArgumentParser:
     parser = base_parser(__doc__.splitlines()[0])
@@ -54,15 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser().parse_args(argv)
     logging.basicConfig(level=arguments.log_level.upper())
     plan = training_plan(arguments)
-    if arguments.dry_run:
-        tasks = plan["dataset"][:2] + plan["val_dataset"][:2]
-        print_dry_run(mock_dry_run(plan["agent"], tasks, mock_handler(tasks), group_size=3, air=plan.get("air")))
-        return 0
-    import agentlightning as agl
-
-    model, tokenizer = load_policy(arguments)
-    print(agl.train(model=model, tokenizer=tokenizer, **plan).summary())
-    return 0
+    return run_recipe(arguments, plan, mock_handler, plan["dataset"][:2] + plan["val_dataset"][:2], group_size=3)
 
 if __name__ == "__main__":
     sys.exit(cli(main))
