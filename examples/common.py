@@ -74,6 +74,24 @@ def endpoint_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def evaluate_endpoint(arguments: argparse.Namespace, agent: Any, tasks: Sequence[Any]) -> list[Any]:
+    """Run ``agent`` on ``tasks`` (the first ``--limit``) against the endpoint of :func:`endpoint_parser`'s options;
+    the rollouts are written to ``--output`` when given."""
+    import agentlightning as agl
+
+    tasks = list(tasks[: arguments.limit] if arguments.limit else tasks)
+    llm = agl.LLM(
+        base_url=arguments.base_url,
+        model=arguments.model,
+        api_key=arguments.api_key,
+        sampling_parameters={"temperature": arguments.temperature},
+    )
+    rollouts = agl.run(agent, tasks, llm=llm, n_workers=arguments.workers, timeout=arguments.timeout)
+    if arguments.output:
+        write_rollouts(arguments.output, rollouts)
+    return rollouts
+
+
 @dataclass(frozen=True)
 class EvalSummary:
     """Scores of one evaluation run."""

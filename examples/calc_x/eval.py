@@ -9,10 +9,9 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import agentlightning as agl
 from examples.calc_x.calc_agent import calc_agent
 from examples.calc_x.data import SOURCES, load_tasks
-from examples.common import cli, endpoint_parser, summarise, write_rollouts
+from examples.common import cli, endpoint_parser, evaluate_endpoint, summarise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,16 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     logging.basicConfig(level=arguments.log_level.upper())
     tasks = load_tasks(arguments.data_dir, "test", arguments.sources)
-    tasks = tasks[: arguments.limit] if arguments.limit else tasks
-    llm = agl.LLM(
-        base_url=arguments.base_url,
-        model=arguments.model,
-        api_key=arguments.api_key,
-        sampling_parameters={"temperature": arguments.temperature},
-    )
-    rollouts = agl.run(calc_agent, tasks, llm=llm, n_workers=arguments.workers, timeout=arguments.timeout)
-    if arguments.output:
-        write_rollouts(arguments.output, rollouts)
+    rollouts = evaluate_endpoint(arguments, calc_agent, tasks)
     tool_calls = [call for rollout in rollouts for call in rollout.calls if call.kind == "tool"]
     failed = sum(1 for call in tool_calls if call.status == "error")
     print(summarise(rollouts).line(f"calc-x test ({arguments.model})"))

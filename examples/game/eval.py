@@ -9,8 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import agentlightning as agl
-from examples.common import cli, endpoint_parser, summarise, write_rollouts
+from examples.common import cli, endpoint_parser, evaluate_endpoint, summarise
 from examples.game.train import agent_run, make_tasks
 
 HELD_OUT_SEED = 10_000
@@ -22,15 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     logging.basicConfig(level=arguments.log_level.upper())
     tasks = make_tasks(arguments.limit or arguments.games, HELD_OUT_SEED)
-    llm = agl.LLM(
-        base_url=arguments.base_url,
-        model=arguments.model,
-        api_key=arguments.api_key,
-        sampling_parameters={"temperature": arguments.temperature},
-    )
-    rollouts = agl.run(agent_run, tasks, llm=llm, n_workers=arguments.workers, timeout=arguments.timeout)
-    if arguments.output:
-        write_rollouts(arguments.output, rollouts)
+    rollouts = evaluate_endpoint(arguments, agent_run, tasks)
     print(summarise(rollouts).line(f"number game ({arguments.model})"))
     return 0
 

@@ -10,8 +10,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 
-import agentlightning as agl
-from examples.common import cli, endpoint_parser, summarise, write_rollouts
+from examples.common import cli, endpoint_parser, evaluate_endpoint, summarise
 from examples.rag.data import load_tasks
 from examples.rag.rag_agent import rag_agent
 from examples.rag.train import with_data_dir
@@ -21,16 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = endpoint_parser(__doc__.splitlines()[0]).parse_args(argv)
     logging.basicConfig(level=arguments.log_level.upper())
     tasks = with_data_dir(load_tasks(arguments.data_dir, "test"), arguments.data_dir)
-    tasks = tasks[: arguments.limit] if arguments.limit else tasks
-    llm = agl.LLM(
-        base_url=arguments.base_url,
-        model=arguments.model,
-        api_key=arguments.api_key,
-        sampling_parameters={"temperature": arguments.temperature},
-    )
-    rollouts = agl.run(rag_agent, tasks, llm=llm, n_workers=arguments.workers, timeout=arguments.timeout)
-    if arguments.output:
-        write_rollouts(arguments.output, rollouts)
+    rollouts = evaluate_endpoint(arguments, rag_agent, tasks)
     outputs = [r.output for r in rollouts if isinstance(r.output, dict)]
     f1 = statistics.fmean(o["f1"] for o in outputs) if outputs else 0.0
     formatted = sum(1 for o in outputs if o["format_ok"]) / len(rollouts) if rollouts else 0.0

@@ -9,8 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-import agentlightning as agl
-from examples.common import cli, endpoint_parser, summarise, write_rollouts
+from examples.common import cli, endpoint_parser, evaluate_endpoint, summarise
 from examples.spider.data import load_questions, split_by_database
 from examples.spider.sql_agent import sql_agent
 
@@ -19,16 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = endpoint_parser(__doc__.splitlines()[0]).parse_args(argv)
     logging.basicConfig(level=arguments.log_level.upper())
     _, validation = split_by_database(load_questions(arguments.data_dir))
-    tasks = validation[: arguments.limit] if arguments.limit else validation
-    llm = agl.LLM(
-        base_url=arguments.base_url,
-        model=arguments.model,
-        api_key=arguments.api_key,
-        sampling_parameters={"temperature": arguments.temperature},
-    )
-    rollouts = agl.run(sql_agent, tasks, llm=llm, n_workers=arguments.workers, timeout=arguments.timeout)
-    if arguments.output:
-        write_rollouts(arguments.output, rollouts)
+    rollouts = evaluate_endpoint(arguments, sql_agent, validation)
     print(summarise(rollouts).line(f"spider validation ({arguments.model})"))
     return 0
 
