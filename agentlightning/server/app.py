@@ -12,6 +12,8 @@ Routes (JSON unless said otherwise; every route but ``/health`` needs the bearer
 - proxy: ``POST /rollouts/{id}/v1/{chat/completions|completions|responses}``, ``GET /rollouts/{id}/v1/models``
 - ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /stats``, ``GET /model``, ``GET /workers``,
   ``POST /stop``
+
+The proxy, the worker protocol and ``/stats`` are served without FastAPI (see :mod:`agentlightning.server.worker_api`).
 """
 
 from __future__ import annotations
@@ -21,12 +23,11 @@ import contextlib
 import json
 import logging
 import re
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -34,11 +35,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agentlightning.server.auth import AuthMiddleware
 from agentlightning.server.limits import BodyLimitMiddleware
 from agentlightning.server.proxy import Proxy
-from agentlightning.server.records import Lease, Task
+from agentlightning.server.records import Task
 from agentlightning.server.runtime import Runtime
-from agentlightning.server.states import InvalidTransition
-from agentlightning.server.store import Conflict, NotFound, StoreError, task_id_for
-from agentlightning.types import LLM, Rollout
+from agentlightning.server.store import StoreError, task_id_for
+from agentlightning.server.worker_api import WorkerRoutes, store_error, validate_body
 
 logger = logging.getLogger(__name__)
 
@@ -56,42 +56,12 @@ class EnqueueRequest(BaseModel):
     max_attempts: int | None = Field(default=None, ge=1)
 
 
-class ResultUpload(BaseModel):
-    """Body of ``POST /rollouts/{id}/result``."""
-
-    attempt: int = Field(ge=1)
-    worker_id: str | None = None
-    rollout: Rollout
-
-
-class HeartbeatRequest(BaseModel):
-    """Body of ``POST /rollouts/{id}/heartbeat``."""
-
-    attempt: int = Field(ge=1)
-    worker_id: str
-
-
 def _json(model: BaseModel, status: int = 200) -> Response:
     return Response(model.model_dump_json(), status_code=status, media_type="application/json")
 
 
 async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    raw = await request.body()
-    try:
-        return model.model_validate_json(raw or b"{}")
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in error['loc']) or 'body'}: {error['msg']}" for error in exc.errors()[:5]
-        )
-        raise HTTPException(422, f"invalid {model.__name__} for {request.url.path}: {problems}") from None
-
-
-def _store_errors(exc: StoreError | InvalidTransition) -> HTTPException:
-    if isinstance(exc, NotFound):
-        return HTTPException(404, str(exc))
-    if isinstance(exc, (Conflict, InvalidTransition)):
-        return HTTPException(409, str(exc))
-    return HTTPException(400, str(exc))
+    return validate_body(model, await request.body(), request.url.path)
 
 
 def parse_dataset_body(raw: bytes, content_type: str) -> tuple[list[Any], str | None, str | None]:
@@ -176,10 +146,6 @@ def create_app(runtime: Runtime) -> ASGIApp:
     async def metrics_text() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/stats")
-    async def stats() -> dict[str, Any]:
-        return {"rollouts": store.counts(), "stop_requested": runtime.stop_requested, "attached": runtime.attached}
-
     @app.get("/model")
     async def model() -> Response:
         current = store.current_model()
@@ -204,7 +170,7 @@ def create_app(runtime: Runtime) -> ASGIApp:
         try:
             info = store.add_dataset(records, dataset_id=dataset_id, name=name)
         except StoreError as exc:
-            raise _store_errors(exc) from None
+            raise store_error(exc) from None
         return _json(info)
 
     @app.get("/datasets")
@@ -223,7 +189,7 @@ def create_app(runtime: Runtime) -> ASGIApp:
         try:
             return [task.model_dump() for task in store.dataset_tasks(dataset_id)]
         except StoreError as exc:
-            raise _store_errors(exc) from None
+            raise store_error(exc) from None
 
     @app.post("/datasets/{dataset_id}/attach")
     async def attach(dataset_id: str) -> dict[str, Any]:
@@ -244,7 +210,7 @@ def create_app(runtime: Runtime) -> ASGIApp:
                                    group_size=body.group_size, group_id=body.group_id, timeout=body.timeout,
                                    max_attempts=body.max_attempts)
         except StoreError as exc:
-            raise _store_errors(exc) from None
+            raise store_error(exc) from None
         return {"rollout_ids": ids}
 
     @app.get("/rollouts")
@@ -284,53 +250,7 @@ def create_app(runtime: Runtime) -> ASGIApp:
         try:
             return _json(store.cancel(rollout_id))
         except StoreError as exc:
-            raise _store_errors(exc) from None
-
-    # -- worker protocol -------------------------------------------------------------------------------------
-
-    @app.post("/workers/{worker_id}/dequeue")
-    async def dequeue(worker_id: str, wait: float = 0.0) -> Response:
-        deadline = time.monotonic() + max(0.0, min(wait, settings.dequeue_wait_max))
-        while True:
-            if runtime.stop_requested:
-                return JSONResponse({"lease": None, "stop": True})
-            woken = runtime.work_event()
-            lease = store.dequeue(worker_id, settings.lease_seconds)
-            if lease is not None:
-                metrics.inc("agl_rollouts_leased_total")
-                return Response(
-                    '{"stop":false,"lease":' + _with_llm(runtime, lease).model_dump_json() + "}",
-                    media_type="application/json",
-                )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return JSONResponse({"lease": None, "stop": False})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), remaining)
-
-    @app.post("/rollouts/{rollout_id}/heartbeat")
-    async def heartbeat(rollout_id: str, request: Request) -> dict[str, Any]:
-        body: HeartbeatRequest = await _parse(request, HeartbeatRequest)
-        try:
-            verdict = store.heartbeat(rollout_id, body.attempt, body.worker_id, settings.lease_seconds)
-        except StoreError as exc:
-            raise _store_errors(exc) from None
-        return {"ok": verdict == "ok", "message": verdict, "stop": runtime.stop_requested}
-
-    @app.post("/rollouts/{rollout_id}/result")
-    async def result(rollout_id: str, request: Request) -> Response:
-        body: ResultUpload = await _parse(request, ResultUpload)
-        if body.rollout.rollout_id != rollout_id:
-            raise HTTPException(422, f"result for {body.rollout.rollout_id!r} posted to rollout {rollout_id!r}")
-        try:
-            outcome = store.complete(rollout_id, body.attempt, body.worker_id, body.rollout)
-        except (StoreError, InvalidTransition) as exc:
-            raise _store_errors(exc) from None
-        if outcome.accepted:
-            metrics.inc("agl_results_total", status=body.rollout.status)
-        if outcome.retried:
-            runtime.notify_work()
-        return _json(outcome)
+            raise store_error(exc) from None
 
     # -- proxy ----------------------------------------------------------------------------------------------
 
@@ -340,13 +260,18 @@ def create_app(runtime: Runtime) -> ASGIApp:
         name = upstream.model_name if upstream and upstream.model_name else "default"
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "agentlightning"}]})
 
+    worker_routes = WorkerRoutes(runtime)
+
     async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
-        """Proxy requests, the hot path, skip FastAPI's routing and dependency solving."""
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = _PROXY_PATH.match(scope["path"])
-            if match is not None:
-                response = await proxy.handle(Request(scope, receive), match["rollout_id"], match["path"])
-                await response(scope, receive, send)
+        """The hot paths (proxy, worker protocol, /stats) skip FastAPI's routing and dependency solving."""
+        if scope["type"] == "http":
+            if scope["method"] == "POST":
+                match = _PROXY_PATH.match(scope["path"])
+                if match is not None:
+                    response = await proxy.handle(Request(scope, receive), match["rollout_id"], match["path"])
+                    await response(scope, receive, send)
+                    return
+            if await worker_routes.handle(scope, receive, send):
                 return
         await app(scope, receive, send)
 
@@ -389,18 +314,6 @@ def enqueue_rollouts(
     runtime.metrics.inc("agl_rollouts_enqueued_total", float(len(ids)))
     runtime.notify_work()
     return ids
-
-
-def _with_llm(runtime: Runtime, lease: Lease) -> Lease:
-    upstream = runtime.upstream
-    base = runtime.public_url or ""
-    lease.llm = LLM(
-        base_url=f"{base}/rollouts/{lease.rollout_id}/v1",
-        model=(upstream.model_name if upstream and upstream.model_name else "default"),
-        api_key=runtime.token or "EMPTY",
-        model_version=upstream.model_version if upstream else None,
-    )
-    return lease
 
 
 def _describe_metrics(runtime: Runtime) -> None:
