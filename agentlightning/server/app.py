@@ -268,7 +268,7 @@ def create_app(runtime: Runtime) -> ASGIApp:
             if scope["method"] == "POST":
                 match = _PROXY_PATH.match(scope["path"])
                 if match is not None:
-                    response = await proxy.handle(Request(scope, receive), match["rollout_id"], match["path"])
+                    response = await proxy.handle(receive, match["rollout_id"], match["path"])
                     await response(scope, receive, send)
                     return
             if await worker_routes.handle(scope, receive, send):

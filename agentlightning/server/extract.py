@@ -1,4 +1,8 @@
-"""Turning a proxied request and the upstream's answer (a JSON body or a server-sent event stream) into a ``Call``.
+"""Turning a proxied request and the upstream's answer (a JSON body or a server-sent event stream) into a call record.
+
+A call record is a plain dict of :class:`~agentlightning.types.Call` fields, JSON-ready: the proxy builds one per
+forwarded request and the store keeps it as JSON, validated as a ``Call`` only when it is read back (building
+pydantic models on every proxied call cost more CPU than the rest of the recording).
 
 Token ids are read where vLLM puts them with ``return_token_ids``: ``prompt_token_ids`` at the top level (chat,
 Responses) or on the choice (legacy completions), ``choices[i].token_ids`` (chat, completions; per chunk when
@@ -10,7 +14,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agentlightning.types import Call
+from agentlightning.types import new_id
+
+CallRecord = dict[str, Any]
 
 ENDPOINTS: dict[str, str] = {
     "chat/completions": "chat.completions",
@@ -38,7 +44,9 @@ def call_input(endpoint: str, body: dict[str, Any]) -> Any:
     return data
 
 
-def new_call(rollout_id: str, endpoint: str, body: dict[str, Any], start: float, model_version: str | None) -> Call:
+def new_call(
+    rollout_id: str, endpoint: str, body: dict[str, Any], start: float, model_version: str | None
+) -> CallRecord:
     """The call record for a request, before the answer is known."""
     metadata: dict[str, Any] = {
         "endpoint": endpoint,
@@ -48,46 +56,50 @@ def new_call(rollout_id: str, endpoint: str, body: dict[str, Any], start: float,
     }
     if model_version is not None:
         metadata["model_version"] = model_version
-    return Call(
-        rollout_id=rollout_id,
-        kind="llm",
-        name=body.get("model"),
-        input=call_input(endpoint, body),
-        tools=body.get("tools"),
-        start_time=start,
-        metadata=metadata,
-    )
+    model = body.get("model")
+    tools = body.get("tools")
+    return {
+        "call_id": new_id("call"),
+        "rollout_id": rollout_id,
+        "kind": "llm",
+        "name": model if isinstance(model, str) else None,
+        "input": call_input(endpoint, body),
+        "tools": tools if isinstance(tools, list) and all(isinstance(t, dict) for t in tools) else None,
+        "status": "ok",
+        "start_time": start,
+        "metadata": metadata,
+    }
 
 
-def fill_from_body(call: Call, endpoint: str, body: Any) -> None:
+def fill_from_body(call: CallRecord, endpoint: str, body: Any) -> None:
     """Complete ``call`` from a non-streamed upstream answer."""
     if not isinstance(body, dict):
         return
-    call.response_id = body.get("id")
+    call["response_id"] = _str(body.get("id"))
     if body.get("usage"):
-        call.metadata["usage"] = body["usage"]
+        call["metadata"]["usage"] = body["usage"]
     if endpoint == "responses":
         _fill_responses(call, body)
         return
     choices = body.get("choices") or [{}]
-    choice = choices[0] if isinstance(choices[0], dict) else {}
+    choice = choices[0] if isinstance(choices, list) and isinstance(choices[0], dict) else {}
     prompt_ids = body.get("prompt_token_ids", choice.get("prompt_token_ids"))
-    call.prompt_token_ids = _ints(prompt_ids)
-    call.completion_token_ids = _ints(choice.get("token_ids"))
-    call.completion_logprobs = _logprobs(choice.get("logprobs"))
+    call["prompt_token_ids"] = _ints(prompt_ids)
+    call["completion_token_ids"] = _ints(choice.get("token_ids"))
+    call["completion_logprobs"] = _logprobs(choice.get("logprobs"))
     if endpoint == "chat.completions":
         message = choice.get("message") or {}
-        call.output = {
+        call["output"] = {
             "content": message.get("content"),
             "tool_calls": message.get("tool_calls") or [],
             "finish_reason": choice.get("finish_reason"),
         }
     else:
-        call.output = {"content": choice.get("text"), "tool_calls": [], "finish_reason": choice.get("finish_reason")}
+        call["output"] = {"content": choice.get("text"), "tool_calls": [], "finish_reason": choice.get("finish_reason")}
     _mark_source(call)
 
 
-def _fill_responses(call: Call, body: dict[str, Any]) -> None:
+def _fill_responses(call: CallRecord, body: dict[str, Any]) -> None:
     texts: list[str] = []
     tool_calls: list[dict[str, Any]] = []
     logprobs: list[float] = []
@@ -104,11 +116,11 @@ def _fill_responses(call: Call, body: dict[str, Any]) -> None:
                 {"id": item.get("call_id"), "type": "function",
                  "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
             )
-    call.output = {"content": "".join(texts) if texts else None, "tool_calls": tool_calls,
-                   "finish_reason": body.get("status")}
-    call.prompt_token_ids = _ints(body.get("prompt_token_ids"))
-    call.completion_token_ids = _ints(body.get("output_token_ids"))
-    call.completion_logprobs = logprobs or None
+    call["output"] = {"content": "".join(texts) if texts else None, "tool_calls": tool_calls,
+                      "finish_reason": body.get("status")}
+    call["prompt_token_ids"] = _ints(body.get("prompt_token_ids"))
+    call["completion_token_ids"] = _ints(body.get("output_token_ids"))
+    call["completion_logprobs"] = logprobs or None
     _mark_source(call)
 
 
@@ -185,19 +197,19 @@ class StreamAccumulator:
             slot["function"]["name"] = function.get("name") or slot["function"]["name"]
             slot["function"]["arguments"] += function.get("arguments") or ""
 
-    def fill(self, call: Call) -> None:
+    def fill(self, call: CallRecord) -> None:
         """Complete ``call`` from what the stream carried."""
         if self.endpoint == "responses":
             if self.final_response is not None:
                 fill_from_body(call, "responses", self.final_response)
             return
-        call.response_id = self.response_id
-        call.prompt_token_ids = self.prompt_ids
-        call.completion_token_ids = self.completion_ids
-        call.completion_logprobs = self.logprobs
+        call["response_id"] = _str(self.response_id)
+        call["prompt_token_ids"] = self.prompt_ids
+        call["completion_token_ids"] = self.completion_ids
+        call["completion_logprobs"] = self.logprobs
         if self.usage:
-            call.metadata["usage"] = self.usage
-        call.output = {
+            call["metadata"]["usage"] = self.usage
+        call["output"] = {
             "content": "".join(self.text) if self.text else None,
             "tool_calls": [self.tool_calls[i] for i in sorted(self.tool_calls)],
             "finish_reason": self.finish_reason,
@@ -205,9 +217,13 @@ class StreamAccumulator:
         _mark_source(call)
 
 
-def _mark_source(call: Call) -> None:
-    if call.prompt_token_ids is not None or call.completion_token_ids is not None:
-        call.token_source = "server"
+def _mark_source(call: CallRecord) -> None:
+    if call.get("prompt_token_ids") is not None or call.get("completion_token_ids") is not None:
+        call["token_source"] = "server"
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _ints(value: Any) -> list[int] | None:

@@ -3,7 +3,9 @@
 The proxy knows the exact token ids (from the serving backend); the client knows roles, tools and rewards.
 Calls are matched by response id first, then in order among the remaining LLM calls that went through the
 proxy. Proxy calls that no client call claims (an agent that could not be instrumented) are added as calls of
-their own, placed by start time.
+their own, placed by start time. A client call already joined with a proxy call (``metadata["proxy_call_id"]``)
+is not matched again, so a proxy call that lands after its rollout was stored joins the stored calls the same way
+(:func:`join_late_call`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def join_calls(rollout_id: str, client_calls: list[Call], proxy_calls: list[Call
     by_response = {call.response_id: call for call in remaining if call.response_id}
     unmatched: list[Call] = []
     for call in calls:
-        if call.kind != "llm":
+        if call.kind != "llm" or "proxy_call_id" in call.metadata:
             continue
         proxy = by_response.pop(call.response_id, None) if call.response_id else None
         if proxy is not None:
@@ -39,6 +41,16 @@ def join_calls(rollout_id: str, client_calls: list[Call], proxy_calls: list[Call
         call.sequence = sequence
         call.rollout_id = rollout_id
     return merged
+
+
+def join_late_call(rollout_id: str, stored_calls: list[Call], proxy: Call) -> list[Call]:
+    """Join a proxy call that landed after the rollout's result was stored (e.g. in flight at the timeout) with the
+    rollout's stored calls; the call it became or joined is marked ``metadata["late"] = True``."""
+    calls = join_calls(rollout_id, stored_calls, [proxy])
+    for call in calls:
+        if call.call_id == proxy.call_id or call.metadata.get("proxy_call_id") == proxy.call_id:
+            call.metadata["late"] = True
+    return calls
 
 
 def _merge(call: Call, proxy: Call) -> None:

@@ -13,14 +13,13 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from starlette.background import BackgroundTask
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentlightning.server.extract import ENDPOINTS, StreamAccumulator, fill_from_body, new_call
+from agentlightning.server.extract import ENDPOINTS, CallRecord, StreamAccumulator, fill_from_body, new_call
 from agentlightning.server.runtime import Runtime, Upstream
 from agentlightning.server.upstream_http import (
     ConnectError,
@@ -32,7 +31,7 @@ from agentlightning.server.upstream_http import (
     UpstreamResponse,
     env_proxy_for,
 )
-from agentlightning.types import Call
+from agentlightning.server.worker_api import read_body
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +77,8 @@ class Proxy:
             self._via_env_proxy = HttpxUpstreamClient(timeout=self.runtime.settings.upstream_timeout)
         return self._via_env_proxy
 
-    async def handle(self, request: Request, rollout_id: str, path: str) -> Response:
-        """Serve ``POST /rollouts/{rollout_id}/v1/{path}``."""
+    async def handle(self, receive: Receive, rollout_id: str, path: str) -> ASGIApp:
+        """Serve ``POST /rollouts/{rollout_id}/v1/{path}``: returns the answer to send."""
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
             return openai_error(404, f"unknown endpoint /v1/{path}: the proxy serves chat/completions, completions "
@@ -92,7 +91,7 @@ class Proxy:
             return openai_error(503, "no upstream model is configured on the server (agl server --upstream URL, "
                                      "or LightningServer.set_upstream)", "no_upstream", "server_error")
         try:
-            body = json.loads(await request.body())
+            body = json.loads(await read_body(receive))
         except ValueError as exc:
             return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
         if not isinstance(body, dict):
@@ -108,7 +107,7 @@ class Proxy:
             return await self._stream(client, url, headers, payload, call, attempt, endpoint)
         return await self._forward(client, url, headers, payload, call, attempt, endpoint)
 
-    def _check_rollout(self, rollout_id: str) -> tuple[Response | None, int]:
+    def _check_rollout(self, rollout_id: str) -> tuple[JSONResponse | None, int]:
         state = self.runtime.store.rollout_state(rollout_id)
         if state is None:
             return openai_error(404, f"unknown rollout {rollout_id!r}: this is not the LLM endpoint of any rollout on "
@@ -120,9 +119,9 @@ class Proxy:
         return None, attempt
 
     async def _send(
-        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: Call, attempt: int,
+        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: CallRecord, attempt: int,
         endpoint: str, stream: bool,
-    ) -> tuple[UpstreamResponse | None, Response | None, int]:
+    ) -> tuple[UpstreamResponse | None, JSONResponse | None, int]:
         """POST upstream, retrying connection failures and retryable statuses with backoff. Returns (the answer
         to pass on, None, tries) or (None, the error answer, tries); an error status comes back already read."""
         settings = self.runtime.settings
@@ -148,48 +147,46 @@ class Proxy:
             return response, None, tries
 
     async def _forward(
-        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: Call, attempt: int,
+        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: CallRecord, attempt: int,
         endpoint: str,
-    ) -> Response:
+    ) -> ASGIApp:
         response, failure, tries = await self._send(client, url, headers, payload, call, attempt, endpoint, False)
         if response is None:
             assert failure is not None
             return failure
-        call.end_time = time.time()
-        call.metadata["upstream_tries"] = tries
+        call["end_time"] = time.time()
+        call["metadata"]["upstream_tries"] = tries
         content = await response.aread()
-        record = BackgroundTask(self._record_body, call, attempt, endpoint, response.status_code, content)
-        media_type = response.header("content-type") or "application/json"
-        return Response(content, status_code=response.status_code, media_type=media_type, background=record)
+        return _Answer(response.status_code, response.header("content-type") or "application/json", content,
+                       lambda: self._record_body(call, attempt, endpoint, response.status_code, content))
 
-    async def _record_body(self, call: Call, attempt: int, endpoint: str, status: int, content: bytes) -> None:
-        """Runs on the event loop right after the answer was sent (an async background task, so no thread hop)."""
+    def _record_body(self, call: CallRecord, attempt: int, endpoint: str, status: int, content: bytes) -> None:
+        """Runs on the event loop right after the answer was sent."""
         try:
             data = json.loads(content)
         except ValueError:
             data = None
         if status >= 400:
-            call.status = "error"
-            call.error = f"upstream HTTP {status}: {_error_message(data, content)}"
+            call["status"] = "error"
+            call["error"] = f"upstream HTTP {status}: {_error_message(data, content)}"
         else:
             fill_from_body(call, endpoint, data)
         self._record(call, attempt, endpoint)
 
     async def _stream(
-        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: Call, attempt: int,
+        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: CallRecord, attempt: int,
         endpoint: str,
-    ) -> Response:
+    ) -> ASGIApp:
         response, failure, tries = await self._send(client, url, headers, payload, call, attempt, endpoint, True)
         if response is None:
             assert failure is not None
             return failure
         if response.status_code >= 400:
             content = await response.aread()
-            call.end_time = time.time()
-            record = BackgroundTask(self._record_body, call, attempt, endpoint, response.status_code, content)
-            return Response(content, status_code=response.status_code, media_type=response.header("content-type"),
-                            background=record)
-        call.metadata["upstream_tries"] = tries
+            call["end_time"] = time.time()
+            return _Answer(response.status_code, response.header("content-type") or "application/json", content,
+                           lambda: self._record_body(call, attempt, endpoint, response.status_code, content))
+        call["metadata"]["upstream_tries"] = tries
         accumulator = StreamAccumulator(endpoint)
 
         async def passthrough() -> AsyncIterator[bytes]:
@@ -201,22 +198,24 @@ class Proxy:
                 completed = True
             finally:
                 await response.aclose()
-                call.end_time = time.time()
+                call["end_time"] = time.time()
                 accumulator.fill(call)
                 if not completed:
-                    call.status = "error"
-                    call.error = "stream interrupted before the upstream finished"
+                    call["status"] = "error"
+                    call["error"] = "stream interrupted before the upstream finished"
                 self._record(call, attempt, endpoint)
 
         return StreamingResponse(passthrough(), status_code=response.status_code,
                                  media_type=response.header("content-type") or "text/event-stream")
 
-    def _failed(self, call: Call, attempt: int, endpoint: str, status: int, message: str, code: str) -> Response:
-        call.end_time = time.time()
-        call.status = "error"
-        call.error = message
+    def _failed(
+        self, call: CallRecord, attempt: int, endpoint: str, status: int, message: str, code: str
+    ) -> JSONResponse:
+        call["end_time"] = time.time()
+        call["status"] = "error"
+        call["error"] = message
         self._record(call, attempt, endpoint)
-        logger.warning("proxy for rollout %s: %s", call.rollout_id, message)
+        logger.warning("proxy for rollout %s: %s", call["rollout_id"], message)
         return openai_error(status, message, code, "upstream_error")
 
     async def _backoff(self, tries: int, retry_after: str | None, endpoint: str, reason: str) -> None:
@@ -231,15 +230,35 @@ class Proxy:
         logger.info("upstream answered %s on %s; retrying in %.2f s (try %d)", reason, endpoint, delay, tries + 1)
         await asyncio.sleep(delay)
 
-    def _record(self, call: Call, attempt: int, endpoint: str) -> None:
+    def _record(self, call: CallRecord, attempt: int, endpoint: str) -> None:
         metrics = self.runtime.metrics
-        metrics.inc("agl_proxy_calls_total", endpoint=endpoint, status=call.status)
-        if call.end_time is not None:
-            metrics.observe("agl_proxy_call_seconds", call.end_time - call.start_time, endpoint=endpoint)
+        metrics.inc("agl_proxy_calls_total", endpoint=endpoint, status=call["status"])
+        if call.get("end_time") is not None:
+            metrics.observe("agl_proxy_call_seconds", call["end_time"] - call["start_time"], endpoint=endpoint)
         try:
             self.runtime.store.record_proxy_call(call, attempt)
         except Exception:  # recording must never break the agent's call
-            logger.exception("could not record proxy call of rollout %s", call.rollout_id)
+            logger.exception("could not record proxy call of rollout %s", call["rollout_id"])
+
+
+class _Answer:
+    """A buffered upstream answer passed on as is; ``then`` runs once the agent has it (recording the call)."""
+
+    __slots__ = ("status", "headers", "content", "then")
+
+    def __init__(self, status: int, media_type: str, content: bytes, then: Callable[[], None]) -> None:
+        self.status = status
+        self.headers = [(b"content-type", media_type.encode("latin-1")),
+                        (b"content-length", str(len(content)).encode())]
+        self.content = content
+        self.then = then
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
+            await send({"type": "http.response.body", "body": self.content})
+        finally:  # recorded even when the agent went away meanwhile
+            self.then()
 
 
 def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream) -> bytes:

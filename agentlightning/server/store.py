@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -18,7 +19,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentlightning.server.join import join_calls
+from pydantic import ValidationError
+
+from agentlightning.server.join import join_calls, join_late_call
 from agentlightning.server.records import (
     AttemptInfo,
     DatasetInfo,
@@ -30,6 +33,8 @@ from agentlightning.server.records import (
 )
 from agentlightning.server.states import decide, event_for_status, is_terminal
 from agentlightning.types import Call, ErrorInfo, Reward, Rollout, new_id
+
+logger = logging.getLogger(__name__)
 
 
 class StoreError(Exception):
@@ -101,8 +106,12 @@ class Store(ABC):
         """(state, attempt) of a rollout, or None if unknown. Cheap for running rollouts."""
 
     @abstractmethod
-    def record_proxy_call(self, call: Call, attempt: int) -> None:
-        """Remember a call the proxy forwarded for a running rollout (buffered; see :meth:`flush`)."""
+    def record_proxy_call(self, call: dict[str, Any], attempt: int) -> None:
+        """Remember a call the proxy forwarded for ``attempt`` of a rollout (buffered while that attempt runs; see
+        :meth:`flush`). ``call`` holds :class:`Call` fields, JSON-ready, with ``call_id``, ``rollout_id`` and
+        ``start_time``; it is validated when read back. A call that lands after its attempt's result finished the
+        rollout (e.g. in flight at the timeout) is joined into the stored rollout's calls, marked
+        ``metadata["late"]``."""
 
     @abstractmethod
     def proxy_calls(self, rollout_id: str, attempt: int | None = None) -> list[Call]:
@@ -460,10 +469,7 @@ class SQLiteStore(Store):
         })
         self._db.execute("DELETE FROM calls WHERE rollout_id=?", (rollout_id,))
         self._db.execute("DELETE FROM rewards WHERE rollout_id=?", (rollout_id,))
-        self._db.executemany(
-            "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?)",
-            [(rollout_id, c.sequence, c.call_id, c.kind, c.role, c.model_dump_json()) for c in calls],
-        )
+        self._insert_calls(rollout_id, calls)
         self._db.executemany(
             "INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?)",
             [(rollout_id, i, r.value, r.call_id, r.source, r.model_dump_json()) for i, r in enumerate(result.rewards)],
@@ -472,6 +478,12 @@ class SQLiteStore(Store):
             "UPDATE rollouts SET status=?, attempt=?, worker_id=NULL, lease_expires=NULL, ended=?, final_reward=?, "
             "model_version=?, n_calls=?, record=? WHERE rollout_id=?",
             (state, attempt, now, result.final_reward, model_version, len(calls), record.model_dump_json(), rollout_id),
+        )
+
+    def _insert_calls(self, rollout_id: str, calls: Sequence[Call]) -> None:
+        self._db.executemany(
+            "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?)",
+            [(rollout_id, c.sequence, c.call_id, c.kind, c.role, c.model_dump_json()) for c in calls],
         )
 
     def _end_attempt(
@@ -564,12 +576,44 @@ class SQLiteStore(Store):
             row = self._db.execute("SELECT status, attempt FROM rollouts WHERE rollout_id=?", (rollout_id,)).fetchone()
         return None if row is None else (row[0], row[1])
 
-    def record_proxy_call(self, call: Call, attempt: int) -> None:
-        entry = (call.rollout_id or "", attempt, call.start_time, call.model_dump_json())
+    def record_proxy_call(self, call: dict[str, Any], attempt: int) -> None:
+        rollout_id = call["rollout_id"]
+        entry = (rollout_id, attempt, call["start_time"], json.dumps(call))
         with self._lock:
-            self._proxy_buffer.append(entry)
-            if len(self._proxy_buffer) >= PROXY_BATCH:
-                self._flush_locked()
+            if self._running.get(rollout_id) == attempt:
+                self._proxy_buffer.append(entry)
+                if len(self._proxy_buffer) >= PROXY_BATCH:
+                    self._flush_locked()
+                return
+            self._record_late(entry)
+
+    def _record_late(self, entry: tuple[str, int, float, str]) -> None:
+        """Store a proxy call whose attempt is no longer running; join it into the rollout if that attempt finished
+        it (the caller holds the lock)."""
+        rollout_id, attempt = entry[0], entry[1]
+        with self._transaction():
+            self._insert_proxy_buffer()
+            self._db.execute(_INSERT_PROXY_CALL, entry)
+            row = self._db.execute(
+                "SELECT status, attempt, record IS NOT NULL FROM rollouts WHERE rollout_id=?", (rollout_id,)
+            ).fetchone()
+            finished_by_it = row is not None and is_terminal(row[0]) and row[1] == attempt and row[2]
+            if finished_by_it:
+                late = _calls_from_json([entry[3]], rollout_id)
+                if late:
+                    stored = _calls_from_json(
+                        [r[0] for r in self._db.execute(
+                            "SELECT body FROM calls WHERE rollout_id=? ORDER BY sequence", (rollout_id,))],
+                        rollout_id,
+                    )
+                    calls = join_late_call(rollout_id, stored, late[0])
+                    self._db.execute("DELETE FROM calls WHERE rollout_id=?", (rollout_id,))
+                    self._insert_calls(rollout_id, calls)
+                    self._db.execute("UPDATE rollouts SET n_calls=? WHERE rollout_id=?", (len(calls), rollout_id))
+        self._proxy_buffer = []
+        if finished_by_it:
+            logger.info("rollout %s: a proxy call of attempt %d landed after its result; joined as late",
+                        rollout_id, attempt)
 
     def flush(self) -> None:
         with self._lock:
@@ -595,7 +639,7 @@ class SQLiteStore(Store):
                 rows = self._db.execute(
                     "SELECT body FROM proxy_calls WHERE rollout_id=? ORDER BY start_time, id", (rollout_id,)
                 ).fetchall()
-                return [Call.model_validate_json(r[0]) for r in rows]
+                return _calls_from_json([r[0] for r in rows], rollout_id)
             return self._load_proxy_calls(rollout_id, attempt)
 
     def _load_proxy_calls(self, rollout_id: str, attempt: int) -> list[Call]:
@@ -603,7 +647,7 @@ class SQLiteStore(Store):
             "SELECT body FROM proxy_calls WHERE rollout_id=? AND attempt=? ORDER BY start_time, id",
             (rollout_id, attempt),
         ).fetchall()
-        return [Call.model_validate_json(r[0]) for r in rows]
+        return _calls_from_json([r[0] for r in rows], rollout_id)
 
     # -- queries ------------------------------------------------------------------------------------------------
 
@@ -729,6 +773,18 @@ class SQLiteStore(Store):
 
     def _transaction(self) -> _Transaction:
         return _Transaction(self._db)
+
+
+def _calls_from_json(bodies: Iterable[str], rollout_id: str) -> list[Call]:
+    """Stored proxy records as calls; a record that is not a valid call is skipped with a warning (one bad upstream
+    answer must not make its rollout's result unstorable)."""
+    calls: list[Call] = []
+    for body in bodies:
+        try:
+            calls.append(Call.model_validate_json(body))
+        except ValidationError as exc:
+            logger.warning("rollout %s: skipping an invalid proxy call record: %s", rollout_id, exc)
+    return calls
 
 
 class _Transaction:

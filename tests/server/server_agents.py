@@ -40,7 +40,8 @@ def behaving_agent(task: dict, llm: agl.LLM) -> float:
     - "crash": logs, prints, raises ValueError;
     - "hang": never returns;
     - "hold": on its first attempt writes ``<mark_dir>/<question>.<pid>`` and waits for ``release-<question>`` (so a
-      test can kill its process mid-rollout); later attempts return at once.
+      test can kill its process mid-rollout); later attempts return at once;
+    - "late": makes a second call, asking "slow <question>" (a test's upstream answers it slowly).
     """
     _ask(llm, task["question"])
     mode = task["mode"]
@@ -48,6 +49,8 @@ def behaving_agent(task: dict, llm: agl.LLM) -> float:
         logger.warning("about to fail on %s", task["question"])
         print("printed by the agent before crashing")
         raise ValueError(f"agent bug on {task['question']}")
+    if mode == "late":
+        _ask(llm, f"slow {task['question']}")
     if mode == "hang":
         logger.info("hanging now")
         time.sleep(3600)

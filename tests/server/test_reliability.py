@@ -222,3 +222,35 @@ def _finished(http: httpx.Client, at_least: int) -> list[dict] | None:
     except httpx.TransportError:
         return None
     return rows if len(rows) >= at_least else None
+
+
+def test_proxy_call_landing_after_the_timeout_result_is_joined_as_late(tmp_path: Path) -> None:
+    """A call in flight when its rollout timed out lands after the timeout result was stored (the worker reported
+    and exited meanwhile): it joins the stored rollout's calls, marked late, instead of staying an orphan record."""
+
+    def reply(request):  # noqa: ANN001, ANN202
+        text = request.last_user_text
+        return MockReply(content=f"echo: {text}", latency=3.0 if text.startswith("slow") else 0.0)
+
+    with MockLLMServer(handler=reply) as mock, LightningServer(
+        tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model", settings=FAST
+    ) as server:
+        pool = start_workers(server_agents.behaving_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"),
+                             kill_grace=2.0)
+        try:
+            [rid] = server.enqueue([{"mode": "late", "question": "late-q"}], timeout=1.0, max_attempts=1)
+            [timed_out] = server.wait([rid], timeout=30)
+            assert timed_out.status == "timeout"
+            rollout = _wait_for(lambda: (r := server.store.get_rollout(rid)) is not None and len(r.llm_calls) == 2 and r,
+                                15, "the late call to join the stored rollout")
+        finally:
+            server.request_stop()
+            pool.wait(20)
+        first, late = rollout.llm_calls
+        assert rollout.status == "timeout" and rollout.error.type == "Timeout"
+        assert first.output["content"] == "echo: late-q" and not first.metadata.get("late")
+        assert late.metadata["late"] is True and late.output["content"] == "echo: slow late-q"
+        assert late.token_source == "server" and late.completion_token_ids == mock.tokenizer.encode("echo: slow late-q")
+        assert [c.sequence for c in rollout.calls] == list(range(len(rollout.calls)))
+        [row] = server.store.list_rollouts(status="timeout")
+        assert row.n_calls == len(rollout.calls)

@@ -64,8 +64,9 @@ def test_proxy_calls_written_with_the_result_survive_a_failed_result_write(
     first_id, other_id = store.enqueue(store.dataset_tasks(info.dataset_id))
     lease = store.dequeue("w", 10.0)
     other = store.dequeue("w", 10.0)
-    store.record_proxy_call(Call(rollout_id=first_id, completion_token_ids=[1]), attempt=1)
-    store.record_proxy_call(Call(rollout_id=other_id, completion_token_ids=[2]), attempt=1)  # still running
+    store.record_proxy_call(Call(rollout_id=first_id, completion_token_ids=[1]).model_dump(mode="json"), attempt=1)
+    store.record_proxy_call(Call(rollout_id=other_id, completion_token_ids=[2]).model_dump(mode="json"), attempt=1)
+    # ^ still running
 
     def broken(*_args: object) -> None:
         raise OSError("disk full")
@@ -87,7 +88,7 @@ def test_result_is_idempotent_and_joins_proxy_calls(store: SQLiteStore) -> None:
     lease = store.dequeue("w", 10.0)
     proxy = Call(rollout_id=rid, name="m", response_id="resp-1", prompt_token_ids=[1, 2], completion_token_ids=[3],
                  token_source="server", metadata={"model_version": "v7"})
-    store.record_proxy_call(proxy, attempt=1)
+    store.record_proxy_call(proxy.model_dump(mode="json"), attempt=1)
     client = Call(rollout_id=rid, role="writer", response_id="resp-1", input=[{"role": "user", "content": "hi"}])
     first = store.complete(rid, 1, "w", _result(lease, calls=[client]))
     again = store.complete(rid, 1, "w", _result(lease, calls=[client]))
@@ -100,6 +101,24 @@ def test_result_is_idempotent_and_joins_proxy_calls(store: SQLiteStore) -> None:
     assert call.token_source == "server" and call.metadata["model_version"] == "v7"
     assert [r.value for r in rollout.rewards] == [1.0]
     assert store.rollout_state(rid) == ("succeeded", 1)
+
+
+def test_proxy_call_landing_after_the_result_joins_only_the_attempt_that_finished(store: SQLiteStore) -> None:
+    info = store.add_dataset([{"id": "t"}])
+    [rid] = store.enqueue(store.dataset_tasks(info.dataset_id), max_attempts=2)
+    first = store.dequeue("w", 10.0)
+    assert store.complete(rid, 1, "w", _result(first, status="timeout")).retried
+    stale = Call(rollout_id=rid, response_id="resp-old", completion_token_ids=[1])
+    store.record_proxy_call(stale.model_dump(mode="json"), attempt=1)  # attempt 1 no longer counts
+    second = store.dequeue("w", 10.0)
+    client = Call(rollout_id=rid, role="writer", response_id="resp-late", input="hi")
+    assert store.complete(rid, 2, "w", _result(second, status="timeout", calls=[client])).status == "timeout"
+    late = Call(rollout_id=rid, response_id="resp-late", completion_token_ids=[7], token_source="server")
+    store.record_proxy_call(late.model_dump(mode="json"), attempt=2)
+    [call] = store.get_rollout(rid).calls
+    assert call.role == "writer" and call.completion_token_ids == [7] and call.token_source == "server"
+    assert call.metadata["late"] is True and call.metadata["proxy_call_id"] == late.call_id
+    assert [c.response_id for c in store.proxy_calls(rid)] == ["resp-old", "resp-late"]
 
 
 def test_failures_retry_with_bounded_attempts_keeping_errors_and_logs(store: SQLiteStore) -> None:
@@ -154,7 +173,8 @@ def test_everything_survives_reopen(tmp_path: Path) -> None:
     info = store.add_dataset([{"id": "t1"}, {"id": "t2"}])
     ids = store.enqueue(store.dataset_tasks(info.dataset_id))
     lease = store.dequeue("w", 30.0)
-    store.record_proxy_call(Call(rollout_id=lease.rollout_id, completion_token_ids=[9]), attempt=1)
+    proxy = Call(rollout_id=lease.rollout_id, completion_token_ids=[9])
+    store.record_proxy_call(proxy.model_dump(mode="json"), attempt=1)
     store.close()
     reopened = SQLiteStore(path)
     assert reopened.rollout_state(lease.rollout_id) == ("running", 1)
