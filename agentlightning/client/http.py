@@ -1,9 +1,10 @@
 """The worker protocol's HTTP transport: keep-alive HTTP/1.1 over ``http.client``, thread-safe.
 
-Every rollout costs a worker two requests to the server (dequeue, result upload); httpx spends about 0.7 ms of
-CPU on each, ``http.client`` a fraction of that. :class:`KeepAliveHTTP` keeps idle connections in a small pool,
-sends each request in one write (``http.client`` joins headers and a bytes body) and resends once on a fresh
-connection when a reused one turns out to have been closed by the server. A server URL that the environment routes
+Every rollout costs a worker one or two requests to the server (the result upload, which takes the next lease,
+and a dequeue when it brought none); httpx spends about 0.7 ms of CPU on each, ``http.client`` a fraction of that.
+:class:`KeepAliveHTTP` keeps idle connections in a small pool, sends each request in one write (``http.client``
+joins headers and a bytes body) and resends once on a fresh connection when a reused one turns out to have been
+closed by the server. A server URL that the environment routes
 through a proxy (``HTTP_PROXY`` ...) goes through httpx instead (:class:`HttpxTransport`), as before.
 """
 

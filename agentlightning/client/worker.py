@@ -1,5 +1,8 @@
 """A worker process: lease a rollout, run the agent on it, report the result; repeat until told to stop.
 
+The report takes the worker's next lease in the same request (one request per rollout while there is work); a
+worker that found the queue empty long-polls ``dequeue``.
+
 The agent runs in a daemon thread of the worker so the worker can keep heart-beating and enforce the timeout.
 At the timeout the worker reports the rollout as 'timeout' with every call and log captured so far, then exits
 (a stuck thread cannot be killed any other way); the pool starts a fresh worker. If the worker itself stops
@@ -88,33 +91,42 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.s
     enable_auto_instrumentation()  # pay adapter set-up now, not inside the first lease
     install_log_capture()
     api = ServerAPI(config.server_url, config.token)
-    while not drain.is_set():
-        try:
-            lease, server_stop = api.dequeue(config.worker_id, DEQUEUE_WAIT, stop=drain,
-                                             retry_for=config.reconnect_seconds)
-        except Unreachable as exc:
-            if not drain.is_set():
-                logger.error("giving up on the server after %.0f s: %s", config.reconnect_seconds, exc)
-            break
-        except ServerError as exc:
-            logger.error("the server refused to hand out work: %s", exc.message)
-            if exc.status in (401, 403):
-                sys.exit(2)
-            time.sleep(1.0)
-            continue
+    lease: Lease | None = None  # handed with the last result; run even when draining (it is ours until reported)
+    while lease is not None or not drain.is_set():
+        if lease is None:
+            try:
+                lease, server_stop = api.dequeue(config.worker_id, DEQUEUE_WAIT, stop=drain,
+                                                 retry_for=config.reconnect_seconds)
+            except Unreachable as exc:
+                if not drain.is_set():
+                    logger.error("giving up on the server after %.0f s: %s", config.reconnect_seconds, exc)
+                break
+            except ServerError as exc:
+                logger.error("the server refused to hand out work: %s", exc.message)
+                if exc.status in (401, 403):
+                    sys.exit(2)
+                time.sleep(1.0)
+                continue
+            if server_stop:
+                logger.info("server says stop; worker exits")
+                break
+            if lease is None:
+                continue
+        abandoned, lease, server_stop = run_lease(agent, lease, api, config, slot, drain)
+        if abandoned:
+            os._exit(EXIT_ABANDONED)
         if server_stop:
             logger.info("server says stop; worker exits")
             break
-        if lease is None:
-            continue
-        abandoned = run_lease(agent, lease, api, config, slot)
-        if abandoned:
-            os._exit(EXIT_ABANDONED)
     api.close()
 
 
-def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerConfig, slot: WorkerSlot) -> bool:
-    """Run one leased rollout and report it. Returns True when an agent thread was left running (hung)."""
+def run_lease(
+    agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerConfig, slot: WorkerSlot,
+    drain: multiprocessing.synchronize.Event,
+) -> tuple[bool, Lease | None, bool]:
+    """Run one leased rollout and report it, taking the next lease with the report unless ``drain`` is set.
+    Returns (an agent thread was left running (hung), the next lease, the server says stop)."""
     timeout = config.timeout if config.timeout is not None else lease.timeout
     started = time.monotonic()
     slot.set(lease.rollout_id, lease.attempt, started + timeout if timeout else float("inf"))
@@ -137,7 +149,7 @@ def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerC
         if taken_away:
             logger.warning("attempt %d of %s was taken away by the server; dropping it", lease.attempt, lease.rollout_id)
             slot.clear()
-            return abandoned
+            return abandoned, None, False
         if abandoned:
             result = agent.finish_timeout(rollout, recorder, timeout)
         elif "error" in box:
@@ -146,9 +158,9 @@ def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerC
             result = agent.finish(rollout, recorder, box.get("output"))
     result.timings.setdefault("worker_seconds", time.monotonic() - started)
     result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
-    upload(api, result, lease.attempt, config)
+    following = upload(api, result, lease.attempt, config, take_next=not abandoned and not drain.is_set())
     slot.clear()
-    return abandoned
+    return (abandoned, *following)
 
 
 def _run_agent(
@@ -192,19 +204,29 @@ def _supervise(
                 return thread.is_alive(), True
 
 
-def upload(api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig) -> None:
-    """Report ``result``; if the server stays unreachable, spool it to disk for a later client to send."""
+def upload(
+    api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig, take_next: bool = False
+) -> tuple[Lease | None, bool]:
+    """Report ``result``; if the server stays unreachable, spool it to disk for a later client to send. With
+    ``take_next``, the worker's next lease comes with the answer: returns (that lease or None, the server says
+    stop)."""
+    lease, stop = None, False
     try:
-        outcome = api.upload_result(result, attempt, config.worker_id, retry_for=config.upload_retry_seconds)
+        if take_next:
+            outcome, lease, stop = api.upload_result_and_lease(result, attempt, config.worker_id,
+                                                               retry_for=config.upload_retry_seconds)
+        else:
+            outcome = api.upload_result(result, attempt, config.worker_id, retry_for=config.upload_retry_seconds)
     except Unreachable as exc:
         path = spool(result, attempt, config)
         logger.error("could not upload rollout %s (%s); saved to %s for the next client run", result.rollout_id, exc, path)
-        return
+        return None, False
     except ServerError as exc:
         logger.warning("server did not take rollout %s attempt %d: %s", result.rollout_id, attempt, exc.message)
-        return
+        return None, False
     if outcome.duplicate or not outcome.accepted:
         logger.info("rollout %s attempt %d: %s", result.rollout_id, attempt, outcome.message or "not stored")
+    return lease, stop
 
 
 def spool(result: Rollout, attempt: int, config: WorkerConfig) -> Path:

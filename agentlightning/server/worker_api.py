@@ -5,6 +5,11 @@ Every rollout costs the server a dequeue and a result upload besides its proxied
 themselves, so :func:`create_app` sends these paths here first. The JSON contract is FastAPI's: bodies validated by
 the same pydantic models, errors answered as ``{"detail": "..."}`` with 404/409/422/400; auth and body-size limits
 are applied by the middlewares in front of both.
+
+``POST /rollouts/{id}/result?next=1`` also hands the uploading worker its next lease (``"next": {"lease", "stop"}``
+in the answer, no waiting), saving the worker a dequeue request per rollout. If that answer is lost and the worker
+re-sends the result, the re-send (a duplicate) gets the same lease again as long as it is still running, so a lost
+answer does not leave a leased rollout without a worker until its lease expires.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import json
 import logging
 import re
 import time
+from collections import OrderedDict
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -22,7 +28,7 @@ from fastapi import HTTPException
 from pydantic import BaseModel, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from agentlightning.server.records import Lease
+from agentlightning.server.records import Lease, ResultOutcome
 from agentlightning.server.runtime import Runtime
 from agentlightning.server.states import InvalidTransition
 from agentlightning.server.store import Conflict, NotFound, StoreError
@@ -33,6 +39,7 @@ logger = logging.getLogger(__name__)
 _DEQUEUE_PATH = re.compile(r"^/workers/(?P<worker_id>[^/]+)/dequeue$")
 _ROLLOUT_ACTION_PATH = re.compile(r"^/rollouts/(?P<rollout_id>[^/]+)/(?P<action>heartbeat|result)$")
 _JSON_HEADERS = [(b"content-type", b"application/json")]
+_HANDED_MAX = 4096  # workers whose last result-and-lease answer is remembered (for re-sent results)
 
 
 class ResultUpload(BaseModel):
@@ -110,6 +117,8 @@ class WorkerRoutes:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        # worker id -> ((rollout id, attempt) of its last result, the lease handed with the answer)
+        self._handed: OrderedDict[str, tuple[tuple[str, int], Lease]] = OrderedDict()
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> bool:
         """Serve ``scope`` if it is a hot route; False leaves it to the application."""
@@ -124,7 +133,7 @@ class WorkerRoutes:
         elif (match := _ROLLOUT_ACTION_PATH.match(path)) is not None:
             raw = await read_body(receive)
             if match["action"] == "result":
-                call = self._result(match["rollout_id"], raw, path)
+                call = self._result(match["rollout_id"], raw, path, scope["query_string"])
             else:
                 call = self._heartbeat(match["rollout_id"], raw, path)
         elif (match := _DEQUEUE_PATH.match(path)) is not None:
@@ -152,7 +161,7 @@ class WorkerRoutes:
         runtime = self.runtime
         settings = runtime.settings
         wait = 0.0
-        for name, value in parse_qsl(query.decode("latin-1")):
+        for name, value in _query(query):
             if name == "wait":
                 try:
                     wait = float(value)
@@ -163,10 +172,9 @@ class WorkerRoutes:
             if runtime.stop_requested:
                 return b'{"lease":null,"stop":true}'
             woken = runtime.work_event()
-            lease = runtime.store.dequeue(worker_id, settings.lease_seconds)
+            lease = self._lease(worker_id)
             if lease is not None:
-                runtime.metrics.inc("agl_rollouts_leased_total")
-                return b'{"stop":false,"lease":' + lease_with_llm(runtime, lease).model_dump_json().encode() + b"}"
+                return _lease_answer(lease)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return b'{"lease":null,"stop":false}'
@@ -183,11 +191,15 @@ class WorkerRoutes:
             raise store_error(exc) from None
         return json.dumps({"ok": verdict == "ok", "message": verdict, "stop": runtime.stop_requested}).encode()
 
-    async def _result(self, rollout_id: str, raw: bytes, path: str) -> bytes:
-        """Store an attempt's result (idempotent); answers the :class:`ResultOutcome`."""
+    async def _result(self, rollout_id: str, raw: bytes, path: str, query: bytes) -> bytes:
+        """Store an attempt's result (idempotent); answers the :class:`ResultOutcome`, with ``"next"`` (the worker's
+        next lease) when asked for with ``?next=1``."""
         body: ResultUpload = validate_body(ResultUpload, raw, path)
         if body.rollout.rollout_id != rollout_id:
             raise HTTPException(422, f"result for {body.rollout.rollout_id!r} posted to rollout {rollout_id!r}")
+        take_next = any(name == "next" and value not in ("", "0", "false") for name, value in _query(query))
+        if take_next and not body.worker_id:
+            raise HTTPException(422, "next=1 needs the worker_id of the result: the next lease is that worker's")
         runtime = self.runtime
         try:
             outcome = runtime.store.complete(rollout_id, body.attempt, body.worker_id, body.rollout)
@@ -197,4 +209,45 @@ class WorkerRoutes:
             runtime.metrics.inc("agl_results_total", status=body.rollout.status)
         if outcome.retried:
             runtime.notify_work()
-        return outcome.model_dump_json().encode()
+        answer = outcome.model_dump_json().encode()
+        if not take_next:
+            return answer
+        assert body.worker_id is not None
+        return answer[:-1] + b',"next":' + self._next_after(body.worker_id, (rollout_id, body.attempt), outcome) + b"}"
+
+    def _next_after(self, worker_id: str, result: tuple[str, int], outcome: ResultOutcome) -> bytes:
+        """The ``{"lease", "stop"}`` answer for a worker that just reported ``result``."""
+        runtime = self.runtime
+        if runtime.stop_requested:
+            return b'{"lease":null,"stop":true}'
+        handed = self._handed.get(worker_id)
+        if outcome.duplicate and handed is not None and handed[0] == result:
+            lease = handed[1]  # the answer to the first upload was lost: the same lease again, if still held
+            verdict = runtime.store.heartbeat(lease.rollout_id, lease.attempt, worker_id, runtime.settings.lease_seconds)
+            if verdict == "ok":
+                return _lease_answer(lease)
+        lease = self._lease(worker_id)
+        if lease is None:
+            self._handed.pop(worker_id, None)
+            return b'{"lease":null,"stop":false}'
+        self._handed[worker_id] = (result, lease)
+        self._handed.move_to_end(worker_id)
+        if len(self._handed) > _HANDED_MAX:
+            self._handed.popitem(last=False)
+        return _lease_answer(lease)
+
+    def _lease(self, worker_id: str) -> Lease | None:
+        runtime = self.runtime
+        lease = runtime.store.dequeue(worker_id, runtime.settings.lease_seconds)
+        if lease is None:
+            return None
+        runtime.metrics.inc("agl_rollouts_leased_total")
+        return lease_with_llm(runtime, lease)
+
+
+def _lease_answer(lease: Lease) -> bytes:
+    return b'{"stop":false,"lease":' + lease.model_dump_json().encode() + b"}"
+
+
+def _query(query: bytes) -> list[tuple[str, str]]:
+    return parse_qsl(query.decode("latin-1"))

@@ -64,6 +64,35 @@ def test_duplicate_result_uploads_store_one_copy(server: LightningServer) -> Non
     assert server.store.counts() == {"succeeded": 1}
 
 
+def test_result_upload_takes_the_next_lease_and_a_resent_upload_gets_the_same_one(server: LightningServer) -> None:
+    http = httpx.Client(base_url=server.url)
+    first_id, second_id, third_id = server.enqueue([{"q": i} for i in range(3)])
+    lease = _lease(http)
+    assert lease["rollout_id"] == first_id
+
+    def report(rollout_id: str, worker_id: str | None = "w1", query: str = "?next=1") -> httpx.Response:
+        body = {"attempt": 1, "worker_id": worker_id,
+                "rollout": Rollout(rollout_id=rollout_id, status="succeeded", final_reward=1.0).model_dump(mode="json")}
+        return http.post(f"/rollouts/{rollout_id}/result{query}", json=body)
+
+    refused = report(first_id, worker_id=None)  # the next lease would belong to nobody: refused before storing
+    assert refused.status_code == 422 and "worker_id" in refused.json()["detail"]
+    assert server.store.rollout_state(first_id) == ("running", 1)
+    answer = report(first_id).json()
+    assert answer["accepted"] and answer["next"]["stop"] is False
+    handed = answer["next"]["lease"]
+    assert handed["rollout_id"] == second_id and handed["llm"]["base_url"].endswith(f"/rollouts/{second_id}/v1")
+    again = report(first_id).json()  # the answer was lost and the worker re-sends: same lease, no other one taken
+    assert again["duplicate"] and again["next"]["lease"]["rollout_id"] == second_id
+    assert server.store.rollout_state(third_id) == ("queued", 1)
+    assert report(second_id).json()["next"]["lease"]["rollout_id"] == third_id
+    assert report(third_id).json()["next"] == {"lease": None, "stop": False}
+    assert "next" not in report(third_id, query="").json()
+    http.post("/stop")
+    assert report(third_id).json()["next"] == {"lease": None, "stop": True}
+    assert server.store.counts() == {"succeeded": 3}
+
+
 def test_malformed_and_oversized_requests_get_4xx_and_server_keeps_serving(server: LightningServer) -> None:
     http = httpx.Client(base_url=server.url)
     server.enqueue([{"q": "x"}])
