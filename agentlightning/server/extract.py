@@ -227,9 +227,8 @@ def _str(value: Any) -> str | None:
 
 
 def _ints(value: Any) -> list[int] | None:
-    if not isinstance(value, list):
-        return None
-    return [int(v) for v in value]
+    """Token ids as the upstream sent them (checked to be ints when the record is read back as a ``Call``)."""
+    return value if isinstance(value, list) else None
 
 
 def _logprobs(value: Any) -> list[float] | None:

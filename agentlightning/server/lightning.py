@@ -94,6 +94,8 @@ class LightningServer:
         config = uvicorn.Config(
             create_app(self.runtime), log_level="warning", access_log=False, lifespan="on",
             timeout_graceful_shutdown=3, backlog=4096, timeout_keep_alive=75,
+            # Nothing reads X-Forwarded-* or needs a Server header: skip that work on every request.
+            proxy_headers=False, server_header=False,
         )
         self._server = uvicorn.Server(config)
         server = self._server

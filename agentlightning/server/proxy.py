@@ -91,13 +91,14 @@ class Proxy:
             return openai_error(503, "no upstream model is configured on the server (agl server --upstream URL, "
                                      "or LightningServer.set_upstream)", "no_upstream", "server_error")
         try:
-            body = json.loads(await read_body(receive))
+            raw = await read_body(receive)
+            body = json.loads(raw)
         except ValueError as exc:
             return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
         call = new_call(rollout_id, endpoint, body, time.time(), upstream.model_version)
-        payload = _upstream_body(body, endpoint, upstream)
+        payload = _upstream_body(raw, body, endpoint, upstream)
         url = f"{upstream.url.rstrip('/')}/{path}"
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key:
@@ -261,8 +262,17 @@ class _Answer:
             self.then()
 
 
-def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream) -> bytes:
-    """The request as sent upstream: served model name, token ids requested, logprobs when training wants them."""
+def _upstream_body(raw: bytes, body: dict[str, Any], endpoint: str, upstream: Upstream) -> bytes:
+    """The request as sent upstream: served model name, token ids requested, logprobs when training wants them.
+
+    When the request only lacks keys (the usual case: the agent names the served model and does not ask for token
+    ids), they are appended to the agent's bytes instead of serialising the whole conversation again."""
+    additions = _missing_keys(body, endpoint, upstream)
+    text = raw.rstrip()
+    if additions is not None and body and raw.lstrip()[:1] == b"{" and text[-1:] == b"}":  # UTF-8 JSON object
+        if not additions:
+            return raw
+        return text[:-1] + b"," + json.dumps(additions)[1:-1].encode() + b"}"
     payload = dict(body)
     if upstream.model_name:
         payload["model"] = upstream.model_name
@@ -273,6 +283,25 @@ def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream) -> b
         elif endpoint == "completions" and not payload.get("logprobs"):
             payload["logprobs"] = 1
     return json.dumps(payload).encode()
+
+
+def _missing_keys(body: dict[str, Any], endpoint: str, upstream: Upstream) -> dict[str, Any] | None:
+    """The keys :func:`_upstream_body` would set, if ``body`` has none of them with another value; else None."""
+    wanted: dict[str, Any] = {"return_token_ids": True}
+    if upstream.model_name:
+        wanted["model"] = upstream.model_name
+    if upstream.logprobs:
+        if endpoint == "chat.completions":
+            wanted["logprobs"] = True
+        elif endpoint == "completions" and not body.get("logprobs"):
+            wanted["logprobs"] = 1
+    missing = {}
+    for key, value in wanted.items():
+        if key not in body:
+            missing[key] = value
+        elif body[key] != value or type(body[key]) is not type(value):
+            return None
+    return missing
 
 
 def _error_message(data: Any, content: bytes) -> str:

@@ -12,6 +12,8 @@ import pytest
 
 import agentlightning as agl
 from agentlightning.server import LightningServer, Settings
+from agentlightning.server.proxy import _upstream_body
+from agentlightning.server.runtime import Upstream
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
 from agentlightning.types import Rollout
 
@@ -194,3 +196,23 @@ def test_client_calls_joined_with_proxy_records(server: LightningServer, mock: M
     assert writer.completion_token_ids == mock.tokenizer.encode("echo: one")
     assert critic.completion_token_ids == mock.tokenizer.encode("echo: two")
     assert "proxy_call_id" in writer.metadata and done.final_reward == 0.5
+
+
+@pytest.mark.parametrize("raw", [
+    b'{"model": "m", "messages": [{"role": "user", "content": "caf\\u00e9 \xc3\xa9"}]}',  # spliced
+    b' {"messages": []} \n', b'{"model": "other"}', b'{}', b'{"model": "m", "return_token_ids": 1}',
+    b'{"model": "m", "return_token_ids": true}', b'{"model": "m", "logprobs": 0}', '{"model": "m"}'.encode("utf-16"),
+])
+@pytest.mark.parametrize("logprobs", [False, True])
+@pytest.mark.parametrize("endpoint", ["chat.completions", "completions"])
+def test_upstream_body_sets_model_token_ids_and_logprobs(raw: bytes, logprobs: bool, endpoint: str) -> None:
+    """Whether appended to the agent's bytes or serialised again, the upstream gets the same request."""
+    body = json.loads(raw)
+    upstream = Upstream(url="http://u/v1", model_name="m", logprobs=logprobs)
+    sent = json.loads(_upstream_body(raw, body, endpoint, upstream))
+    expected = {**body, "model": "m", "return_token_ids": True}
+    if logprobs and endpoint == "chat.completions":
+        expected["logprobs"] = True
+    elif logprobs and not body.get("logprobs"):
+        expected["logprobs"] = 1
+    assert sent == expected and [type(sent[k]) for k in expected] == [type(v) for v in expected.values()]
