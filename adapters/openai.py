@@ -26,10 +26,10 @@ from typing import Any
 
 import wrapt
 
-from agentlightning.context import RolloutRecorder, _current_recorder, current_role
+from agentlightning.context import RolloutRecorder, _current_recorder, _current_role
 from agentlightning.messages import as_plain, responses_input_to_messages
-from agentlightning.telemetry import emit_call_span
-from agentlightning.types import Call
+from agentlightning.telemetry import emit_call_span, tracing_enabled
+from agentlightning.types import Call, construct_trusted
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def _sync_wrapper(api: str) -> Callable[..., Any]:
             if pending is not None:
                 pending.fail(exc)
             raise
-        return _handle_result(pending, result) if pending is not None else result
+        return pending.handle(result) if pending is not None else result
 
     return wrapper
 
@@ -174,7 +174,7 @@ async def _acall(
         if pending is not None:
             pending.fail(exc)
         raise
-    return _handle_result(pending, result) if pending is not None else result
+    return pending.handle(result) if pending is not None else result
 
 
 def _start(api: str, recorder: RolloutRecorder, instance: Any, kwargs: dict[str, Any]) -> _Pending | None:
@@ -186,67 +186,66 @@ def _start(api: str, recorder: RolloutRecorder, instance: Any, kwargs: dict[str,
         return None
 
 
-def _handle_result(pending: _Pending, result: Any) -> Any:
-    """Record ``result`` (or arrange to record it when a stream / raw response is consumed); return it as is."""
-    try:
-        return pending.handle(result)
-    except Exception:  # noqa: BLE001
-        logger.warning("openai capture failed to record a %s call; the agent continues", pending.api, exc_info=True)
-        return result
-
-
 # -- one call being recorded ---------------------------------------------------------------------------------------
 
 
 class _Pending:
-    """A call between its start and the moment its result is known."""
+    """One call: attached to its rollout when it starts, finished (ok or failed), then built into its record.
 
-    __slots__ = ("api", "recorder", "kwargs", "start_time", "sequence", "role", "endpoint", "done")
+    The call path only notes what is needed (times, order, role, a snapshot of the request, the response object);
+    the :class:`Call` record is built when the rollout's calls are read (see :class:`RolloutRecorder`), or at once
+    when OTel tracing is on, so that the span is emitted inside the agent's current trace context.
+    """
 
-    def __init__(self, api: str, recorder: RolloutRecorder, instance: Any, kwargs: dict[str, Any]) -> None:
+    __slots__ = ("api", "recorder", "resource", "kwargs", "start_time", "end_time", "sequence", "role", "finished",
+                 "response", "fields", "extra", "error", "built")
+
+    def __init__(self, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]) -> None:
         self.api = api
         self.recorder = recorder
+        self.resource = resource
         self.start_time = time.time()
-        self.sequence = recorder.next_sequence()
-        self.role = current_role()
-        self.endpoint = _endpoint(instance)
-        if self.endpoint:
-            recorder.endpoints_seen.add(self.endpoint)
-        # Materialise one-shot iterables so that reading them here does not starve the real call.
-        for key in ("messages", "tools", "input"):
-            value = kwargs.get(key)
-            if value is not None and not isinstance(value, (list, tuple, str, dict)) and hasattr(value, "__iter__"):
-                kwargs[key] = list(value)
-        self.kwargs = kwargs
-        self.done = False
+        self.role = _current_role.get()
+        self.kwargs = _snapshot(kwargs)
+        self.finished = False
+        self.built: Call | None = None
+        self.sequence = recorder.start_call(self)
+
+    @property
+    def endpoint(self) -> str | None:
+        """The base URL of the client that made the call."""
+        return _endpoint(self.resource)
 
     # result dispatch
 
     def handle(self, result: Any) -> Any:
-        Stream, AsyncStream, LegacyAPIResponse, APIResponse, AsyncAPIResponse = _openai_types()  # noqa: N806
-        if isinstance(result, (Stream, AsyncStream)):
-            _observe_stream(result, self)
-        elif isinstance(result, LegacyAPIResponse):
-            if getattr(result, "_stream", False):
+        """Record ``result`` (or arrange to record it when a stream / raw response is consumed); return it as is."""
+        try:
+            kind = _result_kind(type(result))
+            if kind == "parsed":
+                self._finish(response=result)
+            elif kind == "stream":
+                _observe_stream(result, self)
+            elif kind == "legacy" and not getattr(result, "_stream", False):
+                self.record_response(result.http_response.json(), raw=True)
+            else:  # a raw response (or a raw stream): recorded when parsed
                 _observe_on_parse(result, self)
-            else:
-                self.record(_response_fields(self.api, result.http_response.json()), raw=True)
-        elif isinstance(result, (APIResponse, AsyncAPIResponse)):
-            _observe_on_parse(result, self)
-        else:
-            self.record(_response_fields(self.api, result))
+        except Exception:  # noqa: BLE001
+            logger.warning("openai capture failed to record a %s call; the agent continues", self.api, exc_info=True)
         return result
 
     def fail(self, exc: BaseException) -> None:
         """Record the call as failed by ``exc`` (the caller re-raises it)."""
         try:
             status = getattr(exc, "status_code", None)
-            self._add(
-                output=None, status="error", error=f"{type(exc).__name__}: {exc}",
-                extra={"error_type": type(exc).__name__, **({"http_status": status} if status else {})},
-            )
+            extra = {"error_type": type(exc).__name__, **({"http_status": status} if status else {})}
+            self._finish(fields={"output": None}, extra=extra, error=f"{type(exc).__name__}: {exc}")
         except Exception:  # noqa: BLE001
             logger.warning("openai capture failed to record a failed %s call", self.api, exc_info=True)
+
+    def record_response(self, response: Any, *, raw: bool = False) -> None:
+        """Record a completed call from its response (object or JSON dict; its fields are read at build time)."""
+        self._finish(response=response, extra={"raw_response": True} if raw else None)
 
     def record(self, fields: dict[str, Any], *, raw: bool = False, stream: bool = False,
                error: BaseException | None = None) -> None:
@@ -256,57 +255,72 @@ class _Pending:
             extra["raw_response"] = True
         if stream:
             extra["stream"] = True
-        for key in ("usage", "response_model"):
-            if fields.get(key) is not None:
-                extra[key] = fields[key]
-        if fields.get("choices", 1) > 1:
-            extra["choices"] = fields["choices"]
-        status, message = "ok", None
+        message = None
         if error is not None:
-            status, message = "error", f"{type(error).__name__}: {error}"
+            message = f"{type(error).__name__}: {error}"
             extra["error_type"] = type(error).__name__
-        prompt_ids, completion_ids = fields.get("prompt_token_ids"), fields.get("completion_token_ids")
-        self._add(
-            output=fields.get("output"),
-            status=status,
-            error=message,
-            extra=extra,
-            response_id=fields.get("response_id"),
-            prompt_token_ids=prompt_ids,
-            completion_token_ids=completion_ids,
-            completion_logprobs=fields.get("completion_logprobs"),
-            token_source="response" if completion_ids is not None or prompt_ids is not None else None,
-        )
+        self._finish(fields=fields, extra=extra, error=message)
 
-    def _add(self, *, output: Any, status: str, error: str | None, extra: dict[str, Any], **fields: Any) -> None:
-        if self.done:
+    def _finish(self, *, response: Any = None, fields: dict[str, Any] | None = None,
+                extra: dict[str, Any] | None = None, error: str | None = None) -> None:
+        if self.finished:
             return
-        self.done = True
+        self.end_time = time.time()
+        self.response, self.fields, self.extra, self.error = response, fields, extra, error
+        self.finished = True
+        if tracing_enabled():
+            # The span goes out now, under the agent's current trace context; the record is the one built for it.
+            try:
+                emit_call_span(self.build())
+            except Exception:  # noqa: BLE001
+                logger.warning("could not emit the OpenTelemetry span of a %s call", self.api, exc_info=True)
+
+    def build(self) -> Call:
+        """The :class:`Call` record of this finished call (built once)."""
+        if self.built is None:
+            self.built = self._record()
+        return self.built
+
+    def _record(self) -> Call:
+        fields = self.fields if self.response is None else _response_fields(self.api, self.response)
         kwargs = self.kwargs
-        metadata: dict[str, Any] = {"endpoint": self.endpoint, "api": self.api, "stream": bool(kwargs.get("stream"))}
-        metadata["sampling"] = _sampling(kwargs)
-        metadata.update(extra)
-        call = Call(
-            call_id=f"call-{_random_bits(64):016x}",
-            sequence=self.sequence,
-            kind="llm",
-            role=self.role,
-            name=kwargs.get("model"),
-            input=_request_input(self.api, kwargs),
-            output=output,
-            tools=_plain_list(kwargs.get("tools")),
-            status=status,
-            error=error,
-            start_time=self.start_time,
-            end_time=time.time(),
-            metadata=metadata,
-            **fields,
-        )
-        self.recorder.add_call(call)
-        try:
-            emit_call_span(call)
-        except Exception:  # noqa: BLE001
-            logger.warning("could not emit the OpenTelemetry span of call %s", call.call_id, exc_info=True)
+        recorder = self.recorder
+        metadata: dict[str, Any] = {"endpoint": _endpoint(self.resource), "api": self.api,
+                                    "stream": bool(kwargs.get("stream")), "sampling": _sampling(kwargs)}
+        if self.extra:
+            metadata.update(self.extra)
+        usage, response_model, choices = fields.get("usage"), fields.get("response_model"), fields.get("choices", 1)
+        if usage is not None:
+            metadata["usage"] = usage
+        if response_model is not None:
+            metadata["response_model"] = response_model
+        if choices > 1:
+            metadata["choices"] = choices
+        if recorder.model_version is not None:
+            metadata["model_version"] = recorder.model_version
+        values: dict[str, Any] = {
+            "call_id": f"call-{_random_bits(64):016x}", "rollout_id": recorder.rollout_id,
+            "sequence": self.sequence, "role": self.role, "name": kwargs.get("model"),
+            "input": _request_input(self.api, kwargs), "output": fields.get("output"),
+            "tools": _plain_list(kwargs.get("tools")), "start_time": self.start_time, "end_time": self.end_time,
+            "metadata": metadata, "response_id": fields.get("response_id"),
+        }
+        if self.error is not None:
+            values["status"], values["error"] = "error", self.error
+        tools = values["tools"]
+        if _TOKEN_FIELDS.isdisjoint(fields) and type(values["name"]) in _OPTIONAL_STR \
+                and type(values["response_id"]) in _OPTIONAL_STR and type(self.role) in _OPTIONAL_STR \
+                and (tools is None or all(type(tool) is dict for tool in tools)):
+            return construct_trusted(Call, values)  # every value already has the type Call declares
+        for key in _TOKEN_FIELDS.intersection(fields):
+            values[key] = fields[key]
+            values["token_source"] = "response"
+        return Call(**values)  # pydantic checks what came from outside (token ids, odd types) and names bad values
+
+
+# Token fields of a response (present in its extracted fields only when the backend sent them).
+_TOKEN_FIELDS = frozenset({"prompt_token_ids", "completion_token_ids", "completion_logprobs"})
+_OPTIONAL_STR = (str, type(None))
 
 
 # -- request side ------------------------------------------------------------------------------------------------
@@ -325,6 +339,26 @@ def _openai_types() -> tuple[type, ...]:
     return Stream, AsyncStream, LegacyAPIResponse, APIResponse, AsyncAPIResponse
 
 
+_RESULT_KINDS: dict[type, str] = {}
+
+
+def _result_kind(result_type: type) -> str:
+    """'stream', 'legacy' (``with_raw_response``), 'raw' (an API response parsed later) or 'parsed' (per type)."""
+    kind = _RESULT_KINDS.get(result_type)
+    if kind is None:
+        Stream, AsyncStream, LegacyAPIResponse, APIResponse, AsyncAPIResponse = _openai_types()  # noqa: N806
+        if issubclass(result_type, (Stream, AsyncStream)):
+            kind = "stream"
+        elif issubclass(result_type, LegacyAPIResponse):
+            kind = "legacy"
+        elif issubclass(result_type, (APIResponse, AsyncAPIResponse)):
+            kind = "raw"
+        else:
+            kind = "parsed"
+        _RESULT_KINDS[result_type] = kind
+    return kind
+
+
 @functools.cache
 def _sentinel_types() -> tuple[type, ...]:
     from openai import NotGiven, Omit
@@ -337,9 +371,15 @@ def _given(value: Any) -> bool:
 
 
 def _sampling(kwargs: dict[str, Any]) -> dict[str, Any]:
-    sampling = {key: _jsonable(kwargs[key]) for key in SAMPLING_KEYS.intersection(kwargs) if _given(kwargs[key])}
+    sampling: dict[str, Any] = {}
+    for key in SAMPLING_KEYS.intersection(kwargs):
+        value = kwargs[key]
+        if type(value) in _SCALARS:
+            sampling[key] = value
+        elif _given(value):
+            sampling[key] = _jsonable(value)
     extra_body = kwargs.get("extra_body")
-    if isinstance(extra_body, dict):
+    if extra_body and isinstance(extra_body, dict):
         sampling.update({key: _jsonable(value) for key, value in extra_body.items()})
     return sampling
 
@@ -358,9 +398,35 @@ def _jsonable(value: Any) -> Any:
 
 
 def _plain_list(value: Any) -> list[Any] | None:
+    """A snapshotted list (see :func:`_snapshot`) with non-dict items (e.g. pydantic messages) made plain."""
     if not _given(value):
         return None
-    return [dict(item) if type(item) is dict else _jsonable(item) for item in value]
+    return [item if type(item) is dict else _jsonable(item) for item in value]
+
+
+# Request fields an agent may change after the call returns (the list it appends to, the dicts in it, ...).
+_SNAPSHOT_KEYS = frozenset({"messages", "tools", "input", "extra_body"})
+
+
+def _snapshot(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request as sent, safe to read after the call returns: shallow copies of :data:`_SNAPSHOT_KEYS`.
+
+    One-shot iterables (e.g. a generator of messages) are materialised in ``kwargs`` too, so that reading them here
+    does not starve the real call.
+    """
+    snapshot = kwargs.copy()
+    for key in _SNAPSHOT_KEYS.intersection(kwargs):
+        value = kwargs[key]
+        kind = type(value)
+        if kind is dict:
+            snapshot[key] = value.copy()
+            continue
+        if kind is not list and kind is not tuple:
+            if value is None or isinstance(value, (str, dict)) or not hasattr(value, "__iter__"):
+                continue
+            value = kwargs[key] = list(value)
+        snapshot[key] = [item.copy() if type(item) is dict else item for item in value]
+    return snapshot
 
 
 def _request_input(api: str, kwargs: dict[str, Any]) -> Any:
@@ -434,6 +500,17 @@ def _response_fields(api: str, response: Any) -> dict[str, Any]:
     return _completion_fields(response)
 
 
+def _with_tokens(fields: dict[str, Any], prompt_ids: Any, completion_ids: Any, logprobs: Any) -> dict[str, Any]:
+    """``fields`` plus the token fields the backend sent (those it did not send are left out)."""
+    if prompt_ids is not None:
+        fields["prompt_token_ids"] = prompt_ids
+    if completion_ids is not None:
+        fields["completion_token_ids"] = completion_ids
+    if logprobs is not None:
+        fields["completion_logprobs"] = logprobs
+    return fields
+
+
 def _chat_fields(response: Any) -> dict[str, Any]:
     body = _view(response)
     choices = body.get("choices") or []
@@ -447,32 +524,26 @@ def _chat_fields(response: Any) -> dict[str, Any]:
     }
     if message.get("refusal"):
         output["refusal"] = message["refusal"]
-    return {
-        "output": output,
-        "response_id": body.get("id"),
-        "response_model": body.get("model"),
-        "usage": _usage(body.get("usage")),
-        "prompt_token_ids": body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
-        "completion_token_ids": choice.get("token_ids"),
-        "completion_logprobs": _logprob_values(_view(choice.get("logprobs")).get("content")),
-        "choices": len(choices),
-    }
+    fields = {"output": output, "response_id": body.get("id"), "response_model": body.get("model"),
+              "usage": _usage(body.get("usage")), "choices": len(choices)}
+    logprobs = choice.get("logprobs")
+    return _with_tokens(fields, body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
+                        choice.get("token_ids"), None if logprobs is None else _logprob_values(_view(logprobs).get("content")))
 
 
 def _completion_fields(response: Any) -> dict[str, Any]:
     choices = _get(response, "choices") or []
     choice = choices[0] if choices else None
     logprobs = _get(_get(choice, "logprobs"), "token_logprobs")
-    return {
+    fields = {
         "output": {"content": _get(choice, "text"), "tool_calls": [], "finish_reason": _get(choice, "finish_reason")},
         "response_id": _get(response, "id"),
         "response_model": _get(response, "model"),
         "usage": _usage(_get(response, "usage")),
-        "prompt_token_ids": _get(choice, "prompt_token_ids") or _get(response, "prompt_token_ids"),
-        "completion_token_ids": _get(choice, "token_ids"),
-        "completion_logprobs": list(logprobs) if logprobs else None,
         "choices": len(choices),
     }
+    return _with_tokens(fields, _get(choice, "prompt_token_ids") or _get(response, "prompt_token_ids"),
+                        _get(choice, "token_ids"), list(logprobs) if logprobs else None)
 
 
 def _responses_fields(response: Any) -> dict[str, Any]:
@@ -493,15 +564,13 @@ def _responses_fields(response: Any) -> dict[str, Any]:
         finish = "length" if finish == "max_output_tokens" else finish
     else:
         finish = "tool_calls" if tool_calls else "stop"
-    return {
+    fields = {
         "output": {"content": "".join(texts) if texts else None, "tool_calls": tool_calls, "finish_reason": finish},
         "response_id": _get(response, "id"),
         "response_model": _get(response, "model"),
         "usage": _usage(_get(response, "usage")),
-        "prompt_token_ids": _get(response, "prompt_token_ids"),
-        "completion_token_ids": _get(response, "output_token_ids"),
-        "completion_logprobs": None,
     }
+    return _with_tokens(fields, _get(response, "prompt_token_ids"), _get(response, "output_token_ids"), None)
 
 
 # -- streams -----------------------------------------------------------------------------------------------------
@@ -582,15 +651,8 @@ class _StreamAccumulator:
             "tool_calls": [self.tool_calls[i] for i in sorted(self.tool_calls)],
             "finish_reason": self.finish_reason,
         }
-        return {
-            "output": output,
-            "response_id": self.response_id,
-            "response_model": self.model,
-            "usage": self.usage,
-            "prompt_token_ids": self.prompt_ids,
-            "completion_token_ids": self.completion_ids or None,
-            "completion_logprobs": self.logprobs or None,
-        }
+        fields = {"output": output, "response_id": self.response_id, "response_model": self.model, "usage": self.usage}
+        return _with_tokens(fields, self.prompt_ids, self.completion_ids or None, self.logprobs or None)
 
 
 class _StreamRecording:
@@ -659,7 +721,7 @@ def _observe_on_parse(raw: Any, pending: _Pending) -> None:
             if isinstance(parsed, streams):
                 _observe_stream(parsed, pending)
             else:
-                pending.record(_response_fields(pending.api, parsed), raw=True)
+                pending.record_response(parsed, raw=True)
         except Exception:  # noqa: BLE001
             logger.warning("openai capture failed to record a raw %s response", pending.api, exc_info=True)
         return parsed

@@ -7,46 +7,101 @@ with ``contextvars.copy_context()``; parallel rollouts in separate threads, proc
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
+from typing import Protocol
 
 from agentlightning.types import Call, Reward
 
 logger = logging.getLogger(__name__)
 
 
+class DeferredCall(Protocol):
+    """A call attached to its rollout when it starts; its :class:`Call` record is built once it has finished."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether the call has ended (successfully or not)."""
+        ...
+
+    @property
+    def endpoint(self) -> str | None:
+        """The base URL the call went to, when known."""
+        ...
+
+    def build(self) -> Call:
+        """The record of the finished call (raising drops the call with a logged warning)."""
+        ...
+
+
 class RolloutRecorder:
-    """Collects the calls and rewards of one running rollout. Thread-safe; cheap to append to."""
+    """Collects the calls and rewards of one running rollout. Thread-safe; cheap to append to.
+
+    Capture keeps the agent's LLM call path short: a call is attached as a :class:`DeferredCall` when it starts, and
+    the records of finished calls are built together (with warm caches) when :attr:`calls` is next read, typically
+    when the rollout ends.
+    """
 
     def __init__(self, rollout_id: str, model_version: str | None = None) -> None:
         self.rollout_id = rollout_id
         self.model_version = model_version
-        self.calls: list[Call] = []
+        # Appended to without the lock (list.append is atomic); entries are only ever replaced in place, under it.
+        self._entries: list[Call | DeferredCall | None] = []
         self.rewards: list[Reward] = []
         self.logs: list[str] = []
-        # Facts for diagnostics: which endpoints the agent called (role names are read from the calls themselves).
-        self.endpoints_seen: set[str] = set()
-        self.llm_base_url: str | None = None  # the endpoint the agent was given, when known
-        self._sequence = 0
+        self.llm_base_url: str | None = None  # the endpoint the agent was given, when known (for diagnostics)
+        self._sequence = itertools.count()  # next() on it is atomic too
         self._lock = threading.Lock()
+
+    @property
+    def calls(self) -> list[Call]:
+        """The finished calls attached so far, in the order they were attached."""
+        with self._lock:
+            entries = self._entries
+            for index in range(len(entries)):
+                entry = entries[index]
+                if entry is not None and not isinstance(entry, Call) and entry.finished:
+                    entries[index] = self._build(entry)
+            return [entry for entry in entries if isinstance(entry, Call)]
 
     def next_sequence(self) -> int:
         """Reserve the next call position (calls are ordered by when they start)."""
-        with self._lock:
-            sequence = self._sequence
-            self._sequence += 1
-            return sequence
+        return next(self._sequence)
 
     def add_call(self, call: Call) -> None:
         """Attach a finished (or failed) call to this rollout."""
-        call.rollout_id = self.rollout_id
+        self._adopt(call)
+        self._entries.append(call)
+
+    def start_call(self, entry: DeferredCall) -> int:
+        """Attach a call as it starts; returns its sequence. Its record is built after it finishes."""
+        self._entries.append(entry)
+        return next(self._sequence)
+
+    def unfinished_endpoints(self) -> set[str]:
+        """Base URLs of the attached calls that have not finished (e.g. a stream never consumed)."""
+        return {entry.endpoint or "an unknown endpoint" for entry in list(self._entries)
+                if entry is not None and not isinstance(entry, Call) and not entry.finished}
+
+    def _adopt(self, call: Call) -> None:
+        if call.rollout_id != self.rollout_id:
+            call.rollout_id = self.rollout_id
         if self.model_version is not None and "model_version" not in call.metadata:
             call.metadata["model_version"] = self.model_version
-        with self._lock:
-            self.calls.append(call)
+
+    def _build(self, entry: DeferredCall) -> Call | None:
+        """The record of a finished call, or None (logged) if building it failed."""
+        try:
+            call = entry.build()
+        except Exception:  # noqa: BLE001 - a capture bug must not break the rollout
+            logger.warning("could not build the record of a captured call; it is dropped", exc_info=True)
+            return None
+        self._adopt(call)
+        return call
 
     def add_reward(self, reward: Reward) -> None:
         """Record a reward (episode-level or on a call)."""
@@ -54,17 +109,15 @@ class RolloutRecorder:
             self.rewards.append(reward)
 
     def last_llm_call_id(self) -> str | None:
-        """Id of the LLM call that finished most recently, if any."""
-        with self._lock:
-            for call in reversed(self.calls):
-                if call.kind == "llm":
-                    return call.call_id
+        """Id of the latest finished LLM call (the one started last), if any."""
+        for call in reversed(self.calls):
+            if call.kind == "llm":
+                return call.call_id
         return None
 
     def ordered_calls(self) -> list[Call]:
         """The calls sorted by sequence."""
-        with self._lock:
-            return sorted(self.calls, key=lambda call: call.sequence)
+        return sorted(self.calls, key=lambda call: call.sequence)
 
 
 _current_recorder: ContextVar[RolloutRecorder | None] = ContextVar("agl_current_recorder", default=None)

@@ -40,7 +40,7 @@ def explain_rollout(rollout: Rollout, recorder: RolloutRecorder) -> list[str]:
 
 def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder) -> str:
     parts = ["no LLM call was captured."]
-    endpoints = sorted(recorder.endpoints_seen)
+    endpoints = sorted(recorder.unfinished_endpoints())
     expected = recorder.llm_base_url
     if endpoints:
         parts.append(

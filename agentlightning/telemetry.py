@@ -58,6 +58,12 @@ def _tracer() -> trace.Tracer | None:
     return tracer
 
 
+def tracing_enabled() -> bool:
+    """Whether an OTel SDK provider is configured (spans of calls are emitted)."""
+    next_check, tracer = _cached
+    return tracer is not None if time.monotonic() < next_check else _tracer() is not None
+
+
 def call_attributes(call: Call) -> dict[str, Any]:
     """GenAI semantic-convention attributes (plus ``agentlightning.*`` ones) describing ``call``."""
     metadata = call.metadata

@@ -6,10 +6,13 @@ All records are pydantic v2 models that round-trip through JSON (``model_dump_js
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 import time
 import uuid
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -45,6 +48,56 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="ignore", validate_assignment=False)
 
     schema_version: int = Field(default=SCHEMA_VERSION, description="Version of the record layout.")
+
+
+R = TypeVar("R", bound=Record)
+
+
+_IMMUTABLE = (type(None), str, int, float, bool, tuple, frozenset)
+
+
+class _Template:
+    """What :func:`construct_trusted` needs to know about a record class (computed once per class)."""
+
+    def __init__(self, model: type[Record]) -> None:
+        fields = model.model_fields
+        # Every field in declaration order, with its static default (None where a factory or the caller gives it).
+        self.defaults = {name: None if f.is_required() or f.default_factory else f.default for name, f in fields.items()}
+        self.factories: dict[str, Callable[[], Any]] = {}
+        for name, field in fields.items():
+            if field.default_factory is not None:
+                self.factories[name] = field.default_factory  # type: ignore[assignment]
+            elif not field.is_required() and not isinstance(field.default, _IMMUTABLE):
+                self.factories[name] = functools.partial(copy.deepcopy, field.default)  # each record its own copy
+        self.required = frozenset(name for name, field in fields.items() if field.is_required())
+
+
+_templates: dict[type[Record], _Template] = {}
+_set = object.__setattr__  # pydantic models override __setattr__; these slots are set as model_construct does
+
+
+def construct_trusted(model: type[R], values: dict[str, Any]) -> R:
+    """``model(**values)`` without validation, for values whose types the caller has already ensured.
+
+    Like pydantic's ``model_construct`` (defaults filled in, ``values`` become the set fields) at a fraction of its
+    cost, for hot paths such as building captured calls; ``tests/test_records.py`` checks it against validated
+    construction. Values of the wrong type are not caught here: validate anything that comes from outside.
+    """
+    template = _templates.get(model)
+    if template is None:
+        template = _templates[model] = _Template(model)
+    if template.required and not template.required <= values.keys():
+        raise TypeError(f"{model.__name__}: missing required fields {sorted(template.required - values.keys())}")
+    data = template.defaults.copy()  # keeps the declaration order of the fields, as validation does
+    data.update(values)
+    for name in template.factories.keys() - values.keys():
+        data[name] = template.factories[name]()
+    record = model.__new__(model)
+    _set(record, "__dict__", data)
+    _set(record, "__pydantic_fields_set__", set(values))
+    _set(record, "__pydantic_extra__", None)
+    _set(record, "__pydantic_private__", None)
+    return record
 
 
 class LLM(Record):

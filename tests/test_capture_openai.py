@@ -66,7 +66,7 @@ def test_sync_chat_call_records_everything(server: MockLLMServer) -> None:
     assert call.metadata["usage"]["completion_tokens"] == len(call.completion_token_ids)
     assert call.response_id and call.response_id.startswith("chatcmpl-")
     assert call.start_time <= call.end_time
-    assert recorder.endpoints_seen == {server.base_url}
+    assert recorder.unfinished_endpoints() == set()
 
 
 def test_no_token_ids_means_no_token_source() -> None:
@@ -101,6 +101,7 @@ def test_streaming_recorded_when_consumed(server: MockLLMServer) -> None:
             model="m", messages=MESSAGES, stream=True, logprobs=True, stream_options={"include_usage": True}
         )
         assert recorder.calls == []  # nothing read yet
+        assert recorder.unfinished_endpoints() == {server.base_url}
         chunks = list(stream)
     call = only_call(recorder)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "one two three"
@@ -290,6 +291,20 @@ def test_capture_bug_never_breaks_the_agent(server: MockLLMServer, monkeypatch: 
         assert sync_client(server).chat.completions.create(model="m", messages=MESSAGES).choices
 
 
+def test_record_keeps_the_request_as_sent(server: MockLLMServer) -> None:
+    recorder = RolloutRecorder("ro")
+    messages = [dict(message) for message in MESSAGES]
+    extra_body = {"top_k": 5}
+    with recording(recorder):
+        sync_client(server).chat.completions.create(model="m", messages=messages, extra_body=extra_body)
+        # What agents do next: append the reply, edit a message in place, reuse the options dict.
+        messages.append({"role": "assistant", "content": "later"})
+        messages[0]["content"] = "edited"
+        extra_body["top_k"] = 50
+    call = only_call(recorder)  # built now, after the changes
+    assert call.input == MESSAGES and call.metadata["sampling"] == {"top_k": 5}
+
+
 def test_generator_messages_are_not_consumed_by_capture(server: MockLLMServer) -> None:
     recorder = RolloutRecorder("ro")
     with recording(recorder):
@@ -365,6 +380,8 @@ def test_otel_span_with_genai_attributes(server: MockLLMServer, monkeypatch: pyt
     assert ok.parent is not None and ok.kind == trace.SpanKind.CLIENT
     assert failed.status.status_code == trace.StatusCode.ERROR
     assert dict(failed.attributes)["error.type"] == "InternalServerError"
+    # The spans describe the very records the rollout keeps.
+    assert [s.attributes["agentlightning.call_id"] for s in spans] == [c.call_id for c in recorder.ordered_calls()]
 
 
 @pytest.mark.parametrize("options", [{}, {"include_response_headers": True}, {"streaming": True},

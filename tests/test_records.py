@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 import agentlightning as agl
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
-from agentlightning.types import SCHEMA_VERSION, ErrorInfo, Record
+from agentlightning.types import SCHEMA_VERSION, ErrorInfo, Record, construct_trusted
 
 RECORDS: list[type[BaseModel]] = [agl.Call, agl.Reward, agl.Rollout, agl.Transition, agl.LLM, ErrorInfo]
 
@@ -73,3 +73,19 @@ def test_reward_must_be_finite_number(value: object) -> None:
 def test_unknown_fields_from_newer_versions_are_ignored() -> None:
     call = agl.Call.model_validate({"schema_version": 2, "kind": "llm", "future_field": 1})
     assert call.kind == "llm" and not hasattr(call, "future_field")
+
+
+def test_construct_trusted_matches_validated_construction() -> None:
+    values = {"call_id": "call-1", "rollout_id": "ro-1", "sequence": 3, "role": "writer", "name": "m",
+              "input": [{"role": "user", "content": "hi"}], "output": {"content": "yo", "tool_calls": []},
+              "start_time": 1.0, "end_time": 2.0, "metadata": {"api": "chat.completions"}}
+    trusted, validated = construct_trusted(agl.Call, values), agl.Call(**values)
+    assert trusted == validated and trusted.model_dump_json() == validated.model_dump_json()
+    assert trusted.model_fields_set == validated.model_fields_set == set(values)
+    assert trusted.latency == 1.0 and trusted.model_copy(update={"role": "x"}).role == "x"
+    # Defaults and factories are filled in per record, never shared between records.
+    first, second = construct_trusted(agl.Rollout, {}), construct_trusted(agl.Rollout, {})
+    assert first.rollout_id != second.rollout_id and first.calls is not second.calls
+    assert first.model_dump(exclude={"rollout_id"}) == agl.Rollout(rollout_id="x").model_dump(exclude={"rollout_id"})
+    with pytest.raises(TypeError, match="missing required fields \\['base_url'\\]"):
+        construct_trusted(agl.LLM, {"model": "m"})

@@ -232,6 +232,19 @@ def test_empty_rollout_explains_endpoint_and_patch(server: MockLLMServer) -> Non
     assert f"llm.base_url={server.base_url}" in note
 
 
+def test_stream_never_consumed_is_explained(server: MockLLMServer) -> None:
+    @agl.rollout
+    def agent(task: int, llm: agl.LLM) -> float:
+        client = openai.OpenAI(base_url=llm.base_url, api_key="x", max_retries=0)
+        client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": "hi"}], stream=True)
+        return 1.0  # the stream is never read
+
+    (rollout,) = agl.run(agent, [1], llm=server.llm())
+    (note,) = rollout.diagnostics
+    assert "no LLM call was captured" in note
+    assert f"Calls to {server.base_url} started but never finished" in note
+
+
 def test_call_from_thread_without_context_is_explained(server: MockLLMServer) -> None:
     with MockLLMServer() as other:
 
