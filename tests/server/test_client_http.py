@@ -44,6 +44,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.seen.append({"path": self.path, "auth": self.headers.get("authorization"), "body": body})
         if self.path.startswith("/missing"):
             self._answer(404, {"detail": "unknown rollout 'ro-x'"})
+        elif self.path.startswith("/chunked"):  # a body in chunks, with a chunk extension and a trailer
+            self.send_response(200)
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"7;ext=1\r\n{\"a\": 1\r\n1\r\n}\r\n0\r\nx-trailer: t\r\n\r\n")
+        elif self.path.startswith("/until-close"):  # no length: the body ends when the server closes
+            self.send_response(200)
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.wfile.write(b'{"b": 2}')
+            self.close_connection = True
         else:
             self._answer(200, {"echo": json.loads(body) if body else None, "path": self.path})
 
@@ -84,6 +95,15 @@ def test_server_dropping_an_idle_connection_is_resent_transparently(server: _Ser
     assert status == 200 and json.loads(data)["echo"] == {"x": 1}
     assert len(server.connections) == 2
     assert [entry["path"] for entry in server.seen] == ["/a", "/b"]  # the dropped request was not answered twice
+    transport.close()
+
+
+def test_chunked_and_close_delimited_answers(server: _Server) -> None:
+    transport = KeepAliveHTTP(server.url, {})
+    assert transport.request("POST", "/chunked", body=b"{}", headers={}, params=None, timeout=5) == (200, b'{"a": 1}')
+    assert transport.request("POST", "/until-close", body=None, headers={}, params=None, timeout=5) == (200, b'{"b": 2}')
+    assert transport.request("POST", "/chunked", body=b"{}", headers={}, params=None, timeout=5)[1] == b'{"a": 1}'
+    assert len(server.connections) == 2  # kept after the chunked answer, replaced after the one that closed
     transport.close()
 
 
