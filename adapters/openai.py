@@ -192,13 +192,13 @@ def _start(api: str, recorder: RolloutRecorder, instance: Any, kwargs: dict[str,
 class _Pending:
     """One call: attached to its rollout when it starts, finished (ok or failed), then built into its record.
 
-    The call path only notes what is needed (times, order, role, a snapshot of the request, the response object);
+    The call path only notes what is needed (times, order, role, a snapshot of the request, the response's fields);
     the :class:`Call` record is built when the rollout's calls are read (see :class:`RolloutRecorder`), or at once
     when OTel tracing is on, so that the span is emitted inside the agent's current trace context.
     """
 
     __slots__ = ("api", "recorder", "resource", "kwargs", "start_time", "end_time", "sequence", "role", "finished",
-                 "response", "fields", "extra", "error", "built")
+                 "fields", "extra", "error", "built")
 
     def __init__(self, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]) -> None:
         self.api = api
@@ -208,6 +208,7 @@ class _Pending:
         self.role = _current_role.get()
         self.kwargs = _snapshot(kwargs)
         self.finished = False
+        self.fields: dict[str, Any] | None = None
         self.built: Call | None = None
         self.sequence = recorder.start_call(self)
 
@@ -223,15 +224,16 @@ class _Pending:
         try:
             kind = _result_kind(type(result))
             if kind == "parsed":
-                self._finish(response=result)
+                self._finish(_response_fields(self.api, result))
             elif kind == "stream":
                 _observe_stream(result, self)
             elif kind == "legacy" and not getattr(result, "_stream", False):
-                self.record_response(result.http_response.json(), raw=True)
+                self.record(_response_fields(self.api, result.http_response.json()), raw=True)
             else:  # a raw response (or a raw stream): recorded when parsed
                 _observe_on_parse(result, self)
         except Exception:  # noqa: BLE001
             logger.warning("openai capture failed to record a %s call; the agent continues", self.api, exc_info=True)
+            self.finished = True  # with no fields: dropped when the rollout's calls are read
         return result
 
     def fail(self, exc: BaseException) -> None:
@@ -239,13 +241,9 @@ class _Pending:
         try:
             status = getattr(exc, "status_code", None)
             extra = {"error_type": type(exc).__name__, **({"http_status": status} if status else {})}
-            self._finish(fields={"output": None}, extra=extra, error=f"{type(exc).__name__}: {exc}")
+            self._finish({"output": None}, extra=extra, error=f"{type(exc).__name__}: {exc}")
         except Exception:  # noqa: BLE001
             logger.warning("openai capture failed to record a failed %s call", self.api, exc_info=True)
-
-    def record_response(self, response: Any, *, raw: bool = False) -> None:
-        """Record a completed call from its response (object or JSON dict; its fields are read at build time)."""
-        self._finish(response=response, extra={"raw_response": True} if raw else None)
 
     def record(self, fields: dict[str, Any], *, raw: bool = False, stream: bool = False,
                error: BaseException | None = None) -> None:
@@ -259,14 +257,13 @@ class _Pending:
         if error is not None:
             message = f"{type(error).__name__}: {error}"
             extra["error_type"] = type(error).__name__
-        self._finish(fields=fields, extra=extra, error=message)
+        self._finish(fields, extra=extra, error=message)
 
-    def _finish(self, *, response: Any = None, fields: dict[str, Any] | None = None,
-                extra: dict[str, Any] | None = None, error: str | None = None) -> None:
+    def _finish(self, fields: dict[str, Any], *, extra: dict[str, Any] | None = None, error: str | None = None) -> None:
         if self.finished:
             return
         self.end_time = time.time()
-        self.response, self.fields, self.extra, self.error = response, fields, extra, error
+        self.fields, self.extra, self.error = fields, extra, error
         self.finished = True
         if tracing_enabled():
             # The span goes out now, under the agent's current trace context; the record is the one built for it.
@@ -282,7 +279,9 @@ class _Pending:
         return self.built
 
     def _record(self) -> Call:
-        fields = self.fields if self.response is None else _response_fields(self.api, self.response)
+        fields = self.fields
+        if fields is None:
+            raise RuntimeError(f"capture failed while recording this {self.api} call (see the warning logged then)")
         kwargs = self.kwargs
         recorder = self.recorder
         metadata: dict[str, Any] = {"endpoint": _endpoint(self.resource), "api": self.api,
@@ -721,7 +720,7 @@ def _observe_on_parse(raw: Any, pending: _Pending) -> None:
             if isinstance(parsed, streams):
                 _observe_stream(parsed, pending)
             else:
-                pending.record_response(parsed, raw=True)
+                pending.record(_response_fields(pending.api, parsed), raw=True)
         except Exception:  # noqa: BLE001
             logger.warning("openai capture failed to record a raw %s response", pending.api, exc_info=True)
         return parsed
