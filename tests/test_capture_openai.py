@@ -291,18 +291,20 @@ def test_capture_bug_never_breaks_the_agent(server: MockLLMServer, monkeypatch: 
         assert sync_client(server).chat.completions.create(model="m", messages=MESSAGES).choices
 
 
-def test_record_keeps_the_request_as_sent(server: MockLLMServer) -> None:
+def test_record_keeps_the_call_as_made(server: MockLLMServer) -> None:
     recorder = RolloutRecorder("ro")
     messages = [dict(message) for message in MESSAGES]
     extra_body = {"top_k": 5}
     with recording(recorder):
-        sync_client(server).chat.completions.create(model="m", messages=messages, extra_body=extra_body)
-        # What agents do next: append the reply, edit a message in place, reuse the options dict.
+        reply = sync_client(server).chat.completions.create(model="m", messages=messages, extra_body=extra_body)
+        # What agents do next: append the reply, edit a message in place, reuse the options dict, post-process.
         messages.append({"role": "assistant", "content": "later"})
         messages[0]["content"] = "edited"
         extra_body["top_k"] = 50
+        reply.choices[0].message.content = "post-processed"
     call = only_call(recorder)  # built now, after the changes
     assert call.input == MESSAGES and call.metadata["sampling"] == {"top_k": 5}
+    assert call.output["content"] == "echo: count users"
 
 
 def test_generator_messages_are_not_consumed_by_capture(server: MockLLMServer) -> None:
