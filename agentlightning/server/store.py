@@ -93,6 +93,12 @@ class Store(ABC):
     def complete(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout) -> ResultOutcome:
         """Store a worker's result (idempotent per rollout and attempt); joins the proxy's calls."""
 
+    def complete_and_dequeue(
+        self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
+    ) -> tuple[ResultOutcome, Lease | None]:
+        """:meth:`complete`, then :meth:`dequeue` for ``worker_id`` (a store may do both in one transaction)."""
+        return self.complete(rollout_id, attempt, worker_id, result), self.dequeue(worker_id, lease_seconds)
+
     @abstractmethod
     def expire_leases(self, now: float | None = None) -> list[ResultOutcome]:
         """Retry or fail running rollouts whose lease has expired."""
@@ -342,31 +348,44 @@ class SQLiteStore(Store):
         return ids
 
     def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
-        now = time.time()
         with self._lock:
-            row = self._db.execute(
-                "SELECT seq, rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts "
-                "WHERE status='queued' ORDER BY seq LIMIT 1"
-            ).fetchone()
-            if row is None:
-                return None
-            seq, rollout_id, task_id, group_id, task, attempt, timeout = row
-            with self._transaction():
-                self._db.execute(
-                    "UPDATE rollouts SET status='running', worker_id=?, lease_expires=?, started=? WHERE seq=?",
-                    (worker_id, now + lease_seconds, now, seq),
-                )
-                self._db.execute(
-                    "INSERT OR REPLACE INTO attempts(rollout_id, attempt, worker_id, status, started) "
-                    "VALUES (?, ?, ?, 'running', ?)",
-                    (rollout_id, attempt, worker_id, now),
-                )
-                self._db.execute(
-                    "INSERT INTO workers VALUES (?, ?, ?, 1) ON CONFLICT(worker_id) "
-                    "DO UPDATE SET last_seen=excluded.last_seen, leased=leased+1",
-                    (worker_id, now, now),
-                )
-            self._running[rollout_id] = attempt
+            return self._dequeue_locked(worker_id, lease_seconds)
+
+    def _dequeue_locked(self, worker_id: str, lease_seconds: float) -> Lease | None:
+        if not self._any_queued():
+            return None
+        with self._transaction():
+            lease = self._lease_oldest(worker_id, lease_seconds, time.time())
+        self._mark_running(lease)
+        return lease
+
+    def _any_queued(self) -> bool:
+        return self._db.execute("SELECT 1 FROM rollouts WHERE status='queued' LIMIT 1").fetchone() is not None
+
+    def _lease_oldest(self, worker_id: str, lease_seconds: float, now: float) -> Lease | None:
+        """Lease the oldest queued rollout inside the caller's transaction (the caller marks it running once
+        committed, :meth:`_mark_running`)."""
+        row = self._db.execute(
+            "SELECT seq, rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts "
+            "WHERE status='queued' ORDER BY seq LIMIT 1"
+        ).fetchone()
+        if row is None:
+            return None
+        seq, rollout_id, task_id, group_id, task, attempt, timeout = row
+        self._db.execute(
+            "UPDATE rollouts SET status='running', worker_id=?, lease_expires=?, started=? WHERE seq=?",
+            (worker_id, now + lease_seconds, now, seq),
+        )
+        self._db.execute(
+            "INSERT OR REPLACE INTO attempts(rollout_id, attempt, worker_id, status, started) "
+            "VALUES (?, ?, ?, 'running', ?)",
+            (rollout_id, attempt, worker_id, now),
+        )
+        self._db.execute(
+            "INSERT INTO workers VALUES (?, ?, ?, 1) ON CONFLICT(worker_id) "
+            "DO UPDATE SET last_seen=excluded.last_seen, leased=leased+1",
+            (worker_id, now, now),
+        )
         return Lease(
             rollout_id=rollout_id,
             task_id=task_id,
@@ -376,6 +395,10 @@ class SQLiteStore(Store):
             timeout=timeout,
             lease_seconds=lease_seconds,
         )
+
+    def _mark_running(self, lease: Lease | None) -> None:
+        if lease is not None:
+            self._running[lease.rollout_id] = lease.attempt
 
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float) -> str:
         now = time.time()
@@ -396,61 +419,84 @@ class SQLiteStore(Store):
     # -- results ------------------------------------------------------------------------------------------------
 
     def complete(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout) -> ResultOutcome:
-        event = event_for_status(result.status)
         with self._lock:
-            row = self._db.execute(
-                "SELECT status, attempt, max_attempts FROM rollouts WHERE rollout_id=?", (rollout_id,)
-            ).fetchone()
-            if row is None:
-                raise NotFound(f"unknown rollout {rollout_id!r}")
-            state, current, max_attempts = row
-            ended = self._db.execute(
-                "SELECT status FROM attempts WHERE rollout_id=? AND attempt=? AND ended IS NOT NULL "
-                "AND status != 'lease_expired'",
-                (rollout_id, attempt),
-            ).fetchone()
-            if ended is not None or (is_terminal(state) and current == attempt):
-                return ResultOutcome(
-                    rollout_id=rollout_id, accepted=False, duplicate=True, status=state, attempt=current,
-                    message=f"attempt {attempt} of rollout {rollout_id} was already reported ({ended[0] if ended else state})",
-                )
-            if is_terminal(state):
-                raise Conflict(
-                    f"rollout {rollout_id} already finished as {state} by attempt {current}; result of attempt "
-                    f"{attempt} not stored"
-                )
-            if attempt > current or attempt < 1:
-                raise Conflict(f"rollout {rollout_id} has no attempt {attempt} (current attempt is {current})")
-            now = time.time()
-            if attempt < current and event != "succeed":
-                # A stale attempt failing changes nothing: its rollout already moved on. Keep its error and logs.
-                with self._transaction():
-                    self._end_attempt(rollout_id, attempt, worker_id, result.status, result.error, result.logs, now)
-                return ResultOutcome(
-                    rollout_id=rollout_id, accepted=False, status=state, attempt=current,
-                    message=f"attempt {attempt} is stale (rollout {rollout_id} is on attempt {current}); kept its log only",
-                )
-            decision = decide(state if attempt == current else "queued", event, attempt, max_attempts)
-            with self._transaction():  # buffered proxy calls go in the same commit, kept buffered if it fails
-                self._insert_proxy_buffer()
+            return self._complete(rollout_id, attempt, worker_id, result, None)[0]
+
+    def complete_and_dequeue(
+        self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
+    ) -> tuple[ResultOutcome, Lease | None]:
+        with self._lock:  # the result and the next lease share one commit
+            return self._complete(rollout_id, attempt, worker_id, result, lease_seconds)
+
+    def _complete(
+        self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, lease_seconds: float | None
+    ) -> tuple[ResultOutcome, Lease | None]:
+        """Store a result; with ``lease_seconds``, also lease the next queued rollout to ``worker_id`` in the same
+        transaction (the caller holds the lock)."""
+        event = event_for_status(result.status)
+        lease: Lease | None = None
+        row = self._db.execute(
+            "SELECT status, attempt, max_attempts FROM rollouts WHERE rollout_id=?", (rollout_id,)
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"unknown rollout {rollout_id!r}")
+        state, current, max_attempts = row
+        ended = self._db.execute(
+            "SELECT status FROM attempts WHERE rollout_id=? AND attempt=? AND ended IS NOT NULL "
+            "AND status != 'lease_expired'",
+            (rollout_id, attempt),
+        ).fetchone()
+        if ended is not None or (is_terminal(state) and current == attempt):
+            if lease_seconds is not None and worker_id is not None:
+                lease = self._dequeue_locked(worker_id, lease_seconds)
+            return ResultOutcome(
+                rollout_id=rollout_id, accepted=False, duplicate=True, status=state, attempt=current,
+                message=f"attempt {attempt} of rollout {rollout_id} was already reported ({ended[0] if ended else state})",
+            ), lease
+        if is_terminal(state):
+            raise Conflict(
+                f"rollout {rollout_id} already finished as {state} by attempt {current}; result of attempt "
+                f"{attempt} not stored"
+            )
+        if attempt > current or attempt < 1:
+            raise Conflict(f"rollout {rollout_id} has no attempt {attempt} (current attempt is {current})")
+        now = time.time()
+        if attempt < current and event != "succeed":
+            # A stale attempt failing changes nothing: its rollout already moved on. Keep its error and logs.
+            with self._transaction():
                 self._end_attempt(rollout_id, attempt, worker_id, result.status, result.error, result.logs, now)
-                if attempt < current and state == "running":
-                    superseded = ErrorInfo(type="Superseded", message=f"attempt {attempt} finished the rollout first")
-                    self._end_attempt(rollout_id, current, None, "superseded", superseded, [], now)
-                if decision.retried:
-                    self._db.execute(
-                        "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL "
-                        "WHERE rollout_id=?",
-                        (decision.attempt, rollout_id),
-                    )
-                else:
-                    self._write_final(rollout_id, attempt, decision.state, result, now)
-            self._proxy_buffer = []
-            self._running.pop(rollout_id, None)
-        return ResultOutcome(
+                if lease_seconds is not None and worker_id is not None:
+                    lease = self._lease_oldest(worker_id, lease_seconds, now)
+            self._mark_running(lease)
+            return ResultOutcome(
+                rollout_id=rollout_id, accepted=False, status=state, attempt=current,
+                message=f"attempt {attempt} is stale (rollout {rollout_id} is on attempt {current}); kept its log only",
+            ), lease
+        decision = decide(state if attempt == current else "queued", event, attempt, max_attempts)
+        with self._transaction():  # buffered proxy calls go in the same commit, kept buffered if it fails
+            self._insert_proxy_buffer()
+            self._end_attempt(rollout_id, attempt, worker_id, result.status, result.error, result.logs, now)
+            if attempt < current and state == "running":
+                superseded = ErrorInfo(type="Superseded", message=f"attempt {attempt} finished the rollout first")
+                self._end_attempt(rollout_id, current, None, "superseded", superseded, [], now)
+            if decision.retried:
+                self._db.execute(
+                    "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL "
+                    "WHERE rollout_id=?",
+                    (decision.attempt, rollout_id),
+                )
+            else:
+                self._write_final(rollout_id, attempt, decision.state, result, now)
+            if lease_seconds is not None and worker_id is not None:
+                lease = self._lease_oldest(worker_id, lease_seconds, now)
+        self._proxy_buffer = []
+        self._running.pop(rollout_id, None)
+        self._mark_running(lease)
+        outcome = ResultOutcome(
             rollout_id=rollout_id, accepted=True, status=decision.state, attempt=decision.attempt,
             retried=decision.retried,
         )
+        return outcome, lease
 
     def _write_final(self, rollout_id: str, attempt: int, state: str, result: Rollout, now: float) -> None:
         """Store a finished rollout (inside a transaction, with the proxy buffer flushed)."""

@@ -28,7 +28,7 @@ from fastapi import HTTPException
 from pydantic import BaseModel, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from agentlightning.server.records import Lease, ResultOutcome
+from agentlightning.server.records import Lease
 from agentlightning.server.runtime import Runtime
 from agentlightning.server.states import InvalidTransition
 from agentlightning.server.store import Conflict, NotFound, StoreError
@@ -201,8 +201,18 @@ class WorkerRoutes:
         if take_next and not body.worker_id:
             raise HTTPException(422, "next=1 needs the worker_id of the result: the next lease is that worker's")
         runtime = self.runtime
+        result = (rollout_id, body.attempt)
+        handed = self._handed.get(body.worker_id) if take_next and body.worker_id else None
+        resent = handed is not None and handed[0] == result  # the answer to the first upload was lost
+        lease: Lease | None = None
         try:
-            outcome = runtime.store.complete(rollout_id, body.attempt, body.worker_id, body.rollout)
+            if take_next and not resent and not runtime.stop_requested:
+                assert body.worker_id is not None
+                outcome, lease = runtime.store.complete_and_dequeue(
+                    rollout_id, body.attempt, body.worker_id, body.rollout, runtime.settings.lease_seconds
+                )
+            else:
+                outcome = runtime.store.complete(rollout_id, body.attempt, body.worker_id, body.rollout)
         except (StoreError, InvalidTransition) as exc:
             raise store_error(exc) from None
         if outcome.accepted:
@@ -213,23 +223,20 @@ class WorkerRoutes:
         if not take_next:
             return answer
         assert body.worker_id is not None
-        return answer[:-1] + b',"next":' + self._next_after(body.worker_id, (rollout_id, body.attempt), outcome) + b"}"
+        if lease is not None:
+            runtime.metrics.inc("agl_rollouts_leased_total")
+            lease = lease_with_llm(runtime, lease)
+        elif resent and handed is not None:  # the same lease again, if the worker still holds it
+            verdict = runtime.store.heartbeat(handed[1].rollout_id, handed[1].attempt, body.worker_id,
+                                              runtime.settings.lease_seconds)
+            lease = handed[1] if verdict == "ok" else self._lease(body.worker_id)
+        return answer[:-1] + b',"next":' + self._next_answer(body.worker_id, result, lease) + b"}"
 
-    def _next_after(self, worker_id: str, result: tuple[str, int], outcome: ResultOutcome) -> bytes:
-        """The ``{"lease", "stop"}`` answer for a worker that just reported ``result``."""
-        runtime = self.runtime
-        if runtime.stop_requested:
-            return b'{"lease":null,"stop":true}'
-        handed = self._handed.get(worker_id)
-        if outcome.duplicate and handed is not None and handed[0] == result:
-            lease = handed[1]  # the answer to the first upload was lost: the same lease again, if still held
-            verdict = runtime.store.heartbeat(lease.rollout_id, lease.attempt, worker_id, runtime.settings.lease_seconds)
-            if verdict == "ok":
-                return _lease_answer(lease)
-        lease = self._lease(worker_id)
+    def _next_answer(self, worker_id: str, result: tuple[str, int], lease: Lease | None) -> bytes:
+        """The ``{"lease", "stop"}`` answer for a worker that reported ``result``, remembered for a re-send."""
         if lease is None:
             self._handed.pop(worker_id, None)
-            return b'{"lease":null,"stop":false}'
+            return b'{"lease":null,"stop":true}' if self.runtime.stop_requested else b'{"lease":null,"stop":false}'
         self._handed[worker_id] = (result, lease)
         self._handed.move_to_end(worker_id)
         if len(self._handed) > _HANDED_MAX:

@@ -121,6 +121,22 @@ def test_proxy_call_landing_after_the_result_joins_only_the_attempt_that_finishe
     assert [c.response_id for c in store.proxy_calls(rid)] == ["resp-old", "resp-late"]
 
 
+def test_complete_and_dequeue_stores_the_result_and_leases_the_next_rollout(store: SQLiteStore) -> None:
+    info = store.add_dataset([{"id": "a"}, {"id": "b"}, {"id": "c"}])
+    first_id, second_id, third_id = store.enqueue(store.dataset_tasks(info.dataset_id), max_attempts=2)
+    first = store.dequeue("w", 10.0)
+    store.record_proxy_call(Call(rollout_id=first_id, completion_token_ids=[4]).model_dump(mode="json"), attempt=1)
+    outcome, lease = store.complete_and_dequeue(first_id, 1, "w", _result(first), 10.0)
+    assert outcome.accepted and lease is not None and lease.rollout_id == second_id
+    assert [c.completion_token_ids for c in store.get_rollout(first_id).calls] == [[4]]
+    assert store.rollout_state(second_id) == ("running", 1) and store.workers()[0]["leased"] == 2
+    again, other = store.complete_and_dequeue(first_id, 1, "w", _result(first), 10.0)  # duplicate: still leases
+    assert again.duplicate and other is not None and other.rollout_id == third_id
+    failed, retry = store.complete_and_dequeue(second_id, 1, "w", _result(lease, status="failed"), 10.0)
+    assert failed.retried and retry is not None and (retry.rollout_id, retry.attempt) == (second_id, 2)
+    assert store.complete_and_dequeue(third_id, 1, "w", _result(other), 10.0)[1] is None  # queue empty
+
+
 def test_failures_retry_with_bounded_attempts_keeping_errors_and_logs(store: SQLiteStore) -> None:
     info = store.add_dataset([{"id": "t"}])
     [rid] = store.enqueue(store.dataset_tasks(info.dataset_id), max_attempts=2)
