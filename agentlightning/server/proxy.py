@@ -19,7 +19,14 @@ from typing import Any
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentlightning.server.extract import ENDPOINTS, CallRecord, StreamAccumulator, fill_from_body, new_call
+from agentlightning.server.extract import (
+    ENDPOINTS,
+    CallRecord,
+    StreamAccumulator,
+    fill_from_body,
+    new_call,
+    parse_json,
+)
 from agentlightning.server.runtime import Runtime, Upstream
 from agentlightning.server.upstream_http import (
     ConnectError,
@@ -92,7 +99,7 @@ class Proxy:
                                      "or LightningServer.set_upstream)", "no_upstream", "server_error")
         try:
             raw = await read_body(receive)
-            body = json.loads(raw)
+            body = parse_json(raw)
         except ValueError as exc:
             return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
         if not isinstance(body, dict):
@@ -164,7 +171,7 @@ class Proxy:
     def _record_body(self, call: CallRecord, attempt: int, endpoint: str, status: int, content: bytes) -> None:
         """Runs on the event loop right after the answer was sent."""
         try:
-            data = json.loads(content)
+            data = parse_json(content)
         except ValueError:
             data = None
         if status >= 400:

@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from agentlightning.server.extract import json_text
 from agentlightning.server.join import join_calls, join_late_call
 from agentlightning.server.records import (
     AttemptInfo,
@@ -624,7 +625,7 @@ class SQLiteStore(Store):
 
     def record_proxy_call(self, call: dict[str, Any], attempt: int) -> None:
         rollout_id = call["rollout_id"]
-        entry = (rollout_id, attempt, call["start_time"], json.dumps(call))
+        entry = (rollout_id, attempt, call["start_time"], json_text(call))
         with self._lock:
             if self._running.get(rollout_id) == attempt:
                 self._proxy_buffer.append(entry)
