@@ -143,26 +143,25 @@ class ServerAPI:
         self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None = 600.0
     ) -> ResultOutcome:
         """Report a finished attempt (idempotent: safe to repeat)."""
-        return ResultOutcome.model_validate(self._post_result(rollout, attempt, worker_id, retry_for, None))
+        return ResultOutcome.model_validate(self._post_result(rollout, attempt, worker_id, retry_for, ""))
 
     def upload_result_and_lease(
         self, rollout: Rollout, attempt: int, worker_id: str, retry_for: float | None = 600.0
     ) -> tuple[ResultOutcome, Lease | None, bool]:
         """Report a finished attempt and take ``worker_id``'s next lease in the same request: returns (what was
         done with the result, the next lease or None when the queue is empty, whether the server says stop)."""
-        answer = self._post_result(rollout, attempt, worker_id, retry_for, {"next": 1})
+        answer = self._post_result(rollout, attempt, worker_id, retry_for, "?next=1")
         following = answer.get("next") or {}
         lease = following.get("lease")
         return (ResultOutcome.model_validate(answer), Lease.model_validate(lease) if lease else None,
                 bool(following.get("stop")))
 
     def _post_result(
-        self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None,
-        params: dict[str, Any] | None,
+        self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None, query: str
     ) -> Any:
         head = jsonlib.dumps({"attempt": attempt, "worker_id": worker_id})[:-1]
         body = f'{head}, "rollout": {rollout.model_dump_json()}}}'.encode()  # serialised once, by pydantic
-        return self.request("POST", f"/rollouts/{rollout.rollout_id}/result", content=body, params=params,
+        return self.request("POST", f"/rollouts/{rollout.rollout_id}/result{query}", content=body,
                             headers={"content-type": "application/json"}, retry_for=retry_for)
 
     def get_dataset(self, dataset_id: str) -> dict[str, Any] | None:
