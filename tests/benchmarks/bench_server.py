@@ -5,8 +5,9 @@ their own process; N worker processes (``start_workers``) run an agent making K=
 real ``openai`` client through the rollout's proxy URL, and report results.
 
 The agent calls through the real ``openai`` client (captured client-side, joined with the proxy's records);
-``--plain-http`` makes it call with plain httpx, so that the figures measure the Lightning path rather than the SDK
-(the openai client alone costs several CPU milliseconds per call).
+``--agent-client httpx`` makes it call with plain httpx (about 1 ms of CPU a call here), and ``--agent-client lean``
+with keep-alive sockets, as cheaply as an agent service in a compiled language would: the figures then measure the
+Lightning path rather than the agent's HTTP stack (the openai client alone costs several CPU milliseconds a call).
 
 1. Proxy latency: sequential chat calls straight to the mock vs through the proxy of a running rollout,
    interleaved so that machine load hits both alike; reports the medians and the added median latency.
@@ -24,6 +25,7 @@ Run with either of:
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import socket
@@ -34,14 +36,17 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
 
 import agentlightning as agl
+from agentlightning.client.http import KeepAliveHTTP
 
 CALLS = 6
 _HTTP: dict[str, httpx.Client] = {}
+_LEAN: dict[str, KeepAliveHTTP] = {}
 
 MOCK_SCRIPT = """
 import sys
@@ -59,27 +64,49 @@ def _http() -> httpx.Client:
     return http
 
 
+def _lean(base_url: str) -> tuple[KeepAliveHTTP, str]:
+    """A keep-alive socket client for the server of ``base_url`` (one per process), and the URL's path."""
+    parts = urlsplit(base_url)
+    root = f"{parts.scheme}://{parts.netloc}"
+    lean = _LEAN.get(root)
+    if lean is None:
+        lean = _LEAN[root] = KeepAliveHTTP(root, {"content-type": "application/json"})
+    return lean, parts.path.rstrip("/")
+
+
+def _chat(client: str, llm: agl.LLM, messages: list[dict[str, Any]], sdk: openai.OpenAI | None) -> str:
+    """One chat call with the agent's HTTP client of choice; returns the answer's text."""
+    if sdk is not None:
+        reply = sdk.chat.completions.create(model=llm.model, messages=messages, max_tokens=16)  # type: ignore[arg-type]
+        return reply.choices[0].message.content or ""
+    payload = {"model": llm.model, "messages": messages, "max_tokens": 16}
+    if client == "httpx":
+        response = _http().post(f"{llm.base_url}/chat/completions", json=payload,
+                                headers={"authorization": f"Bearer {llm.api_key}"})
+        response.raise_for_status()
+        return response.json()["choices"][0]["message"]["content"] or ""
+    lean, path = _lean(llm.base_url)
+    status, body = lean.request("POST", f"{path}/chat/completions", body=json.dumps(payload).encode(),
+                                headers={"authorization": f"Bearer {llm.api_key}"}, params=None, timeout=60)
+    if status != 200:
+        raise RuntimeError(f"chat call answered {status}: {body[:200]!r}")
+    return json.loads(body)["choices"][0]["message"]["content"] or ""
+
+
 def run_agent(task: dict, llm: agl.LLM) -> float:
     """K chat calls, each with the conversation so far; reward 1 if every answer echoed its question.
 
-    With ``task["sdk"]`` (the default) the calls go through the real ``openai`` client; otherwise through plain
-    httpx."""
-    http = _http()
-    sdk = task.get("sdk", True)
-    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, http_client=http, max_retries=0) if sdk else None
+    ``task["client"]`` is the agent's HTTP client: the real ``openai`` client, plain httpx, or ``lean`` (keep-alive
+    sockets, as cheap as an agent service written in a compiled language would be)."""
+    client = task.get("client", "openai")
+    sdk = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, http_client=_http(), max_retries=0) \
+        if client == "openai" else None
     messages: list[dict[str, Any]] = []
     good = 0
     for turn in range(task["calls"]):
         question = f"{task['question']} turn {turn}"
         messages.append({"role": "user", "content": question})
-        if client is not None:
-            reply = client.chat.completions.create(model=llm.model, messages=messages, max_tokens=16)
-            answer = reply.choices[0].message.content or ""
-        else:
-            response = http.post(f"{llm.base_url}/chat/completions", headers={"authorization": f"Bearer {llm.api_key}"},
-                                 json={"model": llm.model, "messages": messages, "max_tokens": 16})
-            response.raise_for_status()
-            answer = response.json()["choices"][0]["message"]["content"] or ""
+        answer = _chat(client, llm, messages, sdk)
         messages.append({"role": "assistant", "content": answer})
         good += question in answer
     return good / task["calls"]
@@ -152,7 +179,7 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def measure_throughput(
-    server_url: str, workers: int, rollouts: int, calls: int, server_pid: int, mock_pid: int, sdk: bool = True
+    server_url: str, workers: int, rollouts: int, calls: int, server_pid: int, mock_pid: int, client: str = "openai"
 ) -> tuple[float, int, dict[str, float]]:
     """Rollouts per second through the server with ``workers`` worker processes, failures, and CPU milliseconds
     per rollout spent by the server, the workers and the upstream."""
@@ -162,9 +189,9 @@ def measure_throughput(
     spool = tempfile.mkdtemp(prefix="agl-bench-spool-")
     pool = start_workers(bench_agent, server_url, nworkers=workers, spool_dir=spool, log_level=30)
     try:
-        warm = [{"question": f"warm {i}", "calls": calls, "sdk": sdk} for i in range(workers * 4)]
+        warm = [{"question": f"warm {i}", "calls": calls, "client": client} for i in range(workers * 4)]
         _run_batch(http, server_url, warm)
-        tasks = [{"question": f"question {i}", "calls": calls, "sdk": sdk} for i in range(rollouts)]
+        tasks = [{"question": f"question {i}", "calls": calls, "client": client} for i in range(rollouts)]
         groups = {"server": [server_pid], "workers": pool.pids, "upstream": [mock_pid]}
         before = {name: cpu_seconds(pids) for name, pids in groups.items()}
         start = time.perf_counter()
@@ -196,14 +223,14 @@ def _run_batch(http: httpx.Client, server_url: str, tasks: list[dict]) -> list[d
 
 
 def measure_direct(
-    mock_url: str, workers: int, rollouts: int, calls: int, mock_pid: int, sdk: bool = True
+    mock_url: str, workers: int, rollouts: int, calls: int, mock_pid: int, client: str = "openai"
 ) -> tuple[float, dict[str, float]]:
     """Rollouts per second of the same agent code calling the mock directly from ``workers`` processes, and the
     CPU milliseconds per rollout of those processes and of the upstream."""
-    tasks = [{"question": f"question {i}", "calls": calls, "sdk": sdk} for i in range(rollouts)]
+    tasks = [{"question": f"question {i}", "calls": calls, "client": client} for i in range(rollouts)]
     chunks = [(mock_url, tasks[i::workers]) for i in range(workers)]
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
-        pool.map(_direct_worker, [(mock_url, [{"question": "warm", "calls": calls, "sdk": sdk}] * 4)] * workers)
+        pool.map(_direct_worker, [(mock_url, [{"question": "warm", "calls": calls, "client": client}] * 4)] * workers)
         pids = [process.pid for process in pool._pool]  # type: ignore[attr-defined]
         before = {"workers": cpu_seconds(pids), "upstream": cpu_seconds([mock_pid])}
         start = time.perf_counter()
@@ -215,7 +242,7 @@ def measure_direct(
 
 
 def run(
-    workers: int = 4, rollouts: int = 600, calls: int = CALLS, samples: int = 300, sdk: bool = True
+    workers: int = 4, rollouts: int = 600, calls: int = CALLS, samples: int = 300, client: str = "openai"
 ) -> dict[str, float]:
     """Run both measurements and print a report; returns the figures."""
     env = {**os.environ, "PYTHONPATH": f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -231,8 +258,8 @@ def run(
             _wait_healthy(server_url)
             with httpx.Client(timeout=30) as http:
                 direct_s, proxied_s = measure_latency(http, mock_url, server_url, samples)
-            direct_rate, direct_cpu = measure_direct(mock_url, workers, rollouts, calls, mock.pid, sdk)
-            rate, failed, cpu = measure_throughput(server_url, workers, rollouts, calls, server.pid, mock.pid, sdk)
+            direct_rate, direct_cpu = measure_direct(mock_url, workers, rollouts, calls, mock.pid, client)
+            rate, failed, cpu = measure_throughput(server_url, workers, rollouts, calls, server.pid, mock.pid, client)
         finally:
             server.terminate()
             server.wait(20)
@@ -240,7 +267,7 @@ def run(
             mock.wait(20)
     added_ms = (proxied_s - direct_s) * 1000
     print(f"\nLightning Server benchmark ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}): "
-          f"{workers} workers, {rollouts} rollouts x {calls} LLM calls, agent calls via {'openai' if sdk else 'httpx'}")
+          f"{workers} workers, {rollouts} rollouts x {calls} LLM calls, agent calls via {client}")
     print(f"  proxy latency  direct median {direct_s * 1000:.2f} ms | proxied median {proxied_s * 1000:.2f} ms | "
           f"added {added_ms:.2f} ms (target < 2 ms) | ratio proxied/direct {proxied_s / direct_s:.2f}x")
     print(f"  throughput     through server {rate:.1f} rollouts/s = {rate * calls:.0f} proxied calls/s "
@@ -266,7 +293,8 @@ if __name__ == "__main__":
     parser.add_argument("--rollouts", type=int, default=600)
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--samples", type=int, default=300)
-    parser.add_argument("--plain-http", action="store_true",
-                        help="agents call with plain httpx instead of the openai client (measures our path alone)")
+    parser.add_argument("--agent-client", choices=("openai", "httpx", "lean"), default="openai",
+                        help="the agent's HTTP client: the openai SDK (several ms of CPU a call), plain httpx (~1 ms), "
+                             "or keep-alive sockets (lean; measures what the Lightning path itself sustains)")
     options = parser.parse_args()
-    run(options.workers, options.rollouts, options.calls, options.samples, not options.plain_http)
+    run(options.workers, options.rollouts, options.calls, options.samples, options.agent_client)
