@@ -288,7 +288,7 @@ class _Pending:
                                     "stream": bool(kwargs.get("stream")), "sampling": _sampling(kwargs)}
         if self.extra:
             metadata.update(self.extra)
-        usage, response_model, choices = fields.get("usage"), fields.get("response_model"), fields.get("choices", 1)
+        usage, response_model, choices = _usage(fields.get("usage")), fields.get("response_model"), fields.get("choices", 1)
         if usage is not None:
             metadata["usage"] = usage
         if response_model is not None:
@@ -472,7 +472,8 @@ def _logprob_values(entries: Any) -> list[float] | None:
 
 
 def _usage(usage: Any) -> dict[str, Any] | None:
-    """Token counts of a ``usage`` block (nested details flattened away; cheap for pydantic objects)."""
+    """Token counts of a ``usage`` block, object or dict (nested details left out; read when the record is built:
+    nothing in an agent rewrites usage)."""
     if usage is None:
         return None
     fields = usage if isinstance(usage, dict) else getattr(usage, "__dict__", None)
@@ -524,7 +525,7 @@ def _chat_fields(response: Any) -> dict[str, Any]:
     if message.get("refusal"):
         output["refusal"] = message["refusal"]
     fields = {"output": output, "response_id": body.get("id"), "response_model": body.get("model"),
-              "usage": _usage(body.get("usage")), "choices": len(choices)}
+              "usage": body.get("usage"), "choices": len(choices)}
     logprobs = choice.get("logprobs")
     return _with_tokens(fields, body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
                         choice.get("token_ids"), None if logprobs is None else _logprob_values(_view(logprobs).get("content")))
@@ -538,7 +539,7 @@ def _completion_fields(response: Any) -> dict[str, Any]:
         "output": {"content": _get(choice, "text"), "tool_calls": [], "finish_reason": _get(choice, "finish_reason")},
         "response_id": _get(response, "id"),
         "response_model": _get(response, "model"),
-        "usage": _usage(_get(response, "usage")),
+        "usage": _get(response, "usage"),
         "choices": len(choices),
     }
     return _with_tokens(fields, _get(choice, "prompt_token_ids") or _get(response, "prompt_token_ids"),
@@ -567,7 +568,7 @@ def _responses_fields(response: Any) -> dict[str, Any]:
         "output": {"content": "".join(texts) if texts else None, "tool_calls": tool_calls, "finish_reason": finish},
         "response_id": _get(response, "id"),
         "response_model": _get(response, "model"),
-        "usage": _usage(_get(response, "usage")),
+        "usage": _get(response, "usage"),
     }
     return _with_tokens(fields, _get(response, "prompt_token_ids"), _get(response, "output_token_ids"), None)
 
@@ -585,7 +586,7 @@ class _StreamAccumulator:
         self.finish_reason: str | None = None
         self.response_id: str | None = None
         self.model: str | None = None
-        self.usage: dict[str, Any] | None = None
+        self.usage: Any = None  # the last usage block seen (object or dict)
         self.responses_api = api.startswith("responses")
         self.prompt_ids: list[int] | None = None
         self.completion_ids: list[int] = []
@@ -604,7 +605,7 @@ class _StreamAccumulator:
         if self.response_id is None:
             self.response_id, self.model = body.get("id"), body.get("model")
         if body.get("usage") is not None:
-            self.usage = _usage(body["usage"])
+            self.usage = body["usage"]
         prompt_ids = body.get("prompt_token_ids")
         for choice_object in body.get("choices") or ():
             choice = _view(choice_object)
