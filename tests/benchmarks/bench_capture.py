@@ -4,7 +4,8 @@ The client talks to an in-process ``httpx2.MockTransport`` (the transport layer 
 a canned chat completion, so the measured time is the client's own work plus capture. Modes, alternating sample by
 sample so that machine load hits them alike:
 
-- ``unpatched``: adapter uninstalled (the baseline);
+- ``unpatched``: the original method, bound per call as an unpatched client's is (the baseline);
+- ``unpatched again``: the same once more, an A/A control: its difference from the baseline is the noise floor;
 - ``patched, no rollout``: adapter installed, call made outside any rollout (the one-ContextVar fast path);
 - ``captured``: one call inside a fresh rollout, timed until its ``Call`` record (messages, output, usage, sampling
   params) is built; capture defers that build to the first read of the rollout's calls, so this is the full cost;
@@ -69,7 +70,7 @@ def _client(body: bytes, content_type: str = "application/json") -> openai.OpenA
                          http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
 
 
-BASELINES = {"patched, no rollout": "unpatched", "captured": "unpatched",
+BASELINES = {"unpatched again": "unpatched", "patched, no rollout": "unpatched", "captured": "unpatched",
              "captured + token ids": "unpatched + token ids", "stream captured": "stream unpatched",
              f"rollout of {ROLLOUT_CALLS}, captured": f"rollout of {ROLLOUT_CALLS}, unpatched"}
 
@@ -126,15 +127,18 @@ def measure(n: int = 1500) -> dict[str, float]:
         return lambda: client.chat.completions.create(**kwargs)
 
     def unpatched(client: openai.OpenAI) -> Callable[[], object]:
-        return lambda: original_create(client.chat.completions, **kwargs)
+        # Bound per call, as ``client.chat.completions.create`` is when nothing is patched.
+        return lambda: original_create.__get__(client.chat.completions)(**kwargs)
 
     modes: dict[str, Callable[[], float]] = {
         "unpatched": _plain(unpatched(plain)),
+        "unpatched again": _plain(unpatched(plain)),
         "patched, no rollout": _plain(patched(plain)),
         "captured": _captured(patched(plain)),
         "unpatched + token ids": _plain(unpatched(with_ids)),
         "captured + token ids": _captured(patched(with_ids)),
-        "stream unpatched": _plain(lambda: list(original_create(streaming.chat.completions, stream=True, **kwargs))),
+        "stream unpatched": _plain(
+            lambda: list(original_create.__get__(streaming.chat.completions)(stream=True, **kwargs))),
         "stream captured": _captured(lambda: list(streaming.chat.completions.create(stream=True, **kwargs))),
         f"rollout of {ROLLOUT_CALLS}, unpatched": _plain(unpatched(plain), ROLLOUT_CALLS),
         f"rollout of {ROLLOUT_CALLS}, captured": _captured(patched(plain), ROLLOUT_CALLS),
