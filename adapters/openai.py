@@ -26,7 +26,7 @@ from typing import Any
 
 import wrapt
 
-from agentlightning.context import RolloutRecorder, _current_recorder, _current_role
+from agentlightning.context import RolloutRecorder, _current_recorder, _current_role, rollouts_running
 from agentlightning.messages import as_plain, responses_input_to_messages
 from agentlightning.telemetry import emit_call_span, tracing_enabled
 from agentlightning.types import Call, construct_trusted
@@ -63,8 +63,8 @@ _random_bits = _rng.getrandbits
 _lock = threading.Lock()
 _originals: list[tuple[type, str, Any]] = []
 _active = False
-# The latest patched calls made outside any rollout, as (unix time, base URL): diagnostics uses them to explain
-# rollouts that captured nothing (typically a thread started without copying the context).
+# The latest patched calls made outside any rollout while one was running, as (unix time, base URL): diagnostics
+# uses them to explain rollouts that captured nothing (typically a thread started without copying the context).
 _stray_calls: deque[tuple[float, str | None]] = deque(maxlen=64)
 
 
@@ -107,6 +107,13 @@ def is_installed() -> bool:
     return _active
 
 
+def _note_stray(resource: Any) -> None:
+    """Remember a call made outside every rollout, if some rollout of this process is running (its diagnostics
+    may need it); with none running there is nothing to explain and nothing is noted."""
+    if rollouts_running():
+        _stray_calls.append((time.time(), _endpoint(resource)))
+
+
 def unattributed_since(start: float) -> list[tuple[float, str | None]]:
     """(time, base URL) of the recent patched calls made outside any rollout since unix time ``start``."""
     return [(when, endpoint) for when, endpoint in list(_stray_calls) if when >= start]
@@ -138,7 +145,7 @@ def _sync_wrapper(api: str) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         recorder = _current_recorder.get()
         if recorder is None or not _active:
-            _stray_calls.append((time.time(), _endpoint(instance)))
+            _note_stray(instance)
             return wrapped(*args, **kwargs)
         pending = _start(api, recorder, instance, kwargs)
         try:
@@ -156,7 +163,7 @@ def _async_wrapper(api: str) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         recorder = _current_recorder.get()
         if recorder is None or not _active:
-            _stray_calls.append((time.time(), _endpoint(instance)))
+            _note_stray(instance)
             return wrapped(*args, **kwargs)
         return _acall(api, recorder, wrapped, instance, args, kwargs)
 

@@ -157,14 +157,28 @@ def reset_role(token: Token[str | None]) -> None:
         _current_role.set(token.old_value if token.old_value is not Token.MISSING else None)
 
 
+_open_recordings = 0  # recording() blocks open in this process, in any thread or task
+_open_recordings_lock = threading.Lock()
+
+
+def rollouts_running() -> bool:
+    """Whether a rollout is being recorded anywhere in this process (in any thread or task)."""
+    return _open_recordings > 0
+
+
 @contextlib.contextmanager
 def recording(recorder: RolloutRecorder) -> Iterator[RolloutRecorder]:
     """Run a block with ``recorder`` current."""
+    global _open_recordings
+    with _open_recordings_lock:
+        _open_recordings += 1
     token = set_recorder(recorder)
     try:
         yield recorder
     finally:
         reset_recorder(token)
+        with _open_recordings_lock:
+            _open_recordings -= 1
 
 
 class RolloutLogHandler(logging.Handler):

@@ -7,6 +7,7 @@ import gc
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 
 import openai
@@ -263,14 +264,21 @@ def test_timeout_recorded_as_error(server: MockLLMServer) -> None:
     assert only_call(recorder).error.startswith("APITimeoutError")
 
 
-def test_outside_rollout_nothing_recorded_but_remembered(server: MockLLMServer) -> None:
+def test_outside_rollout_nothing_recorded_but_remembered_while_one_runs(server: MockLLMServer) -> None:
     from agentlightning.adapters import openai as adapter
 
-    before = adapter.unattributed_since(0.0)
-    reply = sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
-    assert reply.choices[0].message.content == "echo: count users"
-    stray = adapter.unattributed_since(0.0)
-    assert len(stray) >= min(len(before) + 1, 64) and stray[-1][1] == server.base_url
+    start = time.time()
+    reply = sync_client(server).chat.completions.create(model="m", messages=MESSAGES)  # no rollout anywhere
+    assert reply.choices[0].message.content == "echo: count users" and adapter.unattributed_since(start) == []
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        # A thread started without copying the context runs outside the rollout while it is running.
+        thread = threading.Thread(target=sync_client(server).chat.completions.create,
+                                  kwargs={"model": "m", "messages": MESSAGES})
+        thread.start()
+        thread.join()
+    assert recorder.calls == [] and adapter.unattributed_since(start) == [(pytest.approx(time.time(), abs=5),
+                                                                           server.base_url)]
 
 
 def test_capture_bug_never_breaks_the_agent(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch,
