@@ -5,9 +5,10 @@ client is covered): ``chat.completions.create`` / ``parse``, ``responses.create`
 ``completions.create``, sync and async. Streams are recorded when they are consumed (or closed / collected);
 ``with_raw_response`` and ``with_streaming_response`` calls are recorded once.
 
-Outside a rollout a wrapped call costs one ContextVar lookup (and a note of its endpoint for diagnostics). Inside
-one, a failure of capture itself is logged and the agent's call proceeds unchanged; an error raised by the API is
-recorded (status 'error') and re-raised as is.
+Outside a rollout a wrapped call costs one ContextVar lookup (and, while another rollout of the process runs, a note
+of its endpoint for diagnostics). Inside one, the call path notes what the record needs and the record is built when
+the rollout's calls are read (see :class:`_Pending`). A failure of capture itself is logged and the agent's call
+proceeds unchanged; an error raised by the API is recorded (status 'error') and re-raised as is.
 """
 
 from __future__ import annotations
