@@ -292,11 +292,12 @@ class _Pending:
             raise RuntimeError(f"capture failed while recording this {self.api} call (see the warning logged then)")
         kwargs = self.kwargs
         recorder = self.recorder
-        metadata: dict[str, Any] = {"endpoint": _endpoint(self.resource), "api": self.api,
+        metadata: dict[str, Any] = {"endpoint": self.endpoint, "api": self.api,
                                     "stream": bool(kwargs.get("stream")), "sampling": _sampling(kwargs)}
         if self.extra:
             metadata.update(self.extra)
-        usage, response_model, choices = _usage(fields.get("usage")), fields.get("response_model"), fields.get("choices", 1)
+        usage, response_model = _usage(fields.get("usage")), fields.get("response_model")
+        choices = fields.get("choices", 1)
         if usage is not None:
             metadata["usage"] = usage
         if response_model is not None:
@@ -535,8 +536,9 @@ def _chat_fields(response: Any) -> dict[str, Any]:
     fields = {"output": output, "response_id": body.get("id"), "response_model": body.get("model"),
               "usage": body.get("usage"), "choices": len(choices)}
     logprobs = choice.get("logprobs")
+    logprob_values = None if logprobs is None else _logprob_values(_view(logprobs).get("content"))
     return _with_tokens(fields, body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
-                        choice.get("token_ids"), None if logprobs is None else _logprob_values(_view(logprobs).get("content")))
+                        choice.get("token_ids"), logprob_values)
 
 
 def _completion_fields(response: Any) -> dict[str, Any]:

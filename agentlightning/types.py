@@ -62,7 +62,10 @@ class _Template:
     def __init__(self, model: type[Record]) -> None:
         fields = model.model_fields
         # Every field in declaration order, with its static default (None where a factory or the caller gives it).
-        self.defaults = {name: None if f.is_required() or f.default_factory else f.default for name, f in fields.items()}
+        self.defaults = {
+            name: None if field.is_required() or field.default_factory else field.default
+            for name, field in fields.items()
+        }
         self.factories: dict[str, Callable[[], Any]] = {}
         for name, field in fields.items():
             if field.default_factory is not None:

@@ -481,11 +481,7 @@ class SQLiteStore(Store):
                 superseded = ErrorInfo(type="Superseded", message=f"attempt {attempt} finished the rollout first")
                 self._end_attempt(rollout_id, current, None, "superseded", superseded, [], now)
             if decision.retried:
-                self._db.execute(
-                    "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL "
-                    "WHERE rollout_id=?",
-                    (decision.attempt, rollout_id),
-                )
+                self._requeue(rollout_id, decision.attempt)
             else:
                 self._write_final(rollout_id, attempt, decision.state, result, now)
             if lease_seconds is not None and worker_id is not None:
@@ -498,6 +494,13 @@ class SQLiteStore(Store):
             retried=decision.retried,
         )
         return outcome, lease
+
+    def _requeue(self, rollout_id: str, attempt: int) -> None:
+        """Put a rollout back in the queue for its next ``attempt`` (transaction held)."""
+        self._db.execute(
+            "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL WHERE rollout_id=?",
+            (attempt, rollout_id),
+        )
 
     def _write_final(self, rollout_id: str, attempt: int, state: str, result: Rollout, now: float) -> None:
         """Store a finished rollout (inside a transaction, with the proxy buffer flushed)."""
@@ -574,11 +577,7 @@ class SQLiteStore(Store):
                 with self._transaction():
                     self._end_attempt(rollout_id, attempt, worker_id, "lease_expired", error, [], now)
                     if decision.retried:
-                        self._db.execute(
-                            "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL "
-                            "WHERE rollout_id=?",
-                            (decision.attempt, rollout_id),
-                        )
+                        self._requeue(rollout_id, decision.attempt)
                     else:
                         failed = self._row_rollout(rollout_id).model_copy(update={"status": "failed", "error": error})
                         self._write_final(rollout_id, attempt, decision.state, failed, now)

@@ -191,7 +191,8 @@ def capture_work(n: int = 5000) -> dict[str, float]:
     resource = client.chat.completions
 
     def stream() -> object:
-        pending = adapter._Pending("chat.completions", RolloutRecorder("ro-bench"), resource, {**kwargs, "stream": True})
+        recorder = RolloutRecorder("ro-bench")
+        pending = adapter._Pending("chat.completions", recorder, resource, {**kwargs, "stream": True})
         accumulator = adapter._StreamAccumulator("chat.completions")
         for chunk in chunks:
             accumulator.add(chunk)
