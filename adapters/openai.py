@@ -17,8 +17,8 @@ import functools
 import importlib
 import inspect
 import logging
+import itertools
 import os
-import random
 import threading
 import time
 from collections import deque
@@ -26,6 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import wrapt
+from pydantic import ValidationError
 
 from agentlightning.context import RolloutRecorder, _current_recorder, _current_role, rollouts_running
 from agentlightning.messages import as_plain, responses_input_to_messages
@@ -56,11 +57,21 @@ SAMPLING_KEYS: frozenset[str] = frozenset({
     "suffix", "user", "service_tier", "store", "truncation", "verbosity", "stream_options", "modalities",
 })
 
-# Call ids without a syscall per call: a private generator (an agent seeding `random` cannot make ids repeat),
-# reseeded from os.urandom in forked children.
-_rng = random.Random()
-os.register_at_fork(after_in_child=_rng.seed)
-_random_bits = _rng.getrandbits
+# Call ids: a random prefix per process (renewed in forked children) and a counter; no syscall or random draw per
+# call, and an agent seeding `random` cannot make ids repeat.
+_call_id_prefix = ""
+_call_numbers = itertools.count(1)
+
+
+def _new_call_id_prefix() -> None:
+    global _call_id_prefix, _call_numbers
+    _call_id_prefix = f"call-{os.urandom(6).hex()}-"
+    _call_numbers = itertools.count(1)
+
+
+_new_call_id_prefix()
+os.register_at_fork(after_in_child=_new_call_id_prefix)
+_clock = time.time
 _lock = threading.Lock()
 _originals: list[tuple[type, str, Any]] = []
 _active = False
@@ -148,14 +159,17 @@ def _sync_wrapper(api: str) -> Callable[..., Any]:
         if recorder is None or not _active:
             _note_stray(instance)
             return wrapped(*args, **kwargs)
-        pending = _start(api, recorder, instance, kwargs)
+        try:
+            pending = _Pending(api, recorder, instance, kwargs)
+        except Exception:  # noqa: BLE001 - a capture bug must not break the agent
+            logger.warning(_START_FAILED, exc_info=True)
+            return wrapped(*args, **kwargs)
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
-            if pending is not None:
-                pending.fail(exc)
+            pending.fail(exc)
             raise
-        return pending.handle(result) if pending is not None else result
+        return pending.handle(result)
 
     return wrapper
 
@@ -175,23 +189,20 @@ async def _acall(
     api: str, recorder: RolloutRecorder, wrapped: Callable[..., Any], instance: Any,
     args: tuple[Any, ...], kwargs: dict[str, Any],
 ) -> Any:
-    pending = _start(api, recorder, instance, kwargs)
+    try:
+        pending = _Pending(api, recorder, instance, kwargs)
+    except Exception:  # noqa: BLE001 - a capture bug must not break the agent
+        logger.warning(_START_FAILED, exc_info=True)
+        return await wrapped(*args, **kwargs)
     try:
         result = await wrapped(*args, **kwargs)
     except BaseException as exc:
-        if pending is not None:
-            pending.fail(exc)
+        pending.fail(exc)
         raise
-    return pending.handle(result) if pending is not None else result
+    return pending.handle(result)
 
 
-def _start(api: str, recorder: RolloutRecorder, instance: Any, kwargs: dict[str, Any]) -> _Pending | None:
-    """Begin recording a call; never raises (a capture bug must not break the agent)."""
-    try:
-        return _Pending(api, recorder, instance, kwargs)
-    except Exception:  # noqa: BLE001
-        logger.warning("openai capture failed at call start; this call is not recorded", exc_info=True)
-        return None
+_START_FAILED = "openai capture failed at call start; this call is not recorded"
 
 
 # -- one call being recorded ---------------------------------------------------------------------------------------
@@ -212,9 +223,28 @@ class _Pending:
         self.api = api
         self.recorder = recorder
         self.resource = resource
-        self.start_time = time.time()
+        self.start_time = _clock()
         self.role = _current_role.get()
-        self.kwargs = _snapshot(kwargs)
+        # The request as sent, safe to read after the call returns: shallow copies of the fields an agent may change
+        # afterwards (the messages list it appends to, the dicts in it, ...). A one-shot iterable (e.g. a generator
+        # of messages) is materialised in ``kwargs`` too, so that reading it here does not starve the real call.
+        snapshot = kwargs.copy()
+        for key, value in kwargs.items():
+            if key not in _SNAPSHOT_KEYS:
+                continue
+            kind = type(value)
+            if kind is dict:
+                snapshot[key] = value.copy()
+                continue
+            if kind is not list and kind is not tuple:
+                if value is None or isinstance(value, (str, dict)) or not hasattr(value, "__iter__"):
+                    continue
+                value = kwargs[key] = list(value)
+            copied = []
+            for item in value:
+                copied.append(item.copy() if type(item) is dict else item)
+            snapshot[key] = copied
+        self.kwargs = snapshot
         self.finished = False
         self.fields: dict[str, Any] | None = None
         self.built: Call | None = None
@@ -230,9 +260,9 @@ class _Pending:
     def handle(self, result: Any) -> Any:
         """Record ``result`` (or arrange to record it when a stream / raw response is consumed); return it as is."""
         try:
-            kind = _result_kind(type(result))
+            kind = _RESULT_KINDS.get(type(result)) or _result_kind(type(result))
             if kind == "parsed":
-                self._finish(_response_fields(self.api, result))
+                self._finish(_FIELD_READERS[self.api](result))
             elif kind == "stream":
                 _observe_stream(result, self)
             elif kind == "legacy" and not getattr(result, "_stream", False):
@@ -270,7 +300,7 @@ class _Pending:
     def _finish(self, fields: dict[str, Any], *, extra: dict[str, Any] | None = None, error: str | None = None) -> None:
         if self.finished:
             return
-        self.end_time = time.time()
+        self.end_time = _clock()
         self.fields, self.extra, self.error = fields, extra, error
         self.finished = True
         if tracing_enabled():
@@ -282,53 +312,120 @@ class _Pending:
 
     def build(self) -> Call:
         """The :class:`Call` record of this finished call (built once)."""
-        if self.built is None:
-            self.built = self._record()
-        return self.built
-
-    def _record(self) -> Call:
+        if self.built is not None:
+            return self.built
         fields = self.fields
         if fields is None:
             raise RuntimeError(f"capture failed while recording this {self.api} call (see the warning logged then)")
-        kwargs = self.kwargs
-        recorder = self.recorder
-        metadata: dict[str, Any] = {"endpoint": self.endpoint, "api": self.api,
-                                    "stream": bool(kwargs.get("stream")), "sampling": _sampling(kwargs)}
+        kwargs, recorder, api = self.kwargs, self.recorder, self.api
+        sampling: dict[str, Any] = {}
+        for key, value in kwargs.items():
+            if key in SAMPLING_KEYS:
+                if type(value) in _SCALARS:
+                    sampling[key] = value
+                elif _given(value):
+                    sampling[key] = _jsonable(value)
+        extra_body = kwargs.get("extra_body")
+        if extra_body and isinstance(extra_body, dict):
+            sampling.update({key: _jsonable(value) for key, value in extra_body.items()})
+        metadata: dict[str, Any] = {"endpoint": _endpoint(self.resource), "api": api,
+                                    "stream": bool(kwargs.get("stream")), "sampling": sampling}
         if self.extra:
             metadata.update(self.extra)
-        usage, response_model = _usage(fields.get("usage")), fields.get("response_model")
-        choices = fields.get("choices", 1)
-        if usage is not None:
-            metadata["usage"] = usage
+        usage = fields.get("usage")
+        if usage is not None:  # its token counts (nested details left out); nothing in an agent rewrites usage
+            counts = usage if type(usage) is dict else getattr(usage, "__dict__", None)
+            tokens: dict[str, int] = {}
+            if isinstance(counts, dict):
+                for key, value in counts.items():
+                    if type(value) is int:
+                        tokens[key] = value
+            metadata["usage"] = tokens
+        response_model = fields.get("response_model")
         if response_model is not None:
             metadata["response_model"] = response_model
+        choices = fields.get("choices", 1)
         if choices > 1:
             metadata["choices"] = choices
         if recorder.model_version is not None:
             metadata["model_version"] = recorder.model_version
+        if api in _CHAT_APIS:
+            input_ = kwargs.get("messages")  # copied at the call's start; plain unless it holds e.g. pydantic messages
+            if type(input_) is list:
+                for message in input_:
+                    if type(message) is not dict:
+                        input_ = _plain_list(input_)
+                        break
+            else:
+                input_ = _plain_list(input_)
+        else:
+            input_ = _request_input(api, kwargs)
+        tools, plain_tools = kwargs.get("tools"), True
+        if tools is not None:
+            if type(tools) is list:
+                for tool in tools:
+                    if type(tool) is not dict:
+                        tools, plain_tools = _plain_list(tools), False
+                        break
+            else:
+                tools = _plain_list(tools)
+                plain_tools = tools is None
+        name, response_id, role = kwargs.get("model"), fields.get("response_id"), self.role
         values: dict[str, Any] = {
-            "call_id": f"call-{_random_bits(64):016x}", "rollout_id": recorder.rollout_id,
-            "sequence": self.sequence, "role": self.role, "name": kwargs.get("model"),
-            "input": _request_input(self.api, kwargs), "output": fields.get("output"),
-            "tools": _plain_list(kwargs.get("tools")), "start_time": self.start_time, "end_time": self.end_time,
-            "metadata": metadata, "response_id": fields.get("response_id"),
+            "call_id": _call_id_prefix + str(next(_call_numbers)), "rollout_id": recorder.rollout_id,
+            "sequence": self.sequence, "role": role, "name": name, "input": input_, "output": fields["output"],
+            "tools": tools, "start_time": self.start_time, "end_time": self.end_time, "metadata": metadata,
+            "response_id": response_id,
         }
         if self.error is not None:
             values["status"], values["error"] = "error", self.error
-        tools = values["tools"]
-        if _TOKEN_FIELDS.isdisjoint(fields) and type(values["name"]) in _OPTIONAL_STR \
-                and type(values["response_id"]) in _OPTIONAL_STR and type(self.role) in _OPTIONAL_STR \
-                and (tools is None or all(type(tool) is dict for tool in tools)):
-            return construct_trusted(Call, values)  # every value already has the type Call declares
-        for key in _TOKEN_FIELDS.intersection(fields):
-            values[key] = fields[key]
+        trusted = plain_tools and (name is None or type(name) is str) \
+            and (response_id is None or type(response_id) is str) and (role is None or type(role) is str)
+        if "token_source" in fields:  # the backend sent token ids (vLLM)
             values["token_source"] = "response"
-        return Call(**values)  # pydantic checks what came from outside (token ids, odd types) and names bad values
+            for key, kind in _TOKEN_FIELDS:
+                if key in fields:
+                    numbers = _exact_list(fields[key], kind)
+                    trusted = trusted and numbers is not None
+                    values[key] = fields[key] if numbers is None else numbers
+        # Values of the types Call declares need no validation; pydantic checks the rest (odd types from outside).
+        record = construct_trusted(Call, values) if trusted else _validated(values)
+        self.built = record
+        return record
 
 
-# Token fields of a response (present in its extracted fields only when the backend sent them).
-_TOKEN_FIELDS = frozenset({"prompt_token_ids", "completion_token_ids", "completion_logprobs"})
-_OPTIONAL_STR = (str, type(None))
+# Token fields of a response (present in its extracted fields only when the backend sent them, with "token_source").
+_TOKEN_FIELDS = (("prompt_token_ids", int), ("completion_token_ids", int), ("completion_logprobs", float))
+
+
+def _validated(values: dict[str, Any]) -> Call:
+    """``Call(**values)``; token fields the backend sent malformed are left out (and named in the record's metadata)
+    rather than losing the call."""
+    try:
+        return Call(**values)
+    except ValidationError as exc:
+        bad = sorted({str(error["loc"][0]) for error in exc.errors()} & {key for key, _ in _TOKEN_FIELDS})
+        if not bad:
+            raise
+        logger.warning("openai capture: the backend sent malformed %s; the call is recorded without token ids: %s",
+                       ", ".join(bad), exc)
+        for key, _ in _TOKEN_FIELDS:
+            values.pop(key, None)
+        values.pop("token_source", None)
+        values["metadata"]["invalid_token_fields"] = bad
+        return Call(**values)
+
+
+def _exact_list(values: Any, kind: type) -> list[Any] | None:
+    """A copy of ``values`` if it is a list of exactly ``kind`` items (such a list needs no validation), else None."""
+    if type(values) is not list:
+        return None
+    for value in values:
+        if type(value) is not kind:
+            return None
+    return values.copy()
+_CHAT_APIS = frozenset({"chat.completions", "chat.completions.parse"})
+
 
 
 # -- request side ------------------------------------------------------------------------------------------------
@@ -378,20 +475,6 @@ def _given(value: Any) -> bool:
     return value is not None and not isinstance(value, _sentinel_types())
 
 
-def _sampling(kwargs: dict[str, Any]) -> dict[str, Any]:
-    sampling: dict[str, Any] = {}
-    for key in SAMPLING_KEYS.intersection(kwargs):
-        value = kwargs[key]
-        if type(value) in _SCALARS:
-            sampling[key] = value
-        elif _given(value):
-            sampling[key] = _jsonable(value)
-    extra_body = kwargs.get("extra_body")
-    if extra_body and isinstance(extra_body, dict):
-        sampling.update({key: _jsonable(value) for key, value in extra_body.items()})
-    return sampling
-
-
 def _jsonable(value: Any) -> Any:
     if value is None or type(value) in _SCALARS or isinstance(value, (str, int, float, bool)):
         return value
@@ -406,40 +489,24 @@ def _jsonable(value: Any) -> Any:
 
 
 def _plain_list(value: Any) -> list[Any] | None:
-    """A snapshotted list (see :func:`_snapshot`) with non-dict items (e.g. pydantic messages) made plain."""
+    """A list copied at the call's start (see :class:`_Pending`) with its non-dict items (e.g. pydantic messages)
+    made plain in place; None for an absent value."""
+    if type(value) is list:
+        for index, item in enumerate(value):
+            if type(item) is not dict:
+                value[index] = _jsonable(item)
+        return value
     if not _given(value):
         return None
     return [item if type(item) is dict else _jsonable(item) for item in value]
 
 
-# Request fields an agent may change after the call returns (the list it appends to, the dicts in it, ...).
+# Request fields an agent may change after the call returns (copied when the call starts).
 _SNAPSHOT_KEYS = frozenset({"messages", "tools", "input", "extra_body"})
 
 
-def _snapshot(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The request as sent, safe to read after the call returns: shallow copies of :data:`_SNAPSHOT_KEYS`.
-
-    One-shot iterables (e.g. a generator of messages) are materialised in ``kwargs`` too, so that reading them here
-    does not starve the real call.
-    """
-    snapshot = kwargs.copy()
-    for key in _SNAPSHOT_KEYS.intersection(kwargs):
-        value = kwargs[key]
-        kind = type(value)
-        if kind is dict:
-            snapshot[key] = value.copy()
-            continue
-        if kind is not list and kind is not tuple:
-            if value is None or isinstance(value, (str, dict)) or not hasattr(value, "__iter__"):
-                continue
-            value = kwargs[key] = list(value)
-        snapshot[key] = [item.copy() if type(item) is dict else item for item in value]
-    return snapshot
-
-
 def _request_input(api: str, kwargs: dict[str, Any]) -> Any:
-    if api.startswith("chat"):
-        return _plain_list(kwargs.get("messages"))
+    """The input of a responses or legacy completions request, as chat messages or the plain prompt."""
     if api.startswith("responses"):
         return responses_input_to_messages(kwargs.get("input"), kwargs.get("instructions") or None)
     prompt = kwargs.get("prompt")
@@ -480,17 +547,6 @@ def _logprob_values(entries: Any) -> list[float] | None:
     return [entry["logprob"] if type(entry) is dict else entry.logprob for entry in entries]
 
 
-def _usage(usage: Any) -> dict[str, Any] | None:
-    """Token counts of a ``usage`` block, object or dict (nested details left out; read when the record is built:
-    nothing in an agent rewrites usage)."""
-    if usage is None:
-        return None
-    fields = usage if isinstance(usage, dict) else getattr(usage, "__dict__", None)
-    if not isinstance(fields, dict):
-        return None
-    return {key: value for key, value in fields.items() if type(value) is int}
-
-
 def _tool_call_dict(tool_call: Any) -> dict[str, Any]:
     function = _get(tool_call, "function")
     return {
@@ -502,21 +558,20 @@ def _tool_call_dict(tool_call: Any) -> dict[str, Any]:
 
 def _response_fields(api: str, response: Any) -> dict[str, Any]:
     """Output, token ids, usage and ids of a finished (non-stream) response, object or JSON dict."""
-    if api.startswith("chat"):
-        return _chat_fields(response)
-    if api.startswith("responses"):
-        return _responses_fields(response)
-    return _completion_fields(response)
+    return _FIELD_READERS[api](response)
 
 
 def _with_tokens(fields: dict[str, Any], prompt_ids: Any, completion_ids: Any, logprobs: Any) -> dict[str, Any]:
-    """``fields`` plus the token fields the backend sent (those it did not send are left out)."""
+    """``fields`` plus the token fields the backend sent (those it did not send are left out), and "token_source"
+    when it sent any."""
     if prompt_ids is not None:
         fields["prompt_token_ids"] = prompt_ids
     if completion_ids is not None:
         fields["completion_token_ids"] = completion_ids
     if logprobs is not None:
         fields["completion_logprobs"] = logprobs
+    if prompt_ids is not None or completion_ids is not None or logprobs is not None:
+        fields["token_source"] = "response"
     return fields
 
 
@@ -535,10 +590,12 @@ def _chat_fields(response: Any) -> dict[str, Any]:
         output["refusal"] = message["refusal"]
     fields = {"output": output, "response_id": body.get("id"), "response_model": body.get("model"),
               "usage": body.get("usage"), "choices": len(choices)}
-    logprobs = choice.get("logprobs")
+    logprobs, prompt_ids = choice.get("logprobs"), body.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    completion_ids = choice.get("token_ids")
+    if logprobs is None and prompt_ids is None and completion_ids is None:
+        return fields  # no token data (the usual case off vLLM)
     logprob_values = None if logprobs is None else _logprob_values(_view(logprobs).get("content"))
-    return _with_tokens(fields, body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
-                        choice.get("token_ids"), logprob_values)
+    return _with_tokens(fields, prompt_ids, completion_ids, logprob_values)
 
 
 def _completion_fields(response: Any) -> dict[str, Any]:
@@ -581,6 +638,13 @@ def _responses_fields(response: Any) -> dict[str, Any]:
         "usage": _get(response, "usage"),
     }
     return _with_tokens(fields, _get(response, "prompt_token_ids"), _get(response, "output_token_ids"), None)
+
+
+# The response reader of each captured api.
+_FIELD_READERS: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "chat.completions": _chat_fields, "chat.completions.parse": _chat_fields, "responses": _responses_fields,
+    "responses.parse": _responses_fields, "completions": _completion_fields,
+}
 
 
 # -- streams -----------------------------------------------------------------------------------------------------
@@ -666,23 +730,19 @@ class _StreamAccumulator:
 
 
 class _StreamRecording:
-    """Wraps the iteration over a stream: folds its chunks, and records the call when iteration ends.
+    """Wraps the iteration over a stream: keeps its chunks, and records the call when iteration ends.
 
     Ends are: exhausted (complete), raised (recorded with the error), closed or collected early (GeneratorExit:
-    recorded as an incomplete stream). A stream never iterated records nothing, as before any chunk arrives.
+    recorded as an incomplete stream). A stream never iterated records nothing, as before any chunk arrives. The
+    chunks are folded into the response's fields at the end, in one warm loop, rather than one by one in between the
+    client's own work on each.
     """
 
-    __slots__ = ("pending", "accumulator")
+    __slots__ = ("pending", "chunks")
 
     def __init__(self, pending: _Pending) -> None:
         self.pending = pending
-        self.accumulator = _StreamAccumulator(pending.api)
-
-    def add(self, chunk: Any) -> None:
-        try:
-            self.accumulator.add(chunk)
-        except Exception:  # noqa: BLE001
-            logger.warning("openai capture could not read a stream chunk", exc_info=True)
+        self.chunks: list[Any] = []
 
     def __enter__(self) -> _StreamRecording:
         return self
@@ -690,7 +750,14 @@ class _StreamRecording:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         error = None if exc is None or isinstance(exc, GeneratorExit) else exc
         try:
-            fields = self.accumulator.fields()
+            accumulator = _StreamAccumulator(self.pending.api)
+            for chunk in self.chunks:
+                try:
+                    accumulator.add(chunk)
+                except Exception:  # noqa: BLE001
+                    logger.warning("openai capture could not read a stream chunk", exc_info=True)
+            self.chunks = []
+            fields = accumulator.fields()
             if exc_type is not None and error is None:
                 fields["output"]["finish_reason"] = fields["output"].get("finish_reason") or "incomplete_stream"
             self.pending.record(fields, stream=True, error=error)
@@ -709,15 +776,17 @@ def _observe_stream(stream: Any, pending: _Pending) -> None:
 
 def _observed_sync(inner: Iterator[Any], recording: _StreamRecording) -> Iterator[Any]:
     with recording:
+        keep = recording.chunks.append
         for chunk in inner:
-            recording.add(chunk)
+            keep(chunk)
             yield chunk
 
 
 async def _observed_async(inner: AsyncIterator[Any], recording: _StreamRecording) -> AsyncIterator[Any]:
     with recording:
+        keep = recording.chunks.append
         async for chunk in inner:
-            recording.add(chunk)
+            keep(chunk)
             yield chunk
 
 

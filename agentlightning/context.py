@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import operator
 import threading
 import time
 from collections.abc import Iterator
@@ -34,7 +35,8 @@ class DeferredCall(Protocol):
         ...
 
     def build(self) -> Call:
-        """The record of the finished call (raising drops the call with a logged warning)."""
+        """The record of the finished call, already carrying the rollout's id and model version (raising drops the
+        call with a logged warning)."""
         ...
 
 
@@ -60,21 +62,34 @@ class RolloutRecorder:
     @property
     def calls(self) -> list[Call]:
         """The finished calls attached so far, in the order they were attached."""
+        calls: list[Call] = []
         with self._lock:
             entries = self._entries
-            for index in range(len(entries)):
-                entry = entries[index]
-                if entry is not None and not isinstance(entry, Call) and entry.finished:
-                    entries[index] = self._build(entry)
-            return [entry for entry in entries if isinstance(entry, Call)]
+            for index, entry in enumerate(entries):
+                if entry is None:
+                    continue
+                if not isinstance(entry, Call):
+                    if not entry.finished:
+                        continue
+                    try:
+                        entry = entries[index] = entry.build()
+                    except Exception:  # noqa: BLE001 - a capture bug must not break the rollout
+                        logger.warning("could not build the record of a captured call; it is dropped", exc_info=True)
+                        entries[index] = None
+                        continue
+                calls.append(entry)
+        return calls
 
     def next_sequence(self) -> int:
         """Reserve the next call position (calls are ordered by when they start)."""
         return next(self._sequence)
 
     def add_call(self, call: Call) -> None:
-        """Attach a finished (or failed) call to this rollout."""
-        self._adopt(call)
+        """Attach a finished (or failed) call to this rollout (its rollout id and model version become this one's)."""
+        if call.rollout_id != self.rollout_id:
+            call.rollout_id = self.rollout_id
+        if self.model_version is not None and "model_version" not in call.metadata:
+            call.metadata["model_version"] = self.model_version
         self._entries.append(call)
 
     def start_call(self, entry: DeferredCall) -> int:
@@ -86,22 +101,6 @@ class RolloutRecorder:
         """Base URLs of the attached calls that have not finished (e.g. a stream never consumed)."""
         return {entry.endpoint or "an unknown endpoint" for entry in list(self._entries)
                 if entry is not None and not isinstance(entry, Call) and not entry.finished}
-
-    def _adopt(self, call: Call) -> None:
-        if call.rollout_id != self.rollout_id:
-            call.rollout_id = self.rollout_id
-        if self.model_version is not None and "model_version" not in call.metadata:
-            call.metadata["model_version"] = self.model_version
-
-    def _build(self, entry: DeferredCall) -> Call | None:
-        """The record of a finished call, or None (logged) if building it failed."""
-        try:
-            call = entry.build()
-        except Exception:  # noqa: BLE001 - a capture bug must not break the rollout
-            logger.warning("could not build the record of a captured call; it is dropped", exc_info=True)
-            return None
-        self._adopt(call)
-        return call
 
     def add_reward(self, reward: Reward) -> None:
         """Record a reward (episode-level or on a call)."""
@@ -117,7 +116,16 @@ class RolloutRecorder:
 
     def ordered_calls(self) -> list[Call]:
         """The calls sorted by sequence."""
-        return sorted(self.calls, key=lambda call: call.sequence)
+        calls = self.calls
+        previous = -1
+        for call in calls:  # usually in order already (attached as they start): sorted only when not
+            if call.sequence < previous:
+                return sorted(calls, key=_sequence_of)
+            previous = call.sequence
+        return calls
+
+
+_sequence_of = operator.attrgetter("sequence")
 
 
 _current_recorder: ContextVar[RolloutRecorder | None] = ContextVar("agl_current_recorder", default=None)

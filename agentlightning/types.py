@@ -66,17 +66,20 @@ class _Template:
             name: None if field.is_required() or field.default_factory else field.default
             for name, field in fields.items()
         }
-        self.factories: dict[str, Callable[[], Any]] = {}
+        factories: list[tuple[str, Callable[[], Any]]] = []
         for name, field in fields.items():
             if field.default_factory is not None:
-                self.factories[name] = field.default_factory  # type: ignore[assignment]
+                factories.append((name, field.default_factory))  # type: ignore[arg-type]
             elif not field.is_required() and not isinstance(field.default, _IMMUTABLE):
-                self.factories[name] = functools.partial(copy.deepcopy, field.default)  # each record its own copy
+                factories.append((name, functools.partial(copy.deepcopy, field.default)))  # each record its own copy
+        self.factories = tuple(factories)
         self.required = frozenset(name for name, field in fields.items() if field.is_required())
 
 
 _templates: dict[type[Record], _Template] = {}
-_set = object.__setattr__  # pydantic models override __setattr__; these slots are set as model_construct does
+# pydantic models override __setattr__; these slots are set as model_construct does
+_set = object.__setattr__
+_new = object.__new__  # pydantic models do not override __new__
 
 
 def construct_trusted(model: type[R], values: dict[str, Any]) -> R:
@@ -93,9 +96,11 @@ def construct_trusted(model: type[R], values: dict[str, Any]) -> R:
         raise TypeError(f"{model.__name__}: missing required fields {sorted(template.required - values.keys())}")
     data = template.defaults.copy()  # keeps the declaration order of the fields, as validation does
     data.update(values)
-    for name in template.factories.keys() - values.keys():
-        data[name] = template.factories[name]()
-    record = model.__new__(model)
+    # Plain loops and object.__new__: this runs right after an LLM call, when rarely used builtins are cold.
+    for name, factory in template.factories:
+        if name not in values:
+            data[name] = factory()
+    record = _new(model)
     _set(record, "__dict__", data)
     _set(record, "__pydantic_fields_set__", set(values))
     _set(record, "__pydantic_extra__", None)

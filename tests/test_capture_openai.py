@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import multiprocessing
+import multiprocessing.queues
 import socket
 import threading
 import time
 from collections.abc import Iterator
 
+import httpx2
 import openai
 import pytest
 from pydantic import BaseModel
@@ -288,7 +291,7 @@ def test_capture_bug_never_breaks_the_agent(server: MockLLMServer, monkeypatch: 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("capture bug")
 
-    monkeypatch.setattr(adapter, "_response_fields", broken)
+    monkeypatch.setitem(adapter._FIELD_READERS, "chat.completions", broken)
     recorder = RolloutRecorder("ro")
     with recording(recorder):
         reply = sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
@@ -482,3 +485,56 @@ def test_registry_and_adapter_agree_when_the_adapter_is_used_directly(server: Mo
         assert not adapter.is_installed() and "openai" not in installed_adapters()
     finally:
         agl.instrument("openai")
+
+
+def _call_id_in_child(base_url: str, out: multiprocessing.queues.Queue) -> None:
+    recorder = RolloutRecorder("ro-child")
+    with recording(recorder):
+        openai.OpenAI(base_url=base_url, api_key="x", max_retries=0).chat.completions.create(
+            model="m", messages=MESSAGES)
+    out.put(only_call(recorder).call_id)
+
+
+def test_call_ids_are_unique_across_calls_and_forked_children(server: MockLLMServer) -> None:
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        for _ in range(3):
+            sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
+    ids = [call.call_id for call in recorder.ordered_calls()]
+    fork = multiprocessing.get_context("fork")
+    out = fork.Queue()
+    children = [fork.Process(target=_call_id_in_child, args=(server.base_url, out)) for _ in range(2)]
+    for child in children:
+        child.start()
+    ids += [out.get(timeout=30) for _ in children]
+    for child in children:
+        child.join(timeout=30)
+    assert len(set(ids)) == 5 and all(call_id.startswith("call-") for call_id in ids), ids
+
+
+def test_token_ids_are_exact_copies_and_malformed_ones_do_not_lose_the_call(
+        caplog: pytest.LogCaptureFixture) -> None:
+    def backend(token_ids: object) -> openai.OpenAI:
+        body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+                "prompt_token_ids": [1, 2, 3],
+                "choices": [{"index": 0, "finish_reason": "stop", "token_ids": token_ids,
+                             "message": {"role": "assistant", "content": "hi"}}]}
+
+        def handler(request: httpx2.Request) -> httpx2.Response:
+            return httpx2.Response(200, json=body)
+
+        return openai.OpenAI(base_url="http://backend.local/v1", api_key="x", max_retries=0,
+                             http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
+
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        reply = backend([7, 8]).chat.completions.create(model="m", messages=MESSAGES)
+        backend(["seven", None]).chat.completions.create(model="m", messages=MESSAGES)
+    good, bad = recorder.ordered_calls()
+    assert good == agl.Call.model_validate(good.model_dump())  # the unvalidated record is what validation gives
+    assert (good.prompt_token_ids, good.completion_token_ids, good.token_source) == ([1, 2, 3], [7, 8], "response")
+    reply.choices[0].token_ids.append(9)  # the response's own list is not the record's
+    assert good.completion_token_ids == [7, 8]
+    assert bad.output["content"] == "hi" and bad.completion_token_ids is None and bad.prompt_token_ids is None
+    assert bad.token_source is None and bad.metadata["invalid_token_fields"] == ["completion_token_ids"]
+    assert "malformed completion_token_ids" in caplog.text
