@@ -28,7 +28,7 @@ from typing import Any
 import wrapt
 from pydantic import ValidationError
 
-from agentlightning.context import RolloutRecorder, _current_recorder, _current_role, rollouts_running
+from agentlightning.context import DeferredCall, RolloutRecorder, _current_recorder, _current_role, rollouts_running
 from agentlightning.messages import as_plain, responses_input_to_messages
 from agentlightning.telemetry import emit_call_span, tracing_enabled
 from agentlightning.types import Call, construct_trusted
@@ -208,7 +208,7 @@ _START_FAILED = "openai capture failed at call start; this call is not recorded"
 # -- one call being recorded ---------------------------------------------------------------------------------------
 
 
-class _Pending:
+class _Pending(DeferredCall):
     """One call: attached to its rollout when it starts, finished (ok or failed), then built into its record.
 
     The call path only notes what is needed (times, order, role, a snapshot of the request, the response's fields);

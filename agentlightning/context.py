@@ -14,30 +14,32 @@ import threading
 import time
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
-from typing import Protocol
 
 from agentlightning.types import Call, Reward
 
 logger = logging.getLogger(__name__)
 
 
-class DeferredCall(Protocol):
-    """A call attached to its rollout when it starts; its :class:`Call` record is built once it has finished."""
+class DeferredCall:
+    """A call attached to its rollout when it starts; its :class:`Call` record is built once it has finished.
 
-    @property
-    def finished(self) -> bool:
-        """Whether the call has ended (successfully or not)."""
-        ...
+    Subclasses (capture adapters) set ``finished`` when the call ends and implement :attr:`endpoint` and
+    :meth:`build`. A plain base class rather than a Protocol or ABC, so that telling entries apart stays a cheap
+    ``isinstance`` on the path that builds a rollout's records.
+    """
+
+    __slots__ = ()
+    finished: bool  # whether the call has ended (successfully or not)
 
     @property
     def endpoint(self) -> str | None:
         """The base URL the call went to, when known."""
-        ...
+        raise NotImplementedError
 
     def build(self) -> Call:
         """The record of the finished call, already carrying the rollout's id and model version (raising drops the
         call with a logged warning)."""
-        ...
+        raise NotImplementedError
 
 
 class RolloutRecorder:
@@ -68,7 +70,7 @@ class RolloutRecorder:
             for index, entry in enumerate(entries):
                 if entry is None:
                     continue
-                if not isinstance(entry, Call):
+                if isinstance(entry, DeferredCall):
                     if not entry.finished:
                         continue
                     try:
@@ -100,7 +102,7 @@ class RolloutRecorder:
     def unfinished_endpoints(self) -> set[str]:
         """Base URLs of the attached calls that have not finished (e.g. a stream never consumed)."""
         return {entry.endpoint or "an unknown endpoint" for entry in list(self._entries)
-                if entry is not None and not isinstance(entry, Call) and not entry.finished}
+                if isinstance(entry, DeferredCall) and not entry.finished}
 
     def add_reward(self, reward: Reward) -> None:
         """Record a reward (episode-level or on a call)."""
