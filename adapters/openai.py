@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from agentlightning.context import DeferredCall, RolloutRecorder, _current_recorder, _current_role, rollouts_running
 from agentlightning.messages import as_plain, responses_input_to_messages
-from agentlightning.telemetry import emit_call_span, tracing_enabled
+from agentlightning.telemetry import emit_call_span
 from agentlightning.types import Call, construct_trusted
 
 logger = logging.getLogger(__name__)
@@ -216,8 +216,8 @@ class _Pending(DeferredCall):
     when OTel tracing is on, so that the span is emitted inside the agent's current trace context.
     """
 
-    __slots__ = ("api", "recorder", "resource", "kwargs", "start_time", "end_time", "sequence", "role", "finished",
-                 "fields", "extra", "error", "built")
+    __slots__ = ("api", "recorder", "resource", "kwargs", "start_time", "end_time", "sequence", "call_id", "role",
+                 "finished", "fields", "extra", "error", "built")
 
     def __init__(self, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]) -> None:
         self.api = api
@@ -248,6 +248,7 @@ class _Pending(DeferredCall):
         self.finished = False
         self.fields: dict[str, Any] | None = None
         self.built: Call | None = None
+        self.call_id = _call_id_prefix + str(next(_call_numbers))
         self.sequence = recorder.start_call(self)
 
     @property
@@ -303,7 +304,7 @@ class _Pending(DeferredCall):
         self.end_time = _clock()
         self.fields, self.extra, self.error = fields, extra, error
         self.finished = True
-        if tracing_enabled():
+        if self.recorder.traced:
             # The span goes out now, under the agent's current trace context; the record is the one built for it.
             try:
                 emit_call_span(self.build())
@@ -372,7 +373,7 @@ class _Pending(DeferredCall):
                 plain_tools = tools is None
         name, response_id, role = kwargs.get("model"), fields.get("response_id"), self.role
         values: dict[str, Any] = {
-            "call_id": _call_id_prefix + str(next(_call_numbers)), "rollout_id": recorder.rollout_id,
+            "call_id": self.call_id, "rollout_id": recorder.rollout_id,
             "sequence": self.sequence, "role": role, "name": name, "input": input_, "output": fields["output"],
             "tools": tools, "start_time": self.start_time, "end_time": self.end_time, "metadata": metadata,
             "response_id": response_id,

@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
 
+from agentlightning.telemetry import tracing_enabled
 from agentlightning.types import Call, Reward
 
 logger = logging.getLogger(__name__)
@@ -37,8 +38,8 @@ class DeferredCall:
         raise NotImplementedError
 
     def build(self) -> Call:
-        """The record of the finished call, already carrying the rollout's id and model version (raising drops the
-        call with a logged warning)."""
+        """The record of the finished call, already carrying the rollout's id and model version; the same values
+        every time (raising drops the call with a logged warning)."""
         raise NotImplementedError
 
 
@@ -60,27 +61,13 @@ class RolloutRecorder:
         self.llm_base_url: str | None = None  # the endpoint the agent was given, when known (for diagnostics)
         self._sequence = itertools.count()  # next() on it is atomic too
         self._lock = threading.Lock()
+        # Whether the calls of this rollout are emitted as OpenTelemetry spans (decided once, when it starts).
+        self.traced = tracing_enabled()
 
     @property
     def calls(self) -> list[Call]:
-        """The finished calls attached so far, in the order they were attached."""
-        calls: list[Call] = []
-        with self._lock:
-            entries = self._entries
-            for index, entry in enumerate(entries):
-                if entry is None:
-                    continue
-                if isinstance(entry, DeferredCall):
-                    if not entry.finished:
-                        continue
-                    try:
-                        entry = entries[index] = entry.build()
-                    except Exception:  # noqa: BLE001 - a capture bug must not break the rollout
-                        logger.warning("could not build the record of a captured call; it is dropped", exc_info=True)
-                        entries[index] = None
-                        continue
-                calls.append(entry)
-        return calls
+        """The finished calls attached so far, in sequence order (see :meth:`ordered_calls`)."""
+        return self.ordered_calls()
 
     def next_sequence(self) -> int:
         """Reserve the next call position (calls are ordered by when they start)."""
@@ -117,14 +104,31 @@ class RolloutRecorder:
         return None
 
     def ordered_calls(self) -> list[Call]:
-        """The calls sorted by sequence."""
-        calls = self.calls
-        previous = -1
-        for call in calls:  # usually in order already (attached as they start): sorted only when not
-            if call.sequence < previous:
-                return sorted(calls, key=_sequence_of)
-            previous = call.sequence
-        return calls
+        """The finished calls attached so far, sorted by sequence (the order they started); builds the records of
+        calls that finished since the last read.
+
+        Lock-free: building a record is deterministic, so two threads reading at once at worst build equal records.
+        """
+        calls: list[Call] = []
+        in_order, previous = True, -1
+        entries = self._entries
+        for index, entry in enumerate(entries):
+            if entry is None:
+                continue
+            if isinstance(entry, DeferredCall):
+                if not entry.finished:
+                    continue
+                try:
+                    entry = entries[index] = entry.build()
+                except Exception:  # noqa: BLE001 - a capture bug must not break the rollout
+                    logger.warning("could not build the record of a captured call; it is dropped", exc_info=True)
+                    entries[index] = None
+                    continue
+            calls.append(entry)
+            if entry.sequence < previous:  # attached out of order (threads racing): sorted below
+                in_order = False
+            previous = entry.sequence
+        return calls if in_order else sorted(calls, key=_sequence_of)
 
 
 _sequence_of = operator.attrgetter("sequence")

@@ -77,9 +77,13 @@ class _Template:
 
 
 _templates: dict[type[Record], _Template] = {}
-# pydantic models override __setattr__; these slots are set as model_construct does
-_set = object.__setattr__
 _new = object.__new__  # pydantic models do not override __new__
+# The setters of the four slots every pydantic model instance has (model_construct sets the same), bound once:
+# setting through them skips the attribute lookups a setattr would do on each record class.
+_set_dict, _set_fields_set, _set_extra, _set_private = (
+    BaseModel.__dict__[slot].__set__
+    for slot in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+)
 
 
 def construct_trusted(model: type[R], values: dict[str, Any]) -> R:
@@ -101,10 +105,10 @@ def construct_trusted(model: type[R], values: dict[str, Any]) -> R:
         if name not in values:
             data[name] = factory()
     record = _new(model)
-    _set(record, "__dict__", data)
-    _set(record, "__pydantic_fields_set__", set(values))
-    _set(record, "__pydantic_extra__", None)
-    _set(record, "__pydantic_private__", None)
+    _set_dict(record, data)
+    _set_fields_set(record, set(values))
+    _set_extra(record, None)
+    _set_private(record, None)
     return record
 
 

@@ -98,3 +98,13 @@ def test_agent_threads_with_copied_context_are_attributed() -> None:
     for rollout in rollouts:
         contents = sorted(call.input[-1]["content"] for call in rollout.calls)
         assert contents == [f"{rollout.task['id']}-{n}" for n in range(4)]
+
+
+def test_calls_come_back_in_sequence_order_whatever_order_they_were_attached_in() -> None:
+    from agentlightning.context import RolloutRecorder
+
+    recorder = RolloutRecorder("ro")
+    for sequence in (2, 0, 1):  # as when threads of one rollout race between taking a sequence and attaching
+        recorder.add_call(agl.Call(sequence=sequence))
+    assert [c.sequence for c in recorder.ordered_calls()] == [0, 1, 2] == [c.sequence for c in recorder.calls]
+    assert {c.rollout_id for c in recorder.calls} == {"ro"}
