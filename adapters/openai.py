@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import wrapt
-from pydantic import ValidationError
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from agentlightning.context import DeferredCall, RolloutRecorder, _current_recorder, _current_role, rollouts_running
 from agentlightning.messages import as_plain, responses_input_to_messages
@@ -64,9 +64,8 @@ _call_numbers = itertools.count(1)
 
 
 def _new_call_id_prefix() -> None:
-    global _call_id_prefix, _call_numbers
+    global _call_id_prefix
     _call_id_prefix = f"call-{os.urandom(6).hex()}-"
-    _call_numbers = itertools.count(1)
 
 
 _new_call_id_prefix()
@@ -216,7 +215,7 @@ class _Pending(DeferredCall):
     when OTel tracing is on, so that the span is emitted inside the agent's current trace context.
     """
 
-    __slots__ = ("api", "recorder", "resource", "kwargs", "start_time", "end_time", "sequence", "call_id", "role",
+    __slots__ = ("api", "recorder", "resource", "kwargs", "start_time", "end_time", "sequence", "call_number", "role",
                  "finished", "fields", "extra", "error", "built")
 
     def __init__(self, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]) -> None:
@@ -248,7 +247,7 @@ class _Pending(DeferredCall):
         self.finished = False
         self.fields: dict[str, Any] | None = None
         self.built: Call | None = None
-        self.call_id = _call_id_prefix + str(next(_call_numbers))
+        self.call_number = next(_call_numbers)  # its id (taken now, so that every build gives the same record)
         self.sequence = recorder.start_call(self)
 
     @property
@@ -373,7 +372,7 @@ class _Pending(DeferredCall):
                 plain_tools = tools is None
         name, response_id, role = kwargs.get("model"), fields.get("response_id"), self.role
         values: dict[str, Any] = {
-            "call_id": self.call_id, "rollout_id": recorder.rollout_id,
+            "call_id": _call_id_prefix + str(self.call_number), "rollout_id": recorder.rollout_id,
             "sequence": self.sequence, "role": role, "name": name, "input": input_, "output": fields["output"],
             "tools": tools, "start_time": self.start_time, "end_time": self.end_time, "metadata": metadata,
             "response_id": response_id,
@@ -384,11 +383,13 @@ class _Pending(DeferredCall):
             and (response_id is None or type(response_id) is str) and (role is None or type(role) is str)
         if "token_source" in fields:  # the backend sent token ids (vLLM)
             values["token_source"] = "response"
-            for key, kind in _TOKEN_FIELDS:
-                if key in fields:
-                    numbers = _exact_list(fields[key], kind)
-                    trusted = trusted and numbers is not None
-                    values[key] = fields[key] if numbers is None else numbers
+            tokens = (fields.get("prompt_token_ids"), fields.get("completion_token_ids"),
+                      fields.get("completion_logprobs"))
+            try:  # one strict pass in pydantic-core: checks every id (prompts run to thousands) and copies the lists
+                tokens = _STRICT_TOKEN_LISTS.validate_python(tokens)
+            except ValidationError:
+                trusted = False  # validated (and coerced where lax validation allows) with the whole record below
+            values.update(zip(_TOKEN_FIELDS, tokens))
         # Values of the types Call declares need no validation; pydantic checks the rest (odd types from outside).
         record = construct_trusted(Call, values) if trusted else _validated(values)
         self.built = record
@@ -396,7 +397,9 @@ class _Pending(DeferredCall):
 
 
 # Token fields of a response (present in its extracted fields only when the backend sent them, with "token_source").
-_TOKEN_FIELDS = (("prompt_token_ids", int), ("completion_token_ids", int), ("completion_logprobs", float))
+_TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+_STRICT_TOKEN_LISTS = TypeAdapter(tuple[list[int] | None, list[int] | None, list[float] | None],
+                                  config=ConfigDict(strict=True))
 
 
 def _validated(values: dict[str, Any]) -> Call:
@@ -405,26 +408,18 @@ def _validated(values: dict[str, Any]) -> Call:
     try:
         return Call(**values)
     except ValidationError as exc:
-        bad = sorted({str(error["loc"][0]) for error in exc.errors()} & {key for key, _ in _TOKEN_FIELDS})
+        bad = sorted({str(error["loc"][0]) for error in exc.errors()}.intersection(_TOKEN_FIELDS))
         if not bad:
             raise
         logger.warning("openai capture: the backend sent malformed %s; the call is recorded without token ids: %s",
                        ", ".join(bad), exc)
-        for key, _ in _TOKEN_FIELDS:
+        for key in _TOKEN_FIELDS:
             values.pop(key, None)
         values.pop("token_source", None)
         values["metadata"]["invalid_token_fields"] = bad
         return Call(**values)
 
 
-def _exact_list(values: Any, kind: type) -> list[Any] | None:
-    """A copy of ``values`` if it is a list of exactly ``kind`` items (such a list needs no validation), else None."""
-    if type(values) is not list:
-        return None
-    for value in values:
-        if type(value) is not kind:
-            return None
-    return values.copy()
 _CHAT_APIS = frozenset({"chat.completions", "chat.completions.parse"})
 
 
@@ -577,10 +572,22 @@ def _with_tokens(fields: dict[str, Any], prompt_ids: Any, completion_ids: Any, l
 
 
 def _chat_fields(response: Any) -> dict[str, Any]:
-    body = _view(response)
+    # What _view does, written out for the response, its first choice and that choice's message: this runs in every
+    # captured call, right after it, when each further function call is cold. A parsed response is a pydantic
+    # object (its fields, plus extras such as vLLM's token ids); a raw one is its JSON dict.
+    body = response
+    if type(body) is not dict:
+        extra = body.__pydantic_extra__
+        body = {**body.__dict__, **extra} if extra else body.__dict__
     choices = body.get("choices") or []
-    choice = _view(choices[0] if choices else None)
-    message = _view(choice.get("message"))
+    choice = choices[0] if choices else _EMPTY
+    if type(choice) is not dict:
+        extra = choice.__pydantic_extra__
+        choice = {**choice.__dict__, **extra} if extra else choice.__dict__
+    message = choice.get("message") or _EMPTY
+    if type(message) is not dict:
+        extra = message.__pydantic_extra__
+        message = {**message.__dict__, **extra} if extra else message.__dict__
     tool_calls = message.get("tool_calls")
     output: dict[str, Any] = {
         "content": message.get("content"),
