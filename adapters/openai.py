@@ -572,22 +572,20 @@ def _with_tokens(fields: dict[str, Any], prompt_ids: Any, completion_ids: Any, l
 
 
 def _chat_fields(response: Any) -> dict[str, Any]:
-    # What _view does, written out for the response, its first choice and that choice's message: this runs in every
-    # captured call, right after it, when each further function call is cold. A parsed response is a pydantic
-    # object (its fields, plus extras such as vLLM's token ids); a raw one is its JSON dict.
-    body = response
-    if type(body) is not dict:
-        extra = body.__pydantic_extra__
-        body = {**body.__dict__, **extra} if extra else body.__dict__
+    # Reads the response, its first choice and that choice's message directly rather than through _view: this runs
+    # in every captured call, right after it, when each further function call is cold. A parsed response is a
+    # pydantic object (its fields, plus extras such as vLLM's token ids); a raw one is its JSON dict.
+    if type(response) is dict:
+        body = extra = response
+    else:
+        body, extra = response.__dict__, response.__pydantic_extra__ or _EMPTY
     choices = body.get("choices") or []
-    choice = choices[0] if choices else _EMPTY
+    choice = choice_extra = choices[0] if choices else _EMPTY
     if type(choice) is not dict:
-        extra = choice.__pydantic_extra__
-        choice = {**choice.__dict__, **extra} if extra else choice.__dict__
+        choice, choice_extra = choice.__dict__, choice.__pydantic_extra__ or _EMPTY
     message = choice.get("message") or _EMPTY
     if type(message) is not dict:
-        extra = message.__pydantic_extra__
-        message = {**message.__dict__, **extra} if extra else message.__dict__
+        message = message.__dict__  # its declared fields are all that is read
     tool_calls = message.get("tool_calls")
     output: dict[str, Any] = {
         "content": message.get("content"),
@@ -598,8 +596,9 @@ def _chat_fields(response: Any) -> dict[str, Any]:
         output["refusal"] = message["refusal"]
     fields = {"output": output, "response_id": body.get("id"), "response_model": body.get("model"),
               "usage": body.get("usage"), "choices": len(choices)}
-    logprobs, prompt_ids = choice.get("logprobs"), body.get("prompt_token_ids") or choice.get("prompt_token_ids")
-    completion_ids = choice.get("token_ids")
+    logprobs = choice.get("logprobs")
+    prompt_ids = extra.get("prompt_token_ids") or choice_extra.get("prompt_token_ids")
+    completion_ids = choice_extra.get("token_ids")
     if logprobs is None and prompt_ids is None and completion_ids is None:
         return fields  # no token data (the usual case off vLLM)
     logprob_values = None if logprobs is None else _logprob_values(_view(logprobs).get("content"))
