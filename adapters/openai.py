@@ -389,7 +389,7 @@ class _Pending(DeferredCall):
                 tokens = _STRICT_TOKEN_LISTS.validate_python(tokens)
             except ValidationError:
                 trusted = False  # validated (and coerced where lax validation allows) with the whole record below
-            values.update(zip(_TOKEN_FIELDS, tokens))
+            values["prompt_token_ids"], values["completion_token_ids"], values["completion_logprobs"] = tokens
         # Values of the types Call declares need no validation; pydantic checks the rest (odd types from outside).
         record = construct_trusted(Call, values) if trusted else _validated(values)
         self.built = record
