@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 import threading
 
 import openai
@@ -108,3 +109,50 @@ def test_calls_come_back_in_sequence_order_whatever_order_they_were_attached_in(
         recorder.add_call(agl.Call(sequence=sequence))
     assert [c.sequence for c in recorder.ordered_calls()] == [0, 1, 2] == [c.sequence for c in recorder.calls]
     assert {c.rollout_id for c in recorder.calls} == {"ro"}
+
+
+def test_readers_racing_with_calls_all_see_the_same_records() -> None:
+    """Reading a rollout's calls takes no lock: readers in other threads build records concurrently, and every
+    reader must see the same call ids as the rollout finally keeps (records are built deterministically)."""
+    from agentlightning.context import RolloutRecorder, recording
+
+    agl.instrument("openai")
+    recorder = RolloutRecorder("ro")
+    seen: list[set[str]] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        ids: set[str] = set()
+        while not done.is_set():
+            ids.update(call.call_id for call in recorder.calls)
+        seen.append(ids)
+
+    readers = [threading.Thread(target=reader) for _ in range(4)]
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible, so that readers race inside builds
+    try:
+        with MockLLMServer(handler=reply_with_marker) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+
+            def caller(index: int) -> None:
+                for step in range(5):
+                    client.chat.completions.create(model="m",
+                                                   messages=[{"role": "user", "content": f"{index}-{step}"}])
+
+            for thread in readers:
+                thread.start()
+            with recording(recorder):
+                callers = [threading.Thread(target=contextvars.copy_context().run, args=(caller, i))
+                           for i in range(4)]
+                for thread in callers:
+                    thread.start()
+                for thread in callers:
+                    thread.join()
+    finally:
+        done.set()
+        for thread in readers:
+            thread.join()
+        sys.setswitchinterval(switch_interval)
+    final = recorder.ordered_calls()
+    assert len(final) == 20 and [call.sequence for call in final] == list(range(20))
+    assert set().union(*seen) == {call.call_id for call in final}
