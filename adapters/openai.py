@@ -16,8 +16,8 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import logging
 import itertools
+import logging
 import os
 import threading
 import time
@@ -349,27 +349,8 @@ class _Pending(DeferredCall):
             metadata["choices"] = choices
         if recorder.model_version is not None:
             metadata["model_version"] = recorder.model_version
-        if api in _CHAT_APIS:
-            input_ = kwargs.get("messages")  # copied at the call's start; plain unless it holds e.g. pydantic messages
-            if type(input_) is list:
-                for message in input_:
-                    if type(message) is not dict:
-                        input_ = _plain_list(input_)
-                        break
-            else:
-                input_ = _plain_list(input_)
-        else:
-            input_ = _request_input(api, kwargs)
-        tools, plain_tools = kwargs.get("tools"), True
-        if tools is not None:
-            if type(tools) is list:
-                for tool in tools:
-                    if type(tool) is not dict:
-                        tools, plain_tools = _plain_list(tools), False
-                        break
-            else:
-                tools = _plain_list(tools)
-                plain_tools = tools is None
+        input_ = _dicts_as_sent(kwargs.get("messages"))[0] if api in _CHAT_APIS else _request_input(api, kwargs)
+        tools, plain_tools = _dicts_as_sent(kwargs.get("tools"))
         name, response_id, role = kwargs.get("model"), fields.get("response_id"), self.role
         values: dict[str, Any] = {
             "call_id": _call_id_prefix + str(self.call_number), "rollout_id": recorder.rollout_id,
@@ -495,6 +476,20 @@ def _plain_list(value: Any) -> list[Any] | None:
     if not _given(value):
         return None
     return [item if type(item) is dict else _jsonable(item) for item in value]
+
+
+def _dicts_as_sent(value: Any) -> tuple[list[Any] | None, bool]:
+    """A request list copied at the call's start (messages, tools) made plain, and whether it held only plain dicts
+    (the usual case: then it is returned as is, with no conversion to do)."""
+    if value is None:
+        return None, True
+    if type(value) is list:
+        for item in value:
+            if type(item) is not dict:
+                return _plain_list(value), False
+        return value, True
+    value = _plain_list(value)
+    return value, value is None
 
 
 # Request fields an agent may change after the call returns (copied when the call starts).

@@ -54,7 +54,7 @@ class RolloutRecorder:
     def __init__(self, rollout_id: str, model_version: str | None = None) -> None:
         self.rollout_id = rollout_id
         self.model_version = model_version
-        # Appended to without the lock (list.append is atomic); entries are only ever replaced in place, under it.
+        # Appended to and read without a lock (list.append is atomic); entries are only ever replaced in place.
         self._entries: list[Call | DeferredCall | None] = []
         self.rewards: list[Reward] = []
         self.logs: list[str] = []
