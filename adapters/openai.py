@@ -31,7 +31,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from agentlightning.context import DeferredCall, RolloutRecorder, _current_recorder, _current_role, rollouts_running
 from agentlightning.messages import as_plain, responses_input_to_messages
 from agentlightning.telemetry import emit_call_span
-from agentlightning.types import Call, construct_trusted
+from agentlightning.types import Call, construct_trusted, static_defaults
 
 logger = logging.getLogger(__name__)
 
@@ -352,42 +352,50 @@ class _Pending(DeferredCall):
         input_ = _dicts_as_sent(kwargs.get("messages"))[0] if api in _CHAT_APIS else _request_input(api, kwargs)
         tools, plain_tools = _dicts_as_sent(kwargs.get("tools"))
         name, response_id, role = kwargs.get("model"), fields.get("response_id"), self.role
-        values: dict[str, Any] = {
-            "call_id": _call_id_prefix + str(self.call_number), "rollout_id": recorder.rollout_id,
-            "sequence": self.sequence, "role": role, "name": name, "input": input_, "output": fields["output"],
-            "tools": tools, "start_time": self.start_time, "end_time": self.end_time, "metadata": metadata,
-            "response_id": response_id,
-        }
+        data = _CALL_DEFAULTS.copy()  # every field of Call, in declaration order
+        data["call_id"] = _call_id_prefix + str(self.call_number)
+        data["rollout_id"] = recorder.rollout_id
+        data["sequence"] = self.sequence
+        data["role"] = role
+        data["name"] = name
+        data["input"] = input_
+        data["output"] = fields["output"]
+        data["tools"] = tools
+        data["response_id"] = response_id
+        data["start_time"] = self.start_time
+        data["end_time"] = self.end_time
+        data["metadata"] = metadata
         if self.error is not None:
-            values["status"], values["error"] = "error", self.error
+            data["status"], data["error"] = "error", self.error
         trusted = plain_tools and (name is None or type(name) is str) \
             and (response_id is None or type(response_id) is str) and (role is None or type(role) is str)
         if "token_source" in fields:  # the backend sent token ids (vLLM)
-            values["token_source"] = "response"
+            data["token_source"] = "response"
             tokens = (fields.get("prompt_token_ids"), fields.get("completion_token_ids"),
                       fields.get("completion_logprobs"))
             try:  # one strict pass in pydantic-core: checks every id (prompts run to thousands) and copies the lists
                 tokens = _STRICT_TOKEN_LISTS.validate_python(tokens)
             except ValidationError:
                 trusted = False  # validated (and coerced where lax validation allows) with the whole record below
-            values["prompt_token_ids"], values["completion_token_ids"], values["completion_logprobs"] = tokens
+            data["prompt_token_ids"], data["completion_token_ids"], data["completion_logprobs"] = tokens
         # Values of the types Call declares need no validation; pydantic checks the rest (odd types from outside).
-        record = construct_trusted(Call, values) if trusted else _validated(values)
+        record = construct_trusted(Call, data) if trusted else _validated(data)
         self.built = record
         return record
 
 
+_CALL_DEFAULTS = static_defaults(Call)
 # Token fields of a response (present in its extracted fields only when the backend sent them, with "token_source").
 _TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 _STRICT_TOKEN_LISTS = TypeAdapter(tuple[list[int] | None, list[int] | None, list[float] | None],
                                   config=ConfigDict(strict=True))
 
 
-def _validated(values: dict[str, Any]) -> Call:
-    """``Call(**values)``; token fields the backend sent malformed are left out (and named in the record's metadata)
+def _validated(data: dict[str, Any]) -> Call:
+    """``Call(**data)``; token fields the backend sent malformed are left out (and named in the record's metadata)
     rather than losing the call."""
     try:
-        return Call(**values)
+        return Call(**data)
     except ValidationError as exc:
         bad = sorted({str(error["loc"][0]) for error in exc.errors()}.intersection(_TOKEN_FIELDS))
         if not bad:
@@ -395,10 +403,10 @@ def _validated(values: dict[str, Any]) -> Call:
         logger.warning("openai capture: the backend sent malformed %s; the call is recorded without token ids: %s",
                        ", ".join(bad), exc)
         for key in _TOKEN_FIELDS:
-            values.pop(key, None)
-        values.pop("token_source", None)
-        values["metadata"]["invalid_token_fields"] = bad
-        return Call(**values)
+            data[key] = None
+        data["token_source"] = None
+        data["metadata"]["invalid_token_fields"] = bad
+        return Call(**data)
 
 
 _CHAT_APIS = frozenset({"chat.completions", "chat.completions.parse"})

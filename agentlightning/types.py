@@ -6,12 +6,9 @@ All records are pydantic v2 models that round-trip through JSON (``model_dump_js
 
 from __future__ import annotations
 
-import copy
-import functools
 import math
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -53,30 +50,6 @@ class Record(BaseModel):
 R = TypeVar("R", bound=Record)
 
 
-_IMMUTABLE = (type(None), str, int, float, bool, tuple, frozenset)
-
-
-class _Template:
-    """What :func:`construct_trusted` needs to know about a record class (computed once per class)."""
-
-    def __init__(self, model: type[Record]) -> None:
-        fields = model.model_fields
-        # Every field in declaration order, with its static default (None where a factory or the caller gives it).
-        self.defaults = {
-            name: None if field.is_required() or field.default_factory else field.default
-            for name, field in fields.items()
-        }
-        factories: list[tuple[str, Callable[[], Any]]] = []
-        for name, field in fields.items():
-            if field.default_factory is not None:
-                factories.append((name, field.default_factory))  # type: ignore[arg-type]
-            elif not field.is_required() and not isinstance(field.default, _IMMUTABLE):
-                factories.append((name, functools.partial(copy.deepcopy, field.default)))  # each record its own copy
-        self.factories = tuple(factories)
-        self.required = frozenset(name for name, field in fields.items() if field.is_required())
-
-
-_templates: dict[type[Record], _Template] = {}
 _new = object.__new__  # pydantic models do not override __new__
 # The setters of the four slots every pydantic model instance has (model_construct sets the same), bound once:
 # setting through them skips the attribute lookups a setattr would do on each record class.
@@ -84,29 +57,40 @@ _set_dict, _set_fields_set, _set_extra, _set_private = (
     BaseModel.__dict__[slot].__set__
     for slot in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
 )
+_field_names: dict[type[BaseModel], set[str]] = {}
 
 
-def construct_trusted(model: type[R], values: dict[str, Any]) -> R:
-    """``model(**values)`` without validation, for values whose types the caller has already ensured.
+def static_defaults(model: type[BaseModel]) -> dict[str, Any]:
+    """Every field of ``model`` in declaration order, with its static default (None where a default factory or the
+    caller must give the value): a base to copy and fill in for :func:`construct_trusted`.
 
-    Like pydantic's ``model_construct`` (defaults filled in, ``values`` become the set fields) at a fraction of its
-    cost, for hot paths such as building captured calls; ``tests/test_records.py`` checks it against validated
-    construction. Values of the wrong type are not caught here: validate anything that comes from outside.
+    Raises ``TypeError`` for a mutable static default, which copies of the result would share.
     """
-    template = _templates.get(model)
-    if template is None:
-        template = _templates[model] = _Template(model)
-    if template.required and not template.required <= values.keys():
-        raise TypeError(f"{model.__name__}: missing required fields {sorted(template.required - values.keys())}")
-    data = template.defaults.copy()  # keeps the declaration order of the fields, as validation does
-    data.update(values)
-    # Plain loops and object.__new__: this runs right after an LLM call, when rarely used builtins are cold.
-    for name, factory in template.factories:
-        if name not in values:
-            data[name] = factory()
+    defaults: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        if field.is_required() or field.default_factory is not None:
+            defaults[name] = None
+        elif isinstance(field.default, (type(None), str, int, float, bool, tuple, frozenset)):
+            defaults[name] = field.default
+        else:
+            raise TypeError(f"{model.__name__}.{name}: mutable default {field.default!r}; use a default_factory")
+    return defaults
+
+
+def construct_trusted(model: type[R], data: dict[str, Any]) -> R:
+    """A ``model`` record holding ``data`` as is, without validation or defaults: what ``model(**data)`` gives when
+    ``data`` states every field of ``model``, in declaration order, with a value of the declared type.
+
+    For hot paths such as building captured calls, where the caller builds the whole record and has ensured the
+    types; it costs an object allocation. ``tests/test_records.py`` checks it against validated construction.
+    Nothing is checked here: validate anything that comes from outside.
+    """
+    names = _field_names.get(model)
+    if names is None:
+        names = _field_names[model] = set(model.model_fields)
     record = _new(model)
     _set_dict(record, data)
-    _set_fields_set(record, set(values))
+    _set_fields_set(record, names.copy())
     _set_extra(record, None)
     _set_private(record, None)
     return record

@@ -71,6 +71,9 @@ def test_sync_chat_call_records_everything(server: MockLLMServer) -> None:
     assert call.response_id and call.response_id.startswith("chatcmpl-")
     assert call.start_time <= call.end_time
     assert recorder.unfinished_endpoints() == set()
+    # Built without validation: every field, in declaration order, exactly what validation gives.
+    assert list(call.__dict__) == list(agl.Call.model_fields)
+    assert call == agl.Call.model_validate(call.model_dump()) and call.model_fields_set == set(agl.Call.model_fields)
 
 
 def test_no_token_ids_means_no_token_source() -> None:

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 import agentlightning as agl
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
-from agentlightning.types import SCHEMA_VERSION, ErrorInfo, Record, construct_trusted
+from agentlightning.types import SCHEMA_VERSION, ErrorInfo, Record, construct_trusted, static_defaults
 
 RECORDS: list[type[BaseModel]] = [agl.Call, agl.Reward, agl.Rollout, agl.Transition, agl.LLM, ErrorInfo]
 
@@ -79,13 +79,19 @@ def test_construct_trusted_matches_validated_construction() -> None:
     values = {"call_id": "call-1", "rollout_id": "ro-1", "sequence": 3, "role": "writer", "name": "m",
               "input": [{"role": "user", "content": "hi"}], "output": {"content": "yo", "tool_calls": []},
               "start_time": 1.0, "end_time": 2.0, "metadata": {"api": "chat.completions"}}
-    trusted, validated = construct_trusted(agl.Call, values), agl.Call(**values)
+    data = static_defaults(agl.Call)
+    assert list(data) == list(agl.Call.model_fields)  # every field, in declaration order
+    data.update(values)
+    trusted, validated = construct_trusted(agl.Call, dict(data)), agl.Call(**data)
     assert trusted == validated and trusted.model_dump_json() == validated.model_dump_json()
-    assert trusted.model_fields_set == validated.model_fields_set == set(values)
+    assert trusted.model_fields_set == validated.model_fields_set == set(agl.Call.model_fields)
     assert trusted.latency == 1.0 and trusted.model_copy(update={"role": "x"}).role == "x"
-    # Defaults and factories are filled in per record, never shared between records.
-    first, second = construct_trusted(agl.Rollout, {}), construct_trusted(agl.Rollout, {})
-    assert first.rollout_id != second.rollout_id and first.calls is not second.calls
-    assert first.model_dump(exclude={"rollout_id"}) == agl.Rollout(rollout_id="x").model_dump(exclude={"rollout_id"})
-    with pytest.raises(TypeError, match="missing required fields \\['base_url'\\]"):
-        construct_trusted(agl.LLM, {"model": "m"})
+    other = construct_trusted(agl.Call, static_defaults(agl.Call) | values)
+    other.model_fields_set.discard("role")  # each record has its own fields set
+    assert "role" in trusted.model_fields_set
+
+    class Shared(Record):
+        tags: list[str] = []
+
+    with pytest.raises(TypeError, match=r"Shared.tags: mutable default \[\]; use a default_factory"):
+        static_defaults(Shared)
