@@ -678,7 +678,14 @@ class _StreamAccumulator:
         self.final_response: Any = None
 
     def add(self, chunk: Any) -> None:
-        body = _view(chunk)
+        # Runs once per chunk (a long completion streams hundreds): nested objects are read in place rather than
+        # through further function calls where the common chunk shape allows.
+        if type(chunk) is dict:
+            body = chunk
+        else:  # what _view does, inline
+            body, extra = getattr(chunk, "__dict__", _EMPTY), getattr(chunk, "__pydantic_extra__", None)
+            if extra:
+                body = {**body, **extra}
         if self.responses_api:
             kind = body.get("type")
             if kind in ("response.completed", "response.incomplete", "response.failed"):
@@ -688,35 +695,50 @@ class _StreamAccumulator:
             return
         if self.response_id is None:
             self.response_id, self.model = body.get("id"), body.get("model")
-        if body.get("usage") is not None:
-            self.usage = body["usage"]
+        usage = body.get("usage")
+        if usage is not None:
+            self.usage = usage
         prompt_ids = body.get("prompt_token_ids")
         for choice_object in body.get("choices") or ():
-            choice = _view(choice_object)
+            if type(choice_object) is dict:
+                choice = choice_object
+            else:
+                choice = getattr(choice_object, "__dict__", _EMPTY)
+                extra = getattr(choice_object, "__pydantic_extra__", None)
+                if extra:  # e.g. vLLM's token_ids
+                    choice = {**choice, **extra}
             if choice.get("index"):
                 continue  # only the first choice is recorded
             prompt_ids = prompt_ids or choice.get("prompt_token_ids")
             ids = choice.get("token_ids")
             if ids is not None:
                 self.completion_ids.extend(ids)
-            logprobs = _view(choice.get("logprobs"))
             if self.api == "completions":
                 self.texts.append(choice.get("text") or "")
-                values = logprobs.get("token_logprobs")
             else:
-                self._chat_delta(_view(choice.get("delta")))
-                values = _logprob_values(logprobs.get("content"))
-            if values:
-                self.logprobs.extend(values)
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+                delta = choice.get("delta")
+                if delta is not None:
+                    delta = delta if type(delta) is dict else getattr(delta, "__dict__", _EMPTY)
+                    content = delta.get("content")
+                    if content:
+                        self.texts.append(content)
+                    if delta.get("tool_calls"):
+                        self._tool_call_deltas(delta["tool_calls"])
+            logprobs = choice.get("logprobs")
+            if logprobs is not None:
+                logprobs = _view(logprobs)
+                values = logprobs.get("token_logprobs") if self.api == "completions" \
+                    else _logprob_values(logprobs.get("content"))
+                if values:
+                    self.logprobs.extend(values)
+            finish_reason = choice.get("finish_reason")
+            if finish_reason:
+                self.finish_reason = finish_reason
         if prompt_ids is not None and self.prompt_ids is None:
             self.prompt_ids = list(prompt_ids)
 
-    def _chat_delta(self, delta: dict[str, Any]) -> None:
-        content = delta.get("content")
-        if content:
-            self.texts.append(content)
-        for tool_call in delta.get("tool_calls") or ():
+    def _tool_call_deltas(self, tool_calls: Any) -> None:
+        for tool_call in tool_calls:
             tc = _view(tool_call)
             slot = self.tool_calls.setdefault(
                 tc.get("index") or 0, {"id": None, "type": "function", "function": {"name": None, "arguments": ""}}

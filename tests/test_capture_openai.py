@@ -240,12 +240,16 @@ def test_tool_calls_non_stream(server: MockLLMServer) -> None:
         {"id": "call_9", "type": "function", "function": {"name": "run_sql", "arguments": '{"q": "SELECT 1"}'}}]}
 
 
-def test_legacy_completions(server: MockLLMServer) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_legacy_completions(server: MockLLMServer, stream: bool) -> None:
     recorder = RolloutRecorder("ro")
     with recording(recorder):
-        sync_client(server).completions.create(model="m", prompt="2+2=", logprobs=1)
+        reply = sync_client(server).completions.create(model="m", prompt="2+2=", logprobs=1, stream=stream)
+        if stream:
+            assert "".join(chunk.choices[0].text for chunk in reply if chunk.choices) == "echo: 2+2="
     call = only_call(recorder)
     assert call.input == "2+2=" and call.output["content"] == "echo: 2+2="
+    assert call.metadata["stream"] is stream and call.output["finish_reason"] == "stop"
     assert call.prompt_token_ids == server.tokenizer.encode("2+2=")
     assert call.completion_logprobs == [server.tokenizer.logprob(i) for i in call.completion_token_ids]
 
