@@ -387,8 +387,9 @@ class _Pending(DeferredCall):
 _CALL_DEFAULTS = static_defaults(Call)
 # Token fields of a response (present in its extracted fields only when the backend sent them, with "token_source").
 _TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+# Its pydantic-core validator, called directly (TypeAdapter.validate_python adds a Python layer per call).
 _STRICT_TOKEN_LISTS = TypeAdapter(tuple[list[int] | None, list[int] | None, list[float] | None],
-                                  config=ConfigDict(strict=True))
+                                  config=ConfigDict(strict=True)).validator
 
 
 def _validated(data: dict[str, Any]) -> Call:
