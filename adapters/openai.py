@@ -266,7 +266,7 @@ class _Pending(DeferredCall):
             elif kind == "stream":
                 _observe_stream(result, self)
             elif kind == "legacy" and not getattr(result, "_stream", False):
-                self.record(_response_fields(self.api, result.http_response.json()), raw=True)
+                self.record(_FIELD_READERS[self.api](result.http_response.json()), raw=True)
             else:  # a raw response (or a raw stream): recorded when parsed
                 _observe_on_parse(result, self)
         except Exception:  # noqa: BLE001
@@ -387,7 +387,8 @@ class _Pending(DeferredCall):
 _CALL_DEFAULTS = static_defaults(Call)
 # Token fields of a response (present in its extracted fields only when the backend sent them, with "token_source").
 _TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
-# Its pydantic-core validator, called directly (TypeAdapter.validate_python adds a Python layer per call).
+# The strict check of the token lists: the TypeAdapter's pydantic-core validator, called directly
+# (TypeAdapter.validate_python adds a Python layer per call).
 _STRICT_TOKEN_LISTS = TypeAdapter(tuple[list[int] | None, list[int] | None, list[float] | None],
                                   config=ConfigDict(strict=True)).validator
 
@@ -411,7 +412,6 @@ def _validated(data: dict[str, Any]) -> Call:
 
 
 _CHAT_APIS = frozenset({"chat.completions", "chat.completions.parse"})
-
 
 
 # -- request side ------------------------------------------------------------------------------------------------
@@ -556,11 +556,6 @@ def _tool_call_dict(tool_call: Any) -> dict[str, Any]:
     }
 
 
-def _response_fields(api: str, response: Any) -> dict[str, Any]:
-    """Output, token ids, usage and ids of a finished (non-stream) response, object or JSON dict."""
-    return _FIELD_READERS[api](response)
-
-
 def _with_tokens(fields: dict[str, Any], prompt_ids: Any, completion_ids: Any, logprobs: Any) -> dict[str, Any]:
     """``fields`` plus the token fields the backend sent (those it did not send are left out), and "token_source"
     when it sent any."""
@@ -651,7 +646,8 @@ def _responses_fields(response: Any) -> dict[str, Any]:
     return _with_tokens(fields, _get(response, "prompt_token_ids"), _get(response, "output_token_ids"), None)
 
 
-# The response reader of each captured api.
+# The reader of each captured api's finished (non-stream) response, object or JSON dict: output, token ids, usage
+# and ids.
 _FIELD_READERS: dict[str, Callable[[Any], dict[str, Any]]] = {
     "chat.completions": _chat_fields, "chat.completions.parse": _chat_fields, "responses": _responses_fields,
     "responses.parse": _responses_fields, "completions": _completion_fields,
@@ -679,14 +675,9 @@ class _StreamAccumulator:
         self.final_response: Any = None
 
     def add(self, chunk: Any) -> None:
-        # Runs once per chunk (a long completion streams hundreds): nested objects are read in place rather than
-        # through further function calls where the common chunk shape allows.
-        if type(chunk) is dict:
-            body = chunk
-        else:  # what _view does, inline
-            body, extra = getattr(chunk, "__dict__", _EMPTY), getattr(chunk, "__pydantic_extra__", None)
-            if extra:
-                body = {**body, **extra}
+        # Runs once per chunk (a long completion streams hundreds): the delta is read in place, and logprobs only
+        # when the chunk has them.
+        body = _view(chunk)
         if self.responses_api:
             kind = body.get("type")
             if kind in ("response.completed", "response.incomplete", "response.failed"):
@@ -701,13 +692,7 @@ class _StreamAccumulator:
             self.usage = usage
         prompt_ids = body.get("prompt_token_ids")
         for choice_object in body.get("choices") or ():
-            if type(choice_object) is dict:
-                choice = choice_object
-            else:
-                choice = getattr(choice_object, "__dict__", _EMPTY)
-                extra = getattr(choice_object, "__pydantic_extra__", None)
-                if extra:  # e.g. vLLM's token_ids
-                    choice = {**choice, **extra}
+            choice = _view(choice_object)  # with its extras, e.g. vLLM's token_ids
             if choice.get("index"):
                 continue  # only the first choice is recorded
             prompt_ids = prompt_ids or choice.get("prompt_token_ids")
@@ -833,7 +818,7 @@ def _observe_on_parse(raw: Any, pending: _Pending) -> None:
             if isinstance(parsed, streams):
                 _observe_stream(parsed, pending)
             else:
-                pending.record(_response_fields(pending.api, parsed), raw=True)
+                pending.record(_FIELD_READERS[pending.api](parsed), raw=True)
         except Exception:  # noqa: BLE001
             logger.warning("openai capture failed to record a raw %s response", pending.api, exc_info=True)
         return parsed
