@@ -18,6 +18,7 @@ import importlib
 import inspect
 import itertools
 import logging
+import operator
 import os
 import threading
 import time
@@ -373,8 +374,8 @@ class _Pending(DeferredCall):
             data["token_source"] = "response"
             tokens = (fields.get("prompt_token_ids"), fields.get("completion_token_ids"),
                       fields.get("completion_logprobs"))
-            try:  # one strict pass in pydantic-core: checks every id (prompts run to thousands) and copies the lists
-                tokens = _STRICT_TOKEN_LISTS.validate_python(tokens)
+            try:
+                tokens = _checked_token_lists(*tokens)
             except ValidationError:
                 trusted = False  # validated (and coerced where lax validation allows) with the whole record below
             data["prompt_token_ids"], data["completion_token_ids"], data["completion_logprobs"] = tokens
@@ -387,10 +388,30 @@ class _Pending(DeferredCall):
 _CALL_DEFAULTS = static_defaults(Call)
 # Token fields of a response (present in its extracted fields only when the backend sent them, with "token_source").
 _TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
-# The strict check of the token lists: the TypeAdapter's pydantic-core validator, called directly
-# (TypeAdapter.validate_python adds a Python layer per call).
+# The strict check of token lists that fail the quick one of _checked_token_lists: the TypeAdapter's pydantic-core
+# validator, called directly (TypeAdapter.validate_python adds a Python layer per call).
 _STRICT_TOKEN_LISTS = TypeAdapter(tuple[list[int] | None, list[int] | None, list[float] | None],
                                   config=ConfigDict(strict=True)).validator
+
+
+def _checked_token_lists(prompt_ids: Any, completion_ids: Any, logprobs: Any) -> tuple[Any, Any, Any]:
+    """Copies of the token lists a backend sent, each checked in one pass (prompts run to thousands of ids).
+
+    The pass is ``sum`` (in C, about half the time of pydantic-core's strict check): it raises on any item that
+    is not a number, and its result is an int only when every item is an int (a float anywhere makes it a float;
+    a bool, an int to Python, passes and serialises as 0 or 1).
+    Lists that do not pass go to the strict pydantic check, which raises ``ValidationError`` naming the bad field.
+    """
+    try:
+        if ((prompt_ids is None or type(prompt_ids) is list and type(sum(prompt_ids)) is int)
+                and (completion_ids is None or type(completion_ids) is list and type(sum(completion_ids)) is int)
+                and (logprobs is None or type(logprobs) is list and type(sum(logprobs, 0.0)) is float)):
+            return (None if prompt_ids is None else prompt_ids.copy(),
+                    None if completion_ids is None else completion_ids.copy(),
+                    None if logprobs is None else logprobs.copy())
+    except TypeError:
+        pass
+    return _STRICT_TOKEN_LISTS.validate_python((prompt_ids, completion_ids, logprobs))
 
 
 def _validated(data: dict[str, Any]) -> Call:
@@ -542,9 +563,14 @@ def _get(obj: Any, name: str) -> Any:
 
 
 def _logprob_values(entries: Any) -> list[float] | None:
+    """The sampled tokens' logprobs from a choice's ``logprobs.content``: parsed entries or their JSON dicts."""
     if not entries:
         return None
-    return [entry["logprob"] if type(entry) is dict else entry.logprob for entry in entries]
+    # map() with a C getter: a reply has one entry per token (hundreds), so the per-entry cost is what counts.
+    return list(map(_LOGPROB_KEY if type(entries[0]) is dict else _LOGPROB_ATTRIBUTE, entries))
+
+
+_LOGPROB_KEY, _LOGPROB_ATTRIBUTE = operator.itemgetter("logprob"), operator.attrgetter("logprob")
 
 
 def _tool_call_dict(tool_call: Any) -> dict[str, Any]:

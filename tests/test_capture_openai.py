@@ -519,8 +519,9 @@ def test_call_ids_are_unique_across_calls_and_forked_children(server: MockLLMSer
     assert len(set(ids)) == 5 and all(call_id.startswith("call-") for call_id in ids), ids
 
 
+@pytest.mark.parametrize("malformed", [["seven", None], [7.5, 8], [7, [8]], {"0": 7}])
 def test_token_ids_are_exact_copies_and_malformed_ones_do_not_lose_the_call(
-        caplog: pytest.LogCaptureFixture) -> None:
+        malformed: object, caplog: pytest.LogCaptureFixture) -> None:
     def backend(token_ids: object) -> openai.OpenAI:
         body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
                 "prompt_token_ids": [1, 2, 3],
@@ -536,7 +537,7 @@ def test_token_ids_are_exact_copies_and_malformed_ones_do_not_lose_the_call(
     recorder = RolloutRecorder("ro")
     with recording(recorder):
         reply = backend([7, 8]).chat.completions.create(model="m", messages=MESSAGES)
-        backend(["seven", None]).chat.completions.create(model="m", messages=MESSAGES)
+        backend(malformed).chat.completions.create(model="m", messages=MESSAGES)
     good, bad = recorder.ordered_calls()
     assert good == agl.Call.model_validate(good.model_dump())  # the unvalidated record is what validation gives
     assert (good.prompt_token_ids, good.completion_token_ids, good.token_source) == ([1, 2, 3], [7, 8], "response")
