@@ -370,12 +370,11 @@ class _Pending(DeferredCall):
             data["status"], data["error"] = "error", self.error
         trusted = plain_tools and (name is None or type(name) is str) \
             and (response_id is None or type(response_id) is str) and (role is None or type(role) is str)
-        if "token_source" in fields:  # the backend sent token ids (vLLM)
+        tokens = fields.get("tokens")
+        if tokens is not None:  # the backend sent token ids (vLLM)
             data["token_source"] = "response"
-            tokens = (fields.get("prompt_token_ids"), fields.get("completion_token_ids"),
-                      fields.get("completion_logprobs"))
             try:
-                tokens = _checked_token_lists(*tokens)
+                tokens = _checked_token_lists(tokens)
             except ValidationError:
                 trusted = False  # validated (and coerced where lax validation allows) with the whole record below
             data["prompt_token_ids"], data["completion_token_ids"], data["completion_logprobs"] = tokens
@@ -386,7 +385,7 @@ class _Pending(DeferredCall):
 
 
 _CALL_DEFAULTS = static_defaults(Call)
-# Token fields of a response (present in its extracted fields only when the backend sent them, with "token_source").
+# The token fields of a record (from a response's extracted "tokens", when the backend sent any).
 _TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 # The strict check of token lists that fail the quick one of _checked_token_lists: the TypeAdapter's pydantic-core
 # validator, called directly (TypeAdapter.validate_python adds a Python layer per call).
@@ -394,14 +393,16 @@ _STRICT_TOKEN_LISTS = TypeAdapter(tuple[list[int] | None, list[int] | None, list
                                   config=ConfigDict(strict=True)).validator
 
 
-def _checked_token_lists(prompt_ids: Any, completion_ids: Any, logprobs: Any) -> tuple[Any, Any, Any]:
-    """Copies of the token lists a backend sent, each checked in one pass (prompts run to thousands of ids).
+def _checked_token_lists(tokens: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+    """Copies of the token lists a backend sent (prompt ids, completion ids, logprobs; None where not sent), each
+    checked in one pass (prompts run to thousands of ids).
 
     The pass is ``sum`` (in C, about half the time of pydantic-core's strict check): it raises on any item that
     is not a number, and its result is an int only when every item is an int (a float anywhere makes it a float;
     a bool, an int to Python, passes and serialises as 0 or 1).
     Lists that do not pass go to the strict pydantic check, which raises ``ValidationError`` naming the bad field.
     """
+    prompt_ids, completion_ids, logprobs = tokens
     try:
         if ((prompt_ids is None or type(prompt_ids) is list and type(sum(prompt_ids)) is int)
                 and (completion_ids is None or type(completion_ids) is list and type(sum(completion_ids)) is int)
@@ -411,7 +412,7 @@ def _checked_token_lists(prompt_ids: Any, completion_ids: Any, logprobs: Any) ->
                     None if logprobs is None else logprobs.copy())
     except TypeError:
         pass
-    return _STRICT_TOKEN_LISTS.validate_python((prompt_ids, completion_ids, logprobs))
+    return _STRICT_TOKEN_LISTS.validate_python(tokens)
 
 
 def _validated(data: dict[str, Any]) -> Call:
@@ -583,16 +584,10 @@ def _tool_call_dict(tool_call: Any) -> dict[str, Any]:
 
 
 def _with_tokens(fields: dict[str, Any], prompt_ids: Any, completion_ids: Any, logprobs: Any) -> dict[str, Any]:
-    """``fields`` plus the token fields the backend sent (those it did not send are left out), and "token_source"
-    when it sent any."""
-    if prompt_ids is not None:
-        fields["prompt_token_ids"] = prompt_ids
-    if completion_ids is not None:
-        fields["completion_token_ids"] = completion_ids
-    if logprobs is not None:
-        fields["completion_logprobs"] = logprobs
+    """``fields`` plus, when the backend sent any token data, "tokens": (prompt ids, completion ids, logprobs), with
+    None for what it did not send."""
     if prompt_ids is not None or completion_ids is not None or logprobs is not None:
-        fields["token_source"] = "response"
+        fields["tokens"] = (prompt_ids, completion_ids, logprobs)
     return fields
 
 
@@ -626,8 +621,9 @@ def _chat_fields(response: Any) -> dict[str, Any]:
     completion_ids = choice_extra.get("token_ids")
     if logprobs is None and prompt_ids is None and completion_ids is None:
         return fields  # no token data (the usual case off vLLM)
-    logprob_values = None if logprobs is None else _logprob_values(_view(logprobs).get("content"))
-    return _with_tokens(fields, prompt_ids, completion_ids, logprob_values)
+    fields["tokens"] = (prompt_ids, completion_ids,
+                        None if logprobs is None else _logprob_values(_view(logprobs).get("content")))
+    return fields
 
 
 def _completion_fields(response: Any) -> dict[str, Any]:
