@@ -621,9 +621,8 @@ def _chat_fields(response: Any) -> dict[str, Any]:
     completion_ids = choice_extra.get("token_ids")
     if logprobs is None and prompt_ids is None and completion_ids is None:
         return fields  # no token data (the usual case off vLLM)
-    fields["tokens"] = (prompt_ids, completion_ids,
-                        None if logprobs is None else _logprob_values(_view(logprobs).get("content")))
-    return fields
+    logprob_values = None if logprobs is None else _logprob_values(_view(logprobs).get("content"))
+    return _with_tokens(fields, prompt_ids, completion_ids, logprob_values)
 
 
 def _completion_fields(response: Any) -> dict[str, Any]:
