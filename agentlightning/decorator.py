@@ -11,11 +11,12 @@ import json
 import logging
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from agentlightning.context import RolloutRecorder, install_log_capture, recording
 from agentlightning.diagnostics import explain_rollout
+from agentlightning.protocol import own_task_id
 from agentlightning.instrumentation import enable_auto_instrumentation
 from agentlightning.types import LLM, ErrorInfo, Reward, Rollout, check_finite, new_id
 
@@ -297,15 +298,6 @@ def _check_json_task(task: Any, agent_name: str) -> None:
         json.dumps(task)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"task for agent {agent_name!r} is not JSON-serialisable ({exc}): {preview(task)}") from None
-
-
-def own_task_id(task: Any) -> str | None:
-    """The task's own ``task_id`` (else ``id``) field as a string, or None when it has neither."""
-    if isinstance(task, Mapping):
-        for key in ("task_id", "id"):
-            if task.get(key) is not None:
-                return str(task[key])
-    return None
 
 
 def _jsonable(value: Any) -> Any:

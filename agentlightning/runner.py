@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import hashlib
 import json
 import logging
 import queue
@@ -21,7 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from agentlightning.context import RolloutRecorder, recording
-from agentlightning.decorator import RolloutAgent, own_task_id, preview
+from agentlightning.decorator import RolloutAgent, preview
+from agentlightning.protocol import task_id_for
 from agentlightning.roles import unmatched_patterns
 from agentlightning.types import LLM, ErrorInfo, Rollout, new_id
 
@@ -108,15 +108,6 @@ def _check_arguments(
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise ValueError(f"agl.run(timeout=...) must be a positive number of seconds or None, got {timeout!r}")
     return agent, list(tasks), llm, n_workers, None if timeout is None else float(timeout)
-
-
-def task_id_for(task: Any) -> str:
-    """The task's own ``task_id`` / ``id`` field, else a content hash (equal tasks share an id, as GRPO groups need)."""
-    own = own_task_id(task)
-    if own is not None:
-        return own
-    digest = hashlib.sha1(json.dumps(task, sort_keys=True, default=repr).encode()).hexdigest()
-    return f"task-{digest[:12]}"
 
 
 def _bad_task_rollout(agent: RolloutAgent, task: Any, index: int, llm: LLM) -> Rollout | None:

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 import agentlightning as agl
-from agentlightning.runner import task_id_for
+from agentlightning.protocol import task_id_for
 from agentlightning.testing import MockLLMServer, MockReply, MockRequest
 
 

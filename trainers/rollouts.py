@@ -104,7 +104,8 @@ class LocalRollouts:
         self.llm = LLM(base_url=base_url, model=model_name, model_version=model_version)
 
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
-        from agentlightning.runner import run, task_id_for
+        from agentlightning.protocol import task_id_for
+        from agentlightning.runner import run
 
         if self.llm is None:
             raise RuntimeError("LocalRollouts.set_model() must be called before run()")

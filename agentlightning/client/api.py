@@ -13,7 +13,7 @@ import time
 from typing import Any, Protocol
 
 from agentlightning.client.http import HttpxTransport, KeepAliveHTTP, Transport, TransportError
-from agentlightning.server.records import Lease, ResultOutcome
+from agentlightning.protocol import Lease, ResultOutcome
 from agentlightning.server.upstream_http import env_proxy_for
 from agentlightning.types import Rollout
 

@@ -11,7 +11,7 @@ from typing import Any
 from agentlightning.client.api import ServerAPI, resolve_server_url, resolve_token
 from agentlightning.client.pool import WorkerPool
 from agentlightning.decorator import RolloutAgent
-from agentlightning.server.store import dataset_id_for
+from agentlightning.protocol import dataset_id_for
 
 logger = logging.getLogger(__name__)
 

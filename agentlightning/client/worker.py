@@ -32,7 +32,7 @@ from agentlightning.client.api import ServerAPI, ServerError, Unreachable
 from agentlightning.context import RolloutRecorder, current_recorder, install_log_capture, recording
 from agentlightning.decorator import RolloutAgent
 from agentlightning.instrumentation import enable_auto_instrumentation
-from agentlightning.server.records import Lease
+from agentlightning.protocol import Lease
 from agentlightning.types import LLM, Rollout
 
 logger = logging.getLogger(__name__)

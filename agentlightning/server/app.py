@@ -35,9 +35,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agentlightning.server.auth import AuthMiddleware
 from agentlightning.server.limits import BodyLimitMiddleware
 from agentlightning.server.proxy import Proxy
-from agentlightning.server.records import Task
+from agentlightning.protocol import Task
 from agentlightning.server.runtime import Runtime
-from agentlightning.server.store import StoreError, task_id_for
+from agentlightning.protocol import task_id_for
+from agentlightning.server.store import StoreError
 from agentlightning.server.worker_api import WorkerRoutes, store_error, validate_body
 
 logger = logging.getLogger(__name__)

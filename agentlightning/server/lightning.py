@@ -16,7 +16,7 @@ import uvicorn
 
 from agentlightning.server.app import create_app, enqueue_rollouts
 from agentlightning.server.auth import check_bind
-from agentlightning.server.records import ModelVersion
+from agentlightning.protocol import ModelVersion
 from agentlightning.server.runtime import Runtime, Settings, Upstream
 from agentlightning.server.store import SQLiteStore, Store
 from agentlightning.types import Rollout

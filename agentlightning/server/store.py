@@ -8,7 +8,6 @@ Proxy calls, the hot write path, are written in batches; every other change is o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import sqlite3
@@ -21,9 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentlightning.server.extract import json_text
-from agentlightning.server.join import join_calls, join_late_call
-from agentlightning.server.records import (
+from agentlightning.protocol import (
     AttemptInfo,
     DatasetInfo,
     Lease,
@@ -31,7 +28,11 @@ from agentlightning.server.records import (
     ResultOutcome,
     RolloutSummary,
     Task,
+    dataset_id_for,
+    task_id_for,
 )
+from agentlightning.server.extract import json_text
+from agentlightning.server.join import join_calls, join_late_call
 from agentlightning.server.states import decide, event_for_status, is_terminal
 from agentlightning.types import Call, ErrorInfo, Reward, Rollout, new_id
 
@@ -218,24 +219,6 @@ _SUMMARY_COLUMNS = (
 # flushes on a short timer and before joining a rollout's calls).
 PROXY_BATCH = 256
 _INSERT_PROXY_CALL = "INSERT INTO proxy_calls(rollout_id, attempt, start_time, body) VALUES (?, ?, ?, ?)"
-
-
-def dataset_id_for(records: Sequence[Any]) -> str:
-    """Content-derived dataset id: the same records always get the same id."""
-    digest = hashlib.sha256()
-    for record in records:
-        digest.update(json.dumps(record, sort_keys=True, separators=(",", ":")).encode())
-        digest.update(b"\n")
-    return f"ds-{digest.hexdigest()[:16]}"
-
-
-def task_id_for(record: Any, dataset_id: str, index: int) -> str:
-    """A task's id: its own ``task_id`` / ``id`` field, else ``<dataset_id>:<index>``."""
-    if isinstance(record, dict):
-        for key in ("task_id", "id"):
-            if record.get(key) is not None:
-                return str(record[key])
-    return f"{dataset_id}:{index}"
 
 
 class SQLiteStore(Store):

@@ -28,7 +28,7 @@ from fastapi import HTTPException
 from pydantic import BaseModel, Field, ValidationError
 from starlette.types import Receive, Scope, Send
 
-from agentlightning.server.records import Lease
+from agentlightning.protocol import Lease
 from agentlightning.server.runtime import Runtime
 from agentlightning.server.states import InvalidTransition
 from agentlightning.server.store import Conflict, NotFound, StoreError

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agentlightning.server.store import Conflict, NotFound, SQLiteStore, StoreError, dataset_id_for
+from agentlightning.protocol import dataset_id_for
+from agentlightning.server.store import Conflict, NotFound, SQLiteStore, StoreError
 from agentlightning.types import Call, ErrorInfo, Reward, Rollout
 
 

@@ -1,7 +1,11 @@
-"""Records the store returns and the server's HTTP API exchanges (besides the core ``Rollout``/``Call``)."""
+"""The protocol shared by the Lightning Server and its clients: the records their HTTP API exchanges (besides the core
+``Rollout``/``Call``) and how datasets and tasks get their ids. The client imports this, never the server."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -89,3 +93,33 @@ class ModelVersion(BaseModel):
     model_name: str
     upstream_url: str | None
     created: float
+
+
+def dataset_id_for(records: Sequence[Any]) -> str:
+    """Content-derived dataset id: the same records always get the same id."""
+    digest = hashlib.sha256()
+    for record in records:
+        digest.update(json.dumps(record, sort_keys=True, separators=(",", ":")).encode())
+        digest.update(b"\n")
+    return f"ds-{digest.hexdigest()[:16]}"
+
+
+def own_task_id(task: Any) -> str | None:
+    """The task's own ``task_id`` (else ``id``) field as a string, or None when it has neither."""
+    if isinstance(task, Mapping):
+        for key in ("task_id", "id"):
+            if task.get(key) is not None:
+                return str(task[key])
+    return None
+
+
+def task_id_for(task: Any, dataset_id: str | None = None, index: int | None = None) -> str:
+    """A task's id: its own ``task_id`` / ``id`` field; else ``<dataset_id>:<index>`` for a row of an uploaded
+    dataset; else a content hash (equal tasks share an id, as GRPO groups need)."""
+    own = own_task_id(task)
+    if own is not None:
+        return own
+    if dataset_id is not None:
+        return f"{dataset_id}:{index}"
+    digest = hashlib.sha1(json.dumps(task, sort_keys=True, default=repr).encode()).hexdigest()
+    return f"task-{digest[:12]}"
