@@ -1,7 +1,7 @@
 """The ``agl`` command: ``agl server``, ``agl client``, ``agl rollouts list|show``.
 
 ``agl server --model NAME ...`` hands over to the trainer: it calls
-``agentlightning.training.serve_training(args, extra)`` with the parsed server options (``args``, see
+``agentlightning.trainers.serve.serve_training(server, args, extra)`` with the parsed server options (``args``, see
 :func:`add_server_arguments`; :func:`server_from_args` builds the matching :class:`LightningServer`) and the
 command-line words this parser did not know (``extra``, the trainer's own options), and exits with its return
 code. Without ``--model`` the server only dispatches rollouts and proxies an existing ``--upstream`` endpoint.
@@ -10,7 +10,6 @@ code. Without ``--model`` the server only dispatches rollouts and proxies an exi
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
@@ -82,7 +81,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--public-url", help="URL clients reach this server at (default http://host:port)")
     parser.add_argument("--collect", type=int, metavar="K", default=0,
                         help="when a client attaches a dataset, run K rollouts per task, then stop everyone")
-    parser.add_argument("--model", help="train this model: hands over to agentlightning.training.serve_training")
+    parser.add_argument("--model", help="train this model on the rollouts clients run (agentlightning.trainers.serve)")
 
 
 def server_from_args(args: argparse.Namespace) -> Any:
@@ -102,11 +101,11 @@ def server_from_args(args: argparse.Namespace) -> Any:
 
 def _serve_training(args: argparse.Namespace, extra: list[str]) -> int:
     try:
-        train = importlib.import_module("agentlightning.training")
-        serve_training = train.serve_training
-    except (ImportError, AttributeError) as exc:
-        raise RuntimeError(f"agl server --model needs agentlightning.training.serve_training ({exc})") from None
-    return int(serve_training(args, extra) or 0)
+        from agentlightning.trainers.serve import serve_training
+    except ImportError as exc:
+        raise RuntimeError(f"agl server --model needs the training extra: pip install 'agentlightning[train]' ({exc})"
+                           ) from None
+    return serve_training(server_from_args(args), args, extra)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -10,97 +10,46 @@ recorded with ``v3`` was sampled from the weights after the third update.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentlightning.decorator import RolloutAgent
-from agentlightning.rl.advantages import ESTIMATORS, compute_advantages
+from agentlightning.rl.advantages import compute_advantages
 from agentlightning.rl.batch import pack
 from agentlightning.rl.transitions import extract_transitions
-from agentlightning.training import TrainResult
+from agentlightning.trainers.config import TrainConfig, TrainResult
 from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
 class TrainingRun:
-    """All settings of one ``agl.train`` call (see its docstring) and the loop that uses them."""
+    """One training run: ``agent`` on ``dataset`` with ``config``, validated on ``val_dataset``.
 
-    agent: Any
-    dataset: Sequence[Any]
-    roles: Sequence[str] | None
-    model: Any
-    tokenizer: Any
-    algorithm: str
-    group_size: int
-    tasks_per_step: int
-    max_steps: int
-    learning_rate: float
-    lora: Any
-    beta: float
-    loss_type: str
-    temperature: float
-    micro_batch_size: int
-    max_prompt_length: int | None
-    max_completion_length: int | None
-    credit: Any
-    air: Any
-    val_dataset: Sequence[Any] | None
-    val_every: int
-    val_temperature: float
-    success_threshold: float
-    accuracy: Callable[[Rollout], bool] | None
-    output_dir: Path
-    resume: bool | str | Path
-    checkpoint_every: int
-    save_model: bool
-    use_server: bool
-    nworkers: int
-    rollout_timeout: float | None
-    max_batch_size: int
-    report_to: tuple[str, ...]
-    progress: bool
-    seed: int
-    trainer_args: dict[str, Any] = field(default_factory=dict)
-    source: Any = None  # a RolloutSource to use instead of starting one (agl server --model)
+    ``source`` is a RolloutSource to use instead of starting one (``agl server --model``: remote clients).
+    """
 
-    # -- checks -------------------------------------------------------------------------------------------------
-
-    def _validate(self) -> None:
-        if self.source is None and not isinstance(self.agent, RolloutAgent):
-            if not callable(self.agent):
-                raise TypeError(f"agl.train(agent=...) must be an @agl.rollout function, got {self.agent!r}")
-            self.agent = RolloutAgent(self.agent)
-        if isinstance(self.dataset, (str, bytes, dict)) or not isinstance(self.dataset, Sequence) or not self.dataset:
-            raise ValueError(
-                f"agl.train(dataset=...) must be a non-empty list of tasks, got {type(self.dataset).__name__}"
-            )
-        if self.algorithm not in ESTIMATORS:
-            raise ValueError(f"agl.train(algorithm={self.algorithm!r}): use one of {list(ESTIMATORS)}")
-        for name in ("group_size", "tasks_per_step", "max_steps", "micro_batch_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"agl.train({name}={value!r}): must be a positive integer")
-        if self.micro_batch_size < 2:
-            raise ValueError(f"agl.train(micro_batch_size={self.micro_batch_size}): must be >= 2")
-        if self.algorithm in ("grpo", "dr_grpo") and self.group_size < 2:
-            raise ValueError(f"agl.train(group_size={self.group_size}): GRPO needs at least 2 rollouts per task")
-        if not (self.temperature > 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"agl.train(temperature={self.temperature!r}): must be > 0 for training rollouts")
-        if self.val_every < 0 or self.checkpoint_every < 0:
-            raise ValueError("agl.train(val_every=..., checkpoint_every=...) must be >= 0 (0 = only at the end)")
+    def __init__(
+        self, agent: Any, dataset: Sequence[Any], config: TrainConfig, *, val_dataset: Sequence[Any] | None = None,
+        source: Any = None,
+    ) -> None:
+        if source is None and not isinstance(agent, RolloutAgent):
+            if not callable(agent):
+                raise TypeError(f"agl.train(agent=...) must be an @agl.rollout function, got {agent!r}")
+            agent = RolloutAgent(agent)
+        if isinstance(dataset, (str, bytes, dict)) or not isinstance(dataset, Sequence) or not dataset:
+            raise ValueError(f"agl.train(dataset=...) must be a non-empty list of tasks, got {type(dataset).__name__}")
+        self.agent, self.dataset, self.config = agent, dataset, config
+        self.val_dataset, self.source = val_dataset, source
+        self.output_dir = Path(config.output_dir)
 
     # -- the run ------------------------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
-        self._validate()
         from agentlightning.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
         from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
         from agentlightning.trainers.hf_backend import HFBackendServer
@@ -110,19 +59,19 @@ class TrainingRun:
         model, tokenizer, model_name = self._load_model()
         config = grpo_config(
             str(self.output_dir / "trl"),
-            micro_batch_size=self.micro_batch_size,
-            learning_rate=self.learning_rate,
-            beta=self.beta,
-            loss_type=self.loss_type,
-            temperature=self.temperature,
-            max_steps=self.max_steps,
-            seed=self.seed,
-            max_completion_length=self.max_completion_length or 512,
+            micro_batch_size=self.config.micro_batch_size,
+            learning_rate=self.config.learning_rate,
+            beta=self.config.beta,
+            loss_type=self.config.loss_type,
+            temperature=self.config.temperature,
+            max_steps=self.config.max_steps,
+            seed=self.config.seed,
+            max_completion_length=self.config.max_completion_length or 512,
             # The HF backend samples from the very weights being trained, so the sampler/trainer importance ratio
             # is 1 up to float noise and its extra forward pass is skipped; a separate sampler (vLLM) turns it on.
-            **{"vllm_importance_sampling_correction": False, **self.trainer_args},
+            **{"vllm_importance_sampling_correction": False, **self.config.trainer_args},
         )
-        trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=_lora_config(self.lora))
+        trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=_lora_config(self.config.lora))
         policy = trainer.model
 
         checkpoint = self._resume_path(latest_checkpoint)
@@ -132,14 +81,14 @@ class TrainingRun:
         elif (self.output_dir / "metrics.jsonl").exists():
             (self.output_dir / "metrics.jsonl").unlink()  # a fresh run in a reused directory starts a fresh log
         start_step = int(state["step"])
-        sampler = _TaskSampler(len(self.dataset), self.seed, state.get("order") or None, int(state.get("cursor", 0)))
+        sampler = _TaskSampler(len(self.dataset), self.config.seed, state.get("order") or None, int(state.get("cursor", 0)))
 
         backend = HFBackendServer(
             policy, tokenizer, model_name=model_name, model_version=str(state.get("model_version", "v0")),
-            max_batch_size=self.max_batch_size, always_logprobs=True,
-            default_max_tokens=self.max_completion_length or 512,
+            max_batch_size=self.config.max_batch_size, always_logprobs=True,
+            default_max_tokens=self.config.max_completion_length or 512,
         ).start()
-        writer = MetricsWriter(self.output_dir, self.report_to, run_name=self.output_dir.name)
+        writer = MetricsWriter(self.output_dir, self.config.report_to, run_name=self.output_dir.name)
         source = self._rollout_source()
         history = read_metrics(writer.path)
         initial_val = state.get("initial_validation")
@@ -154,11 +103,11 @@ class TrainingRun:
                              **{f"val/{key}": value for key, value in initial_val.items()}}
                 writer.write(start_row)
                 history.append(start_row)
-            bar = _progress(self.progress, start_step, self.max_steps)
-            for step in range(start_step, self.max_steps):
+            bar = _progress(self.config.progress, start_step, self.config.max_steps)
+            for step in range(start_step, self.config.max_steps):
                 row = self._train_step(step, trainer, backend, source, sampler)
                 if self.val_dataset and (
-                    (self.val_every and (step + 1) % self.val_every == 0) or step + 1 == self.max_steps
+                    (self.config.val_every and (step + 1) % self.config.val_every == 0) or step + 1 == self.config.max_steps
                 ):
                     final_val = self._validate_policy(source, backend, f"step {step + 1}")
                     row.update({f"val/{key}": value for key, value in final_val.items()})
@@ -167,7 +116,7 @@ class TrainingRun:
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(_postfix(row), refresh=False)
-                if (self.checkpoint_every and (step + 1) % self.checkpoint_every == 0) or step + 1 == self.max_steps:
+                if (self.config.checkpoint_every and (step + 1) % self.config.checkpoint_every == 0) or step + 1 == self.config.max_steps:
                     checkpoint_path = save_checkpoint(trainer, self.output_dir, {
                         "step": step + 1, "global_step": trainer.state.global_step,
                         "model_version": backend.model_version, "order": sampler.order, "cursor": sampler.cursor,
@@ -180,13 +129,13 @@ class TrainingRun:
             backend.stop()
             writer.close()
         model_path = None
-        if self.save_model:
+        if self.config.save_model:
             model_path = self.output_dir / "model"
             policy.save_pretrained(model_path)
             tokenizer.save_pretrained(model_path)
         curve = plot_curve(history, self.output_dir / "reward_curve.png")
         result = TrainResult(
-            output_dir=self.output_dir, steps=self.max_steps, model_version=backend.model_version, history=history,
+            output_dir=self.output_dir, steps=self.config.max_steps, model_version=backend.model_version, history=history,
             initial_validation=initial_val, final_validation=final_val, metrics_path=writer.path, curve_path=curve,
             checkpoint_path=checkpoint_path, model_path=model_path, model=policy, tokenizer=tokenizer,
         )
@@ -195,22 +144,22 @@ class TrainingRun:
 
     def _train_step(self, step: int, trainer: Any, backend: Any, source: Any, sampler: _TaskSampler) -> dict[str, Any]:
         started = time.perf_counter()
-        indices = sampler.next(self.tasks_per_step)
+        indices = sampler.next(self.config.tasks_per_step)
         tasks = [self.dataset[index] for index in indices]
-        backend.sampling_overrides = {"temperature": self.temperature}
+        backend.sampling_overrides = {"temperature": self.config.temperature}
         served_version = backend.model_version
-        rollouts = source.run(tasks, self.group_size, f"step{step}", self.rollout_timeout)
+        rollouts = source.run(tasks, self.config.group_size, f"step{step}", self.config.rollout_timeout)
         rollout_seconds = time.perf_counter() - started
-        extraction = extract_transitions(rollouts, self.roles, self.credit, self.air)
+        extraction = extract_transitions(rollouts, self.config.roles, self.config.credit, self.config.air)
         for line in extraction.stats.problems():
             logger.warning("step %d: %s", step, line)
-        transitions = compute_advantages(extraction.transitions, estimator=self.algorithm)  # type: ignore[arg-type]
+        transitions = compute_advantages(extraction.transitions, estimator=self.config.algorithm)  # type: ignore[arg-type]
         row: dict[str, Any] = {"step": step + 1, "model_version": served_version}
         row.update(self._rollout_metrics(rollouts, "", served_version))
         row["transitions"] = len(transitions)
         row["rollout_seconds"] = rollout_seconds
         batch = pack(
-            transitions, tokenizer_pad(trainer), self.max_prompt_length, self.max_completion_length,
+            transitions, tokenizer_pad(trainer), self.config.max_prompt_length, self.config.max_completion_length,
             drop_zero_variance_groups=True,
         ) if transitions else None
         if batch is None or len(batch) == 0:
@@ -232,17 +181,17 @@ class TrainingRun:
 
     def _validate_policy(self, source: Any, backend: Any, label: str) -> dict[str, float]:
         assert self.val_dataset is not None
-        backend.sampling_overrides = {"temperature": self.val_temperature}
+        backend.sampling_overrides = {"temperature": self.config.val_temperature}
         try:
-            rollouts = source.run(list(self.val_dataset), 1, f"val-{label.replace(' ', '')}", self.rollout_timeout)
+            rollouts = source.run(list(self.val_dataset), 1, f"val-{label.replace(' ', '')}", self.config.rollout_timeout)
         finally:
-            backend.sampling_overrides = {"temperature": self.temperature}
+            backend.sampling_overrides = {"temperature": self.config.temperature}
         metrics = self._rollout_metrics(rollouts, "", backend.model_version)
         return {key: metrics[key] for key in ("reward", "accuracy", "failed") if key in metrics}
 
     def _rollout_metrics(self, rollouts: Sequence[Rollout], prefix: str, version: str) -> dict[str, Any]:
         rewards = [rollout.final_reward if rollout.final_reward is not None else 0.0 for rollout in rollouts]
-        judge = self.accuracy or (lambda rollout: (rollout.final_reward or 0.0) >= self.success_threshold)
+        judge = self.config.accuracy or (lambda rollout: (rollout.final_reward or 0.0) >= self.config.success_threshold)
         calls = [call for rollout in rollouts for call in rollout.llm_calls]
         completion_tokens = [len(call.completion_token_ids or []) for call in calls]
         return {
@@ -261,26 +210,26 @@ class TrainingRun:
     def _load_model(self) -> tuple[Any, Any, str]:
         from agentlightning.trainers.models import load_model, prepare_tokenizer
 
-        if isinstance(self.model, str):
-            model, tokenizer = load_model(self.model)
-            return model, tokenizer, self.model.split("/")[-1]
-        if self.tokenizer is None:
+        if isinstance(self.config.model, str):
+            model, tokenizer = load_model(self.config.model)
+            return model, tokenizer, self.config.model.split("/")[-1]
+        if self.config.tokenizer is None:
             raise ValueError("agl.train(model=<a loaded model>) also needs tokenizer=")
-        prepare_tokenizer(self.tokenizer)
-        name = getattr(self.model.config, "_name_or_path", "") or "policy"
-        return self.model, self.tokenizer, str(name).split("/")[-1] or "policy"
+        prepare_tokenizer(self.config.tokenizer)
+        name = getattr(self.config.model.config, "_name_or_path", "") or "policy"
+        return self.config.model, self.config.tokenizer, str(name).split("/")[-1] or "policy"
 
     def _resume_path(self, latest: Callable[[Path], Path | None]) -> Path | None:
-        if self.resume is False or self.resume is None:
+        if self.config.resume is False or self.config.resume is None:
             return None
-        if self.resume is True:
+        if self.config.resume is True:
             found = latest(self.output_dir)
             if found is None:
                 logger.info("resume=True but %s has no checkpoint yet: starting fresh", self.output_dir)
             return found
-        path = Path(self.resume)
+        path = Path(self.config.resume)
         if not path.exists():
-            raise FileNotFoundError(f"agl.train(resume={str(self.resume)!r}): no such checkpoint directory")
+            raise FileNotFoundError(f"agl.train(resume={str(self.config.resume)!r}): no such checkpoint directory")
         return path
 
     def _rollout_source(self) -> Any:
@@ -288,11 +237,11 @@ class TrainingRun:
 
         if self.source is not None:
             return self.source
-        if self.use_server:
+        if self.config.use_server:
             return ServerRollouts(
-                self.agent, self.output_dir / "store.db", self.nworkers, rollout_timeout=self.rollout_timeout
+                self.agent, self.output_dir / "store.db", self.config.nworkers, rollout_timeout=self.config.rollout_timeout
             )
-        return LocalRollouts(self.agent, self.nworkers)
+        return LocalRollouts(self.agent, self.config.nworkers)
 
 
 class _TaskSampler:

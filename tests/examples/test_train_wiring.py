@@ -12,13 +12,22 @@ import pytest
 
 import agentlightning as agl
 from agentlightning.rl.air import ToolErrorRule
+from agentlightning.trainers.config import TrainConfig
 from examples.calc_x import train as calc_train
 from examples.rag import train as rag_train
 from examples.spider import train as spider_train
 
 
-def _bind(plan: dict) -> inspect.BoundArguments:
-    return inspect.signature(agl.train).bind(model="unused", tokenizer=None, **plan)
+class _Bound:
+    def __init__(self, plan: dict) -> None:
+        bound = inspect.signature(agl.train).bind(model="unused", tokenizer=None, **plan)
+        options = bound.arguments.pop("options", {})
+        TrainConfig.from_options(None, options)  # every option is a TrainConfig field with a valid value
+        self.arguments = {**bound.arguments, **options}
+
+
+def _bind(plan: dict) -> _Bound:
+    return _Bound(plan)
 
 
 def test_spider_plan(data_dir: Path) -> None:

@@ -10,8 +10,8 @@ import threading
 from train_agents import echo_length_agent
 
 import agentlightning as agl
-from agentlightning.cli import add_server_arguments
-from agentlightning.training import serve_training
+from agentlightning.cli import add_server_arguments, server_from_args
+from agentlightning.trainers.serve import serve_training
 from agentlightning.trainers.models import tiny_model
 
 
@@ -33,7 +33,7 @@ def test_server_with_model_trains_on_client_rollouts(tmp_path):
     trainer_options = ["--max-steps", "2", "--group-size", "2", "--tasks-per-step", "2", "--learning-rate", "0.01",
                        "--max-completion-length", "6", "--output-dir", str(tmp_path / "out")]
     outcome: dict[str, int] = {}
-    server = threading.Thread(target=lambda: outcome.update(code=serve_training(args, trainer_options)), daemon=True)
+    server = threading.Thread(target=lambda: outcome.update(code=serve_training(server_from_args(args), args, trainer_options)), daemon=True)
     server.start()
 
     tasks = [{"id": f"t{i}", "question": f"{i} * 2?"} for i in range(3)]

