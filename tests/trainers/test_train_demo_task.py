@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import agentlightning as agl
-from agentlightning.demo import split_problems
-from agentlightning.demo_task import calculate, calculator_agent, make_problems, score, uses_problem_numbers
+from agentlightning.demo.__main__ import split_problems
+from agentlightning.demo.task import calculate, calculator_agent, make_problems, score, uses_problem_numbers
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
 
 
