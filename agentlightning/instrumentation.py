@@ -71,23 +71,24 @@ def instrument(name: str) -> None:
         logger.debug("installed capture adapter %s", name)
 
 
+def _adapter(spec: AdapterSpec) -> ModuleType | None:
+    """The adapter module, or None while its framework is not imported (then it cannot be installed)."""
+    if spec.trigger_module not in sys.modules:
+        return None
+    return importlib.import_module(spec.adapter_module)
+
+
 def uninstrument(name: str) -> None:
     """Remove the adapter ``name`` and restore the framework's original behaviour."""
-    spec = _spec(name)
     with _lock:
-        adapter = sys.modules.get(spec.adapter_module)  # never imported: never installed
+        adapter = _adapter(_spec(name))
         if adapter is not None:
             adapter.uninstall()
 
 
 def installed_adapters() -> list[str]:
     """Names of the adapters installed now."""
-    installed = []
-    for name, spec in ADAPTERS.items():
-        adapter = sys.modules.get(spec.adapter_module)
-        if adapter is not None and adapter.is_installed():
-            installed.append(name)
-    return sorted(installed)
+    return sorted(name for name, spec in ADAPTERS.items() if (adapter := _adapter(spec)) and adapter.is_installed())
 
 
 def _install_on_import(name: str) -> None:
