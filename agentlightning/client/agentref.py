@@ -22,23 +22,18 @@ def agent_ref(agent: RolloutAgent | Callable[..., Any] | str) -> str:
         load_agent(agent)
         return agent
     func = agent.func if isinstance(agent, RolloutAgent) else agent
-    module = getattr(func, "__module__", None)
-    qualname = getattr(func, "__qualname__", "")
+    module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", "")
     if not module or "<locals>" in qualname or "<lambda>" in qualname:
-        raise ValueError(
-            f"agent {qualname or agent!r} cannot be imported by worker processes: define it at module level "
-            "(not inside a function or as a lambda), or pass 'module:attribute'"
-        )
+        raise ValueError(f"agent {qualname or agent!r} cannot be imported by worker processes: define it at module "
+                         "level (not inside a function or as a lambda), or pass 'module:attribute'")
     if isinstance(agent, RolloutAgent):
         # ``my_agent = agl.rollout(run, roles=[...])``: name the RolloutAgent itself so its options travel too.
-        namespace = vars(_resolve(module, "", module))
-        named = next((name for name, value in namespace.items() if value is agent), None)
+        named = next((name for name, value in vars(_resolve(module, "")).items() if value is agent), None)
         if named is not None:
             return f"{module}:{named}"
     ref = f"{module}:{qualname}"
-    resolved = _resolve(module, qualname, ref)
-    resolved_func = resolved.func if isinstance(resolved, RolloutAgent) else resolved
-    if resolved_func is not func:
+    resolved = _resolve(module, qualname)
+    if (resolved.func if isinstance(resolved, RolloutAgent) else resolved) is not func:
         raise ValueError(f"agent reference {ref!r} resolves to a different object than the agent given")
     if isinstance(agent, RolloutAgent) and resolved is not agent and (agent.roles is not None or agent.reward):
         raise ValueError(
@@ -53,7 +48,7 @@ def load_agent(ref: str) -> RolloutAgent:
     module, sep, qualname = ref.partition(":")
     if not sep or not module or not qualname:
         raise ValueError(f"agent reference must look like 'package.module:attribute', got {ref!r}")
-    target = _resolve(module, qualname, ref)
+    target = _resolve(module, qualname)
     if isinstance(target, RolloutAgent):
         return target
     if callable(target):
@@ -61,18 +56,18 @@ def load_agent(ref: str) -> RolloutAgent:
     raise TypeError(f"agent reference {ref!r} names a {type(target).__name__}, not an agent function")
 
 
-def _resolve(module_name: str, qualname: str, ref: str) -> Any:
-    if module_name == "__main__" or module_name == "__mp_main__":
-        module = sys.modules.get("__mp_main__") or sys.modules["__main__"]
+def _resolve(module_name: str, qualname: str) -> Any:
+    if module_name in ("__main__", "__mp_main__"):  # a spawned worker runs the parent's script as __mp_main__
+        target: Any = sys.modules.get("__mp_main__") or sys.modules["__main__"]
     else:
         try:
-            module = importlib.import_module(module_name)
+            target = importlib.import_module(module_name)
         except ImportError as exc:
-            raise ValueError(f"cannot import the module of agent {ref!r}: {exc} (sys.path={sys.path[:4]}...)") from None
-    target: Any = module
+            raise ValueError(f"cannot import module {module_name!r} of the agent: {exc} (sys.path={sys.path[:4]}...)"
+                             ) from None
     for part in filter(None, qualname.split(".")):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise ValueError(f"agent {ref!r}: {module_name} has no attribute {qualname!r}") from None
+            raise ValueError(f"agent {module_name}:{qualname}: {module_name} has no attribute {qualname!r}") from None
     return target

@@ -1,20 +1,22 @@
-"""The client's side of the server protocol: HTTP calls with retries and backoff.
+"""The client's side of the server protocol: typed calls over one ``httpx.Client``, with retries and backoff.
 
-Connection errors and 502/503/504 answers are retried with exponential backoff (a server restarting is waited
-for); 4xx answers raise :class:`ServerError` with the server's message.
+Connection errors and 502/503/504 answers are retried with exponential backoff and jitter (a restarting server is
+waited for); other error answers raise :class:`~agentlightning.protocol.ServerError` with the server's message.
 """
 
 from __future__ import annotations
 
-import json as jsonlib
 import logging
+import multiprocessing.synchronize
 import os
+import random
+import threading
 import time
-from typing import Any, Protocol
+from typing import Any
 
-from agentlightning.client.http import HttpxTransport, KeepAliveHTTP, Transport, TransportError
-from agentlightning.protocol import Lease, ResultOutcome
-from agentlightning.server.upstream_http import env_proxy_for
+import httpx
+
+from agentlightning.protocol import Lease, ResultOutcome, ServerError, Unreachable
 from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -22,27 +24,10 @@ logger = logging.getLogger(__name__)
 SERVER_URL_VARIABLES = ("AGL_SERVER_URL", "AgentLightningServerUrl")
 TOKEN_VARIABLE = "AGL_SERVER_TOKEN"
 _RETRY_STATUSES = frozenset({502, 503, 504})
+_MAX_DELAY = 2.0
 
 
-class StopSignal(Protocol):
-    """Anything with ``is_set()`` and ``wait(timeout)``: a threading or multiprocessing Event."""
-
-    def is_set(self) -> bool: ...
-
-    def wait(self, timeout: float | None = None) -> bool: ...
-
-
-class ServerError(RuntimeError):
-    """The server refused a request (4xx/5xx that retrying will not fix)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"server answered {status}: {message}")
-        self.status = status
-        self.message = message
-
-
-class Unreachable(RuntimeError):
-    """The server could not be reached before the retry deadline (or the caller asked to stop)."""
+StopSignal = threading.Event | multiprocessing.synchronize.Event
 
 
 def resolve_server_url(server_url: str | None) -> str:
@@ -64,59 +49,45 @@ def resolve_token(token: str | None) -> str | None:
 
 
 class ServerAPI:
-    """Typed calls to a Lightning Server (thread-safe; one pooled connection set per instance)."""
+    """Typed calls to a Lightning Server (``server_url``, else ``$AGL_SERVER_URL``) over one thread-safe
+    ``httpx.Client``: keep-alive connections, proxies from the environment and TLS settings as httpx reads them."""
 
-    def __init__(self, server_url: str, token: str | None = None, *, timeout: float = 30.0) -> None:
-        self.server_url = server_url.rstrip("/")
-        self.timeout = timeout
+    def __init__(self, server_url: str | None, token: str | None = None, *, timeout: float = 30.0) -> None:
+        self.server_url = resolve_server_url(server_url)
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http: Transport = (HttpxTransport(self.server_url, headers) if env_proxy_for(self.server_url)
-                                 else KeepAliveHTTP(self.server_url, headers))
+        self._http = httpx.Client(base_url=self.server_url, headers=headers, timeout=timeout)
 
     def close(self) -> None:
         """Close connections."""
         self._http.close()
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        content: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        params: dict[str, Any] | None = None,
-        retry_for: float | None = 60.0,
-        stop: StopSignal | None = None,
-        timeout: float | None = None,
-    ) -> Any:
-        """Send a request, retrying transient failures for up to ``retry_for`` seconds (None: until ``stop``)."""
+    def request(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
+                retry_for: float | None = 60.0, stop: StopSignal | None = None, timeout: float | None = None) -> Any:
+        """Send a request and return its JSON answer, retrying transient failures for up to ``retry_for`` seconds
+        (None: until ``stop`` is set)."""
         deadline = None if retry_for is None else time.monotonic() + retry_for
         delay = 0.05
-        headers = dict(headers or {})
-        if json is not None:
-            content = jsonlib.dumps(json).encode()
-            headers.setdefault("content-type", "application/json")
         while True:
             try:
-                status, data = self._http.request(method, path, body=content, headers=headers, params=params,
-                                                  timeout=timeout if timeout is not None else self.timeout)
-                if status not in _RETRY_STATUSES:
+                response = self._http.request(method, path, json=json, params=params,
+                                              timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+                if response.status_code not in _RETRY_STATUSES:
                     break
-                problem = f"HTTP {status}"
-            except TransportError as exc:
-                problem = str(exc)
-            if (deadline is not None and time.monotonic() + delay > deadline) or (stop is not None and stop.is_set()):
+                problem = f"HTTP {response.status_code}"
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            pause = delay * random.uniform(0.5, 1.0)
+            if (deadline is not None and time.monotonic() + pause > deadline) or (stop is not None and stop.is_set()):
                 raise Unreachable(f"{method} {self.server_url}{path} failed: {problem}")
-            logger.info("server %s not answering (%s); retrying in %.2f s", self.server_url, problem, delay)
+            logger.info("server %s not answering (%s); retrying in %.2f s", self.server_url, problem, pause)
             if stop is not None:
-                stop.wait(delay)
+                stop.wait(pause)
             else:
-                time.sleep(delay)
-            delay = min(delay * 2, 2.0)
-        if status >= 400:
-            raise ServerError(status, _detail(data))
-        return jsonlib.loads(data)
+                time.sleep(pause)
+            delay = min(delay * 2, _MAX_DELAY)
+        if response.is_error:
+            raise ServerError(response.status_code, _detail(response))
+        return response.json()
 
     # -- protocol --------------------------------------------------------------------------------------------
 
@@ -131,8 +102,7 @@ class ServerAPI:
         (restarting) is waited for up to ``retry_for`` seconds, or until ``stop`` is set."""
         body = self.request("POST", f"/workers/{worker_id}/dequeue", params={"wait": wait}, retry_for=retry_for,
                             stop=stop, timeout=wait + 30.0)
-        lease = body.get("lease")
-        return (Lease.model_validate(lease) if lease else None), bool(body.get("stop"))
+        return _lease(body), bool(body.get("stop"))
 
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str) -> dict[str, Any]:
         """Extend the lease; ``{"ok": False}`` means the attempt was taken away (abandon it)."""
@@ -143,26 +113,23 @@ class ServerAPI:
         self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None = 600.0
     ) -> ResultOutcome:
         """Report a finished attempt (idempotent: safe to repeat)."""
-        return ResultOutcome.model_validate(self._post_result(rollout, attempt, worker_id, retry_for, ""))
+        return ResultOutcome.model_validate(self._post_result(rollout, attempt, worker_id, retry_for, take_next=False))
 
     def upload_result_and_lease(
         self, rollout: Rollout, attempt: int, worker_id: str, retry_for: float | None = 600.0
     ) -> tuple[ResultOutcome, Lease | None, bool]:
         """Report a finished attempt and take ``worker_id``'s next lease in the same request: returns (what was
         done with the result, the next lease or None when the queue is empty, whether the server says stop)."""
-        answer = self._post_result(rollout, attempt, worker_id, retry_for, "?next=1")
+        answer = self._post_result(rollout, attempt, worker_id, retry_for, take_next=True)
         following = answer.get("next") or {}
-        lease = following.get("lease")
-        return (ResultOutcome.model_validate(answer), Lease.model_validate(lease) if lease else None,
-                bool(following.get("stop")))
+        return ResultOutcome.model_validate(answer), _lease(following), bool(following.get("stop"))
 
     def _post_result(
-        self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None, query: str
+        self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None, take_next: bool
     ) -> Any:
-        head = jsonlib.dumps({"attempt": attempt, "worker_id": worker_id})[:-1]
-        body = f'{head}, "rollout": {rollout.model_dump_json()}}}'.encode()  # serialised once, by pydantic
-        return self.request("POST", f"/rollouts/{rollout.rollout_id}/result{query}", content=body,
-                            headers={"content-type": "application/json"}, retry_for=retry_for)
+        body = {"attempt": attempt, "worker_id": worker_id, "rollout": rollout.model_dump(mode="json")}
+        return self.request("POST", f"/rollouts/{rollout.rollout_id}/result", json=body,
+                            params={"next": 1} if take_next else None, retry_for=retry_for)
 
     def get_dataset(self, dataset_id: str) -> dict[str, Any] | None:
         """The dataset's info, or None if the server does not have it."""
@@ -182,11 +149,17 @@ class ServerAPI:
         return self.request("POST", f"/datasets/{dataset_id}/attach")
 
 
-def _detail(data: bytes) -> str:
+def _lease(body: dict[str, Any]) -> Lease | None:
+    lease = body.get("lease")
+    return Lease.model_validate(lease) if lease else None
+
+
+def _detail(response: httpx.Response) -> str:
+    """The server's message: FastAPI's ``detail``, an OpenAI-style ``error.message``, else the body's start."""
     try:
-        body = jsonlib.loads(data)
+        body = response.json()
     except ValueError:
-        return data[:500].decode(errors="replace")
+        return response.text[:500]
     if isinstance(body, dict):
         if "detail" in body:
             return str(body["detail"])

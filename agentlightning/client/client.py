@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentlightning.client.api import ServerAPI, resolve_server_url, resolve_token
+from agentlightning.client.api import ServerAPI, resolve_token
 from agentlightning.client.pool import WorkerPool
 from agentlightning.decorator import RolloutAgent
 from agentlightning.protocol import dataset_id_for
@@ -48,9 +48,9 @@ class Client:
     """
 
     def __init__(self, server_url: str | None = None, token: str | None = None) -> None:
-        self.server_url = resolve_server_url(server_url)
         self.token = resolve_token(token)
-        self.api = ServerAPI(self.server_url, self.token)
+        self.api = ServerAPI(server_url, self.token)
+        self.server_url = self.api.server_url
 
     def upload_dataset(
         self, dataset: str | Path | Sequence[Any], dataset_id: str | None = None, name: str | None = None
@@ -93,20 +93,16 @@ class Client:
         elif self.api.get_dataset(dataset_id) is None:  # type: ignore[arg-type]
             raise ValueError(f"the server at {self.server_url} has no dataset {dataset_id!r}; upload it with "
                              "dataset=... first")
-        assert dataset_id is not None
-        self.api.attach(dataset_id)
-        pool = WorkerPool(agent, self.server_url, nworkers, token=self.token, timeout=timeout, **pool_options)
-        pool.start()
-        try:
-            pool.wait()
-        except KeyboardInterrupt:
-            logger.warning("Ctrl-C: letting running rollouts finish (Ctrl-C again to kill them)")
+        self.api.attach(dataset_id)  # type: ignore[arg-type]
+        with WorkerPool(agent, self.server_url, nworkers, token=self.token, timeout=timeout, **pool_options) as pool:
             try:
-                pool.drain()
+                pool.wait()
             except KeyboardInterrupt:
-                pool.kill()
-        finally:
-            pool.stop()
+                logger.warning("Ctrl-C: letting running rollouts finish (Ctrl-C again to kill them)")
+                try:
+                    pool.drain()
+                except KeyboardInterrupt:
+                    pool.kill()
         if pool.error:
             raise RuntimeError(f"Client.train stopped: {pool.error}")
-        return dataset_id
+        return dataset_id  # type: ignore[return-value]
