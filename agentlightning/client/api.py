@@ -124,29 +124,11 @@ class ServerAPI:
         following = answer.get("next") or {}
         return ResultOutcome.model_validate(answer), _lease(following), bool(following.get("stop"))
 
-    def _post_result(
-        self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None, take_next: bool
-    ) -> Any:
+    def _post_result(self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None,
+                     take_next: bool) -> Any:
         body = {"attempt": attempt, "worker_id": worker_id, "rollout": rollout.model_dump(mode="json")}
         return self.request("POST", f"/rollouts/{rollout.rollout_id}/result", json=body,
                             params={"next": 1} if take_next else None, retry_for=retry_for)
-
-    def get_dataset(self, dataset_id: str) -> dict[str, Any] | None:
-        """The dataset's info, or None if the server does not have it."""
-        try:
-            return self.request("GET", f"/datasets/{dataset_id}")
-        except ServerError as exc:
-            if exc.status == 404:
-                return None
-            raise
-
-    def upload_dataset(self, records: list[Any], dataset_id: str | None = None, name: str | None = None) -> dict[str, Any]:
-        """Upload tasks; returns the dataset info (id included)."""
-        return self.request("POST", "/datasets", json={"records": records, "dataset_id": dataset_id, "name": name})
-
-    def attach(self, dataset_id: str) -> dict[str, Any]:
-        """Announce that this client serves rollouts of ``dataset_id``."""
-        return self.request("POST", f"/datasets/{dataset_id}/attach")
 
 
 def _lease(body: dict[str, Any]) -> Lease | None:
@@ -160,9 +142,8 @@ def _detail(response: httpx.Response) -> str:
         body = response.json()
     except ValueError:
         return response.text[:500]
-    if isinstance(body, dict):
-        if "detail" in body:
-            return str(body["detail"])
-        if isinstance(body.get("error"), dict):
-            return str(body["error"].get("message"))
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message"))
     return str(body)[:500]

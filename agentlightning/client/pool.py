@@ -1,10 +1,6 @@
-"""A pool of worker processes for one agent, supervised: crashed or hung workers are reported and replaced.
-
-Workers are started with ``multiprocessing``'s ``spawn`` method, so the agent must be importable by reference
-(see :mod:`agentlightning.client.agentref`). A worker that dies mid-rollout has that attempt reported as failed
-right away (the server retries it); one that stops responding past its rollout's timeout is killed, the attempt
-reported as 'timeout', and a fresh worker started.
-"""
+"""A pool of worker processes for one agent, supervised: a worker that dies mid-rollout has that attempt reported as
+failed (the server retries it); one that stops responding past its rollout's timeout is killed, the attempt reported
+as 'timeout'; either is replaced. Workers are spawned, so the agent must be importable (:mod:`.agentref`)."""
 
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ CRASH_LOOP_LIMIT = 5
 
 @dataclasses.dataclass
 class _Worker:
-    worker_id: str
-    process: Any
+    process: Any  # named by its worker id
     slot: WorkerSlot
     started: float
 
@@ -41,26 +36,16 @@ class _Worker:
 class WorkerPool:
     """``nworkers`` processes (``-1``: one per core) serving rollouts of ``agent`` from the server at ``server_url``.
 
-    :meth:`start` (or :func:`start_workers`, or ``with``) starts them; :meth:`wait` returns when every worker has exited (the
-    server said stop), :meth:`drain` lets running rollouts finish and stops, :meth:`stop` drains with a deadline and
-    then kills. Results that cannot be uploaded are spooled to ``spool_dir`` (``$AGL_SPOOL_DIR``, else
+    :meth:`start` (or :func:`start_workers`, or ``with``) starts them; :meth:`wait` returns when every worker has
+    exited (the server said stop), :meth:`drain` lets running rollouts finish and stops, :meth:`stop` drains with a
+    deadline and then kills. Results that cannot be uploaded are spooled to ``spool_dir`` (``$AGL_SPOOL_DIR``, else
     ``~/.cache/agentlightning/spool``) and re-sent at the next start.
     """
 
-    def __init__(
-        self,
-        agent: Any,
-        server_url: str,
-        nworkers: int = -1,
-        *,
-        token: str | None = None,
-        timeout: float | None = None,
-        kill_grace: float = 5.0,
-        spool_dir: str | None = None,
-        log_level: int = logging.INFO,
-        upload_retry_seconds: float = 600.0,
-        reconnect_seconds: float = 600.0,
-    ) -> None:
+    def __init__(self, agent: Any, server_url: str, nworkers: int = -1, *, token: str | None = None,
+                 timeout: float | None = None, kill_grace: float = 5.0, spool_dir: str | None = None,
+                 log_level: int = logging.INFO, upload_retry_seconds: float = 600.0, reconnect_seconds: float = 600.0,
+                 ) -> None:
         if nworkers != -1 and nworkers < 1:
             raise ValueError(f"nworkers must be >= 1 or -1 (one per core), got {nworkers}")
         self.nworkers = (os.cpu_count() or 1) if nworkers == -1 else nworkers
@@ -83,8 +68,7 @@ class WorkerPool:
 
     def start(self) -> WorkerPool:
         """Send spooled results from earlier runs, then start the workers and their supervisor thread."""
-        sent = resend_spooled(self._api, self._config.spool_dir)
-        if sent:
+        if sent := resend_spooled(self._api, self._config.spool_dir):
             logger.info("re-sent %d spooled results", sent)
         for index in range(self.nworkers):
             self._spawn(index)
@@ -141,7 +125,7 @@ class WorkerPool:
         process = self._ctx.Process(target=worker_main, args=(config, slot, self._drain), name=config.worker_id,
                                     daemon=True)
         process.start()
-        self._workers[index] = _Worker(config.worker_id, process, slot, time.monotonic())
+        self._workers[index] = _Worker(process, slot, time.monotonic())
 
     def _supervise(self) -> None:
         try:
@@ -161,7 +145,7 @@ class WorkerPool:
         process = worker.process
         if process.is_alive():
             if current is not None and time.monotonic() > current[2] + self.kill_grace:
-                logger.error("worker %s stopped responding on %s; killing it", worker.worker_id, current[0])
+                logger.error("worker %s stopped responding on %s; killing it", worker.process.name, current[0])
                 process.kill()
                 process.join(5)
                 self._report(worker, current, "timeout", ErrorInfo(
@@ -173,7 +157,7 @@ class WorkerPool:
         code = process.exitcode
         if current is not None:
             how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-            logger.error("worker %s %s while running %s", worker.worker_id, how, current[0])
+            logger.error("worker %s %s while running %s", worker.process.name, how, current[0])
             self._report(worker, current, "failed", ErrorInfo(
                 type="WorkerDied", message=f"worker process pid {process.pid} {how} during attempt {current[1]}"))
         if code == 0 or self._drain.is_set():
@@ -209,7 +193,7 @@ class WorkerPool:
         result = Rollout(rollout_id=rollout_id, attempt=attempt, status=status, error=error,  # type: ignore[arg-type]
                          logs=[f"reported by the worker pool of client {self.client_id}: {error.message}"])
         try:
-            self._api.upload_result(result, attempt, worker.worker_id, retry_for=30.0)
+            self._api.upload_result(result, attempt, worker.process.name, retry_for=30.0)
         except ProtocolError as exc:
             logger.warning("could not report %s of %s: %s (its lease will expire instead)", status, rollout_id, exc)
 
