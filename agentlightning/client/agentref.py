@@ -1,10 +1,6 @@
-"""Naming an agent so that worker processes can import it: ``"package.module:attribute"``.
-
-Worker processes are started with the ``spawn`` method (safe with threads, same on every OS), so they import the
-agent instead of inheriting it: define the agent at module level of an importable module (a test module collected
-by pytest works; so does the script run as ``__main__`` when it guards its entry point with
-``if __name__ == "__main__":``).
-"""
+"""Naming an agent so that spawned worker processes can import it: ``"package.module:attribute"``. Define the agent
+at module level of an importable module (a test module collected by pytest works; so does the script run as
+``__main__`` when it guards its entry point with ``if __name__ == "__main__":``)."""
 
 from __future__ import annotations
 

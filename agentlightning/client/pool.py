@@ -141,51 +141,41 @@ class WorkerPool:
             self._done.set()
 
     def _check(self, index: int, worker: _Worker) -> None:
-        current = worker.slot.running()
-        process = worker.process
+        current, process = worker.slot.running(), worker.process
         if process.is_alive():
             if current is not None and time.monotonic() > current[2] + self.kill_grace:
-                logger.error("worker %s stopped responding on %s; killing it", worker.process.name, current[0])
+                logger.error("worker %s stopped responding on %s; killing it", process.name, current[0])
                 process.kill()
                 process.join(5)
-                self._report(worker, current, "timeout", ErrorInfo(
+                self._report(worker, current, "timeout", ErrorInfo(  # and replaced at the next check, as dead
                     type="Timeout", message=f"agent did not finish within its timeout and its worker process "
                     f"(pid {process.pid}) stopped responding; the client killed it"))
-                self._replace(index)
             return
         process.join()
         code = process.exitcode
         if current is not None:
             how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-            logger.error("worker %s %s while running %s", worker.process.name, how, current[0])
+            logger.error("worker %s %s while running %s", process.name, how, current[0])
             self._report(worker, current, "failed", ErrorInfo(
                 type="WorkerDied", message=f"worker process pid {process.pid} {how} during attempt {current[1]}"))
-        if code == 0 or self._drain.is_set():
-            del self._workers[index]
-        elif code == EXIT_AUTH:
-            self._fail(index, "the server refused this client's token")
-        elif code != EXIT_ABANDONED and time.monotonic() - worker.started < 2.0:
+        if code == EXIT_AUTH:
+            self._fail("the server refused this client's token")
+        elif code not in (0, EXIT_ABANDONED) and time.monotonic() - worker.started < 2.0:
             self._quick_crashes += 1
-            if self._quick_crashes < CRASH_LOOP_LIMIT:
-                self._replace(index)
-            else:
-                self._fail(index, f"workers keep crashing at start (last exit code {code}); see their stderr")
+            if self._quick_crashes >= CRASH_LOOP_LIMIT:
+                self._fail(f"workers keep crashing at start (last exit code {code}); see their stderr")
         else:
             self._quick_crashes = 0
-            self._replace(index)
-
-    def _fail(self, index: int, error: str) -> None:
-        """Stop the whole pool: workers cannot do their job (``error`` says why)."""
-        self.error = error
-        logger.error("%s; stopping the pool", error)
-        del self._workers[index]
-        self.kill()
-
-    def _replace(self, index: int) -> None:
-        if self._drain.is_set():
-            self._workers.pop(index, None)
+        if code == 0 or self._drain.is_set():
+            del self._workers[index]
         else:
             self._spawn(index)
+
+    def _fail(self, error: str) -> None:
+        """Stop the whole pool: its workers cannot do their job (``error`` says why)."""
+        self.error = error
+        logger.error("%s; stopping the pool", error)
+        self.kill()
 
     def _report(self, worker: _Worker, current: tuple[str, int, float], status: str, error: ErrorInfo) -> None:
         worker.slot.clear()
