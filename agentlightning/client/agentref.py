@@ -22,16 +22,14 @@ def agent_ref(agent: RolloutAgent | Callable[..., Any] | str) -> str:
     if not module or "<locals>" in qualname or "<lambda>" in qualname:
         raise ValueError(f"agent {qualname or agent!r} cannot be imported by worker processes: define it at module "
                          "level (not inside a function or as a lambda), or pass 'module:attribute'")
-    if isinstance(agent, RolloutAgent):
-        # ``my_agent = agl.rollout(run, roles=[...])``: name the RolloutAgent itself so its options travel too.
+    named = None
+    if isinstance(agent, RolloutAgent):  # ``my_agent = agl.rollout(run, roles=[...])``: its options travel by name
         named = next((name for name, value in vars(_resolve(module, "")).items() if value is agent), None)
-        if named is not None:
-            return f"{module}:{named}"
-    ref = f"{module}:{qualname}"
-    resolved = _resolve(module, qualname)
-    if (resolved.func if isinstance(resolved, RolloutAgent) else resolved) is not func:
+    ref = f"{module}:{named or qualname}"
+    loaded = load_agent(ref)
+    if loaded.func is not func:
         raise ValueError(f"agent reference {ref!r} resolves to a different object than the agent given")
-    if isinstance(agent, RolloutAgent) and resolved is not agent and (agent.roles is not None or agent.reward):
+    if isinstance(agent, RolloutAgent) and loaded is not agent and (agent.roles is not None or agent.reward):
         raise ValueError(
             f"agent {agent.name!r} (with roles/reward options) is not a module-level name of {module}, so worker "
             "processes could not rebuild it: assign it at module level (my_agent = agl.rollout(...)) and pass that"

@@ -21,23 +21,17 @@ from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
 
-SERVER_URL_VARIABLES = ("AGL_SERVER_URL", "AgentLightningServerUrl")
-TOKEN_VARIABLE = "AGL_SERVER_TOKEN"
 _RETRY_STATUSES = frozenset({502, 503, 504})
 _MAX_DELAY = 2.0
-
-
 StopSignal = threading.Event | multiprocessing.synchronize.Event
 
 
 def resolve_server_url(server_url: str | None) -> str:
     """``server_url``, else ``$AGL_SERVER_URL``, else ``$AgentLightningServerUrl``."""
-    url = server_url or next((os.environ[name] for name in SERVER_URL_VARIABLES if os.environ.get(name)), None)
+    url = server_url or os.environ.get("AGL_SERVER_URL") or os.environ.get("AgentLightningServerUrl")
     if not url:
-        raise ValueError(
-            "no server URL: pass server_url=... (agl client --server-url) or set AGL_SERVER_URL "
-            "(AgentLightningServerUrl is accepted too), e.g. AGL_SERVER_URL=http://127.0.0.1:4747"
-        )
+        raise ValueError("no server URL: pass server_url=... (agl client --server-url) or set AGL_SERVER_URL "
+                         "(AgentLightningServerUrl is accepted too), e.g. AGL_SERVER_URL=http://127.0.0.1:4747")
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"server URL must start with http:// or https://, got {url!r}")
     return url.rstrip("/")
@@ -45,7 +39,7 @@ def resolve_server_url(server_url: str | None) -> str:
 
 def resolve_token(token: str | None) -> str | None:
     """``token``, else ``$AGL_SERVER_TOKEN``."""
-    return token or os.environ.get(TOKEN_VARIABLE) or None
+    return token or os.environ.get("AGL_SERVER_TOKEN") or None
 
 
 class ServerAPI:
@@ -113,22 +107,22 @@ class ServerAPI:
         self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None = 600.0
     ) -> ResultOutcome:
         """Report a finished attempt (idempotent: safe to repeat)."""
-        return ResultOutcome.model_validate(self._post_result(rollout, attempt, worker_id, retry_for, take_next=False))
+        return ResultOutcome.model_validate(self._post_result(rollout, attempt, worker_id, retry_for))
 
     def upload_result_and_lease(
         self, rollout: Rollout, attempt: int, worker_id: str, retry_for: float | None = 600.0
     ) -> tuple[ResultOutcome, Lease | None, bool]:
         """Report a finished attempt and take ``worker_id``'s next lease in the same request: returns (what was
         done with the result, the next lease or None when the queue is empty, whether the server says stop)."""
-        answer = self._post_result(rollout, attempt, worker_id, retry_for, take_next=True)
+        answer = self._post_result(rollout, attempt, worker_id, retry_for, params={"next": 1})
         following = answer.get("next") or {}
         return ResultOutcome.model_validate(answer), _lease(following), bool(following.get("stop"))
 
     def _post_result(self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None,
-                     take_next: bool) -> Any:
+                     params: dict[str, Any] | None = None) -> Any:
         body = {"attempt": attempt, "worker_id": worker_id, "rollout": rollout.model_dump(mode="json")}
-        return self.request("POST", f"/rollouts/{rollout.rollout_id}/result", json=body,
-                            params={"next": 1} if take_next else None, retry_for=retry_for)
+        return self.request("POST", f"/rollouts/{rollout.rollout_id}/result", json=body, params=params,
+                            retry_for=retry_for)
 
 
 def _lease(body: dict[str, Any]) -> Lease | None:
