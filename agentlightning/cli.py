@@ -217,7 +217,7 @@ def _show(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]
             return rollout.model_dump(mode="json"), [a.model_dump(mode="json") for a in store.attempts(args.rollout_id)]
         finally:
             store.close()
-    from agentlightning.client.api import ServerError
+    from agentlightning.protocol import ServerError
 
     api = _api(args)
     try:
@@ -236,9 +236,9 @@ def _open_store(path: str) -> Any:
 
 
 def _api(args: argparse.Namespace) -> Any:
-    from agentlightning.client.api import ServerAPI, resolve_server_url, resolve_token
+    from agentlightning.client.api import ServerAPI, resolve_token
 
-    return ServerAPI(resolve_server_url(args.server_url), resolve_token(args.token))
+    return ServerAPI(args.server_url, resolve_token(args.token))
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:

@@ -1,5 +1,6 @@
 """The protocol shared by the Lightning Server and its clients: the records their HTTP API exchanges (besides the core
-``Rollout``/``Call``) and how datasets and tasks get their ids. The client imports this, never the server."""
+``Rollout``/``Call``), how datasets and tasks get their ids, and the errors of a request. The client imports this, never
+the server."""
 
 from __future__ import annotations
 
@@ -123,3 +124,20 @@ def task_id_for(task: Any, dataset_id: str | None = None, index: int | None = No
         return f"{dataset_id}:{index}"
     digest = hashlib.sha1(json.dumps(task, sort_keys=True, default=repr).encode()).hexdigest()
     return f"task-{digest[:12]}"
+
+
+class ProtocolError(RuntimeError):
+    """A request of the server protocol failed."""
+
+
+class ServerError(ProtocolError):
+    """The server refused a request (an error answer that retrying will not fix), with its ``detail`` message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"server answered {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class Unreachable(ProtocolError):
+    """The server could not be reached before the retry deadline (or the caller asked to stop)."""

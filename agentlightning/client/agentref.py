@@ -1,10 +1,6 @@
-"""Naming an agent so that worker processes can import it: ``"package.module:attribute"``.
-
-Worker processes are started with the ``spawn`` method (safe with threads, same on every OS), so they import the
-agent instead of inheriting it: define the agent at module level of an importable module (a test module collected
-by pytest works; so does the script run as ``__main__`` when it guards its entry point with
-``if __name__ == "__main__":``).
-"""
+"""Naming an agent so that spawned worker processes can import it: ``"package.module:attribute"``. Define the agent
+at module level of an importable module (a test module collected by pytest works; so does the script run as
+``__main__`` when it guards its entry point with ``if __name__ == "__main__":``)."""
 
 from __future__ import annotations
 
@@ -22,25 +18,18 @@ def agent_ref(agent: RolloutAgent | Callable[..., Any] | str) -> str:
         load_agent(agent)
         return agent
     func = agent.func if isinstance(agent, RolloutAgent) else agent
-    module = getattr(func, "__module__", None)
-    qualname = getattr(func, "__qualname__", "")
+    module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", "")
     if not module or "<locals>" in qualname or "<lambda>" in qualname:
-        raise ValueError(
-            f"agent {qualname or agent!r} cannot be imported by worker processes: define it at module level "
-            "(not inside a function or as a lambda), or pass 'module:attribute'"
-        )
-    if isinstance(agent, RolloutAgent):
-        # ``my_agent = agl.rollout(run, roles=[...])``: name the RolloutAgent itself so its options travel too.
-        namespace = vars(_resolve(module, "", module))
-        named = next((name for name, value in namespace.items() if value is agent), None)
-        if named is not None:
-            return f"{module}:{named}"
-    ref = f"{module}:{qualname}"
-    resolved = _resolve(module, qualname, ref)
-    resolved_func = resolved.func if isinstance(resolved, RolloutAgent) else resolved
-    if resolved_func is not func:
+        raise ValueError(f"agent {qualname or agent!r} cannot be imported by worker processes: define it at module "
+                         "level (not inside a function or as a lambda), or pass 'module:attribute'")
+    named = None
+    if isinstance(agent, RolloutAgent):  # ``my_agent = agl.rollout(run, roles=[...])``: its options travel by name
+        named = next((name for name, value in vars(_resolve(module, "")).items() if value is agent), None)
+    ref = f"{module}:{named or qualname}"
+    loaded = load_agent(ref)
+    if loaded.func is not func:
         raise ValueError(f"agent reference {ref!r} resolves to a different object than the agent given")
-    if isinstance(agent, RolloutAgent) and resolved is not agent and (agent.roles is not None or agent.reward):
+    if isinstance(agent, RolloutAgent) and loaded is not agent and (agent.roles is not None or agent.reward):
         raise ValueError(
             f"agent {agent.name!r} (with roles/reward options) is not a module-level name of {module}, so worker "
             "processes could not rebuild it: assign it at module level (my_agent = agl.rollout(...)) and pass that"
@@ -53,7 +42,7 @@ def load_agent(ref: str) -> RolloutAgent:
     module, sep, qualname = ref.partition(":")
     if not sep or not module or not qualname:
         raise ValueError(f"agent reference must look like 'package.module:attribute', got {ref!r}")
-    target = _resolve(module, qualname, ref)
+    target = _resolve(module, qualname)
     if isinstance(target, RolloutAgent):
         return target
     if callable(target):
@@ -61,18 +50,18 @@ def load_agent(ref: str) -> RolloutAgent:
     raise TypeError(f"agent reference {ref!r} names a {type(target).__name__}, not an agent function")
 
 
-def _resolve(module_name: str, qualname: str, ref: str) -> Any:
-    if module_name == "__main__" or module_name == "__mp_main__":
-        module = sys.modules.get("__mp_main__") or sys.modules["__main__"]
+def _resolve(module_name: str, qualname: str) -> Any:
+    if module_name in ("__main__", "__mp_main__"):  # a spawned worker runs the parent's script as __mp_main__
+        target: Any = sys.modules.get("__mp_main__") or sys.modules["__main__"]
     else:
         try:
-            module = importlib.import_module(module_name)
+            target = importlib.import_module(module_name)
         except ImportError as exc:
-            raise ValueError(f"cannot import the module of agent {ref!r}: {exc} (sys.path={sys.path[:4]}...)") from None
-    target: Any = module
+            raise ValueError(f"cannot import module {module_name!r} of the agent: {exc} (sys.path={sys.path[:4]}...)"
+                             ) from None
     for part in filter(None, qualname.split(".")):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise ValueError(f"agent {ref!r}: {module_name} has no attribute {qualname!r}") from None
+            raise ValueError(f"agent {module_name}:{qualname}: {module_name} has no attribute {qualname!r}") from None
     return target

@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentlightning.client.api import ServerAPI, resolve_server_url, resolve_token
+from agentlightning.client.api import ServerAPI, resolve_token
 from agentlightning.client.pool import WorkerPool
 from agentlightning.decorator import RolloutAgent
-from agentlightning.protocol import dataset_id_for
+from agentlightning.protocol import ServerError, dataset_id_for
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +48,9 @@ class Client:
     """
 
     def __init__(self, server_url: str | None = None, token: str | None = None) -> None:
-        self.server_url = resolve_server_url(server_url)
         self.token = resolve_token(token)
-        self.api = ServerAPI(self.server_url, self.token)
+        self.api = ServerAPI(server_url, self.token)
+        self.server_url = self.api.server_url
 
     def upload_dataset(
         self, dataset: str | Path | Sequence[Any], dataset_id: str | None = None, name: str | None = None
@@ -61,24 +61,23 @@ class Client:
             records = load_records(dataset)
         else:
             records = list(dataset)
-        wanted = dataset_id or dataset_id_for(records)
-        if self.api.get_dataset(wanted) is not None and dataset_id is None:
-            logger.info("server already has dataset %s (%d tasks); not uploading", wanted, len(records))
-            return wanted
-        info = self.api.upload_dataset(records, dataset_id=dataset_id, name=name)
+        if dataset_id is None:
+            wanted = dataset_id_for(records)
+            try:
+                self.api.request("GET", f"/datasets/{wanted}")
+            except ServerError as exc:
+                if exc.status != 404:
+                    raise
+            else:
+                logger.info("server already has dataset %s (%d tasks); not uploading", wanted, len(records))
+                return wanted
+        info = self.api.request("POST", "/datasets", json={"records": records, "dataset_id": dataset_id, "name": name})
         logger.info("uploaded dataset %s (%d tasks)", info["dataset_id"], info["size"])
         return str(info["dataset_id"])
 
-    def train(
-        self,
-        agent: RolloutAgent | Callable[..., Any] | str,
-        dataset: str | Path | Sequence[Any] | None = None,
-        *,
-        dataset_id: str | None = None,
-        nworkers: int = -1,
-        timeout: float | None = None,
-        **pool_options: Any,
-    ) -> str:
+    def train(self, agent: RolloutAgent | Callable[..., Any] | str, dataset: str | Path | Sequence[Any] | None = None,
+              *, dataset_id: str | None = None, nworkers: int = -1, timeout: float | None = None,
+              **pool_options: Any) -> str:
         """Serve rollouts of ``agent`` until the server says stop; returns the dataset id.
 
         Give ``dataset`` (a JSONL/JSON path or a list of tasks; uploaded if the server lacks it) or ``dataset_id``
@@ -88,25 +87,23 @@ class Client:
         if (dataset is None) == (dataset_id is None):
             raise ValueError("Client.train: give exactly one of dataset=... (path or list) or dataset_id=...")
         self.api.health(retry_for=60.0)
-        if dataset is not None:
-            dataset_id = self.upload_dataset(dataset)
-        elif self.api.get_dataset(dataset_id) is None:  # type: ignore[arg-type]
-            raise ValueError(f"the server at {self.server_url} has no dataset {dataset_id!r}; upload it with "
-                             "dataset=... first")
-        assert dataset_id is not None
-        self.api.attach(dataset_id)
-        pool = WorkerPool(agent, self.server_url, nworkers, token=self.token, timeout=timeout, **pool_options)
-        pool.start()
+        dataset_id = dataset_id or self.upload_dataset(dataset)  # type: ignore[arg-type]
         try:
-            pool.wait()
-        except KeyboardInterrupt:
-            logger.warning("Ctrl-C: letting running rollouts finish (Ctrl-C again to kill them)")
+            self.api.request("POST", f"/datasets/{dataset_id}/attach")  # this client serves its rollouts
+        except ServerError as exc:
+            if exc.status != 404:
+                raise
+            raise ValueError(f"the server at {self.server_url} has no dataset {dataset_id!r}; upload it with "
+                             "dataset=... first") from None
+        with WorkerPool(agent, self.server_url, nworkers, token=self.token, timeout=timeout, **pool_options) as pool:
             try:
-                pool.drain()
+                pool.wait()
             except KeyboardInterrupt:
-                pool.kill()
-        finally:
-            pool.stop()
+                logger.warning("Ctrl-C: letting running rollouts finish (Ctrl-C again to kill them)")
+                try:
+                    pool.drain()
+                except KeyboardInterrupt:
+                    pool.kill()
         if pool.error:
             raise RuntimeError(f"Client.train stopped: {pool.error}")
         return dataset_id

@@ -6,8 +6,9 @@ real ``openai`` client through the rollout's proxy URL, and report results.
 
 The agent calls through the real ``openai`` client (captured client-side, joined with the proxy's records);
 ``--agent-client httpx`` makes it call with plain httpx (about 1 ms of CPU a call here), and ``--agent-client lean``
-with keep-alive sockets, as cheaply as an agent service in a compiled language would: the figures then measure the
-Lightning path rather than the agent's HTTP stack (the openai client alone costs several CPU milliseconds a call).
+with one keep-alive ``http.client`` connection, nearly as cheaply as an agent service in a compiled language would:
+the figures then measure the Lightning path rather than the agent's HTTP stack (the openai client alone costs several
+CPU milliseconds a call).
 
 1. Proxy latency: sequential chat calls straight to the mock vs through the proxy of a running rollout,
    interleaved so that machine load hits both alike; reports the medians and the added median latency.
@@ -25,6 +26,7 @@ Run with either of:
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import multiprocessing
 import os
@@ -42,11 +44,10 @@ import httpx
 import openai
 
 import agentlightning as agl
-from agentlightning.client.http import KeepAliveHTTP
 
 CALLS = 6
 _HTTP: dict[str, httpx.Client] = {}
-_LEAN: dict[str, KeepAliveHTTP] = {}
+_LEAN: dict[str, http.client.HTTPConnection] = {}
 
 MOCK_SCRIPT = """
 import sys
@@ -64,13 +65,13 @@ def _http() -> httpx.Client:
     return http
 
 
-def _lean(base_url: str) -> tuple[KeepAliveHTTP, str]:
-    """A keep-alive socket client for the server of ``base_url`` (one per process), and the URL's path."""
+def _lean(base_url: str) -> tuple[http.client.HTTPConnection, str]:
+    """A keep-alive connection (the standard library's) to the server of ``base_url`` (one per process), and the
+    URL's path."""
     parts = urlsplit(base_url)
-    root = f"{parts.scheme}://{parts.netloc}"
-    lean = _LEAN.get(root)
+    lean = _LEAN.get(parts.netloc)
     if lean is None:
-        lean = _LEAN[root] = KeepAliveHTTP(root, {"content-type": "application/json"})
+        lean = _LEAN[parts.netloc] = http.client.HTTPConnection(parts.netloc, timeout=60)
     return lean, parts.path.rstrip("/")
 
 
@@ -86,8 +87,10 @@ def _chat(client: str, llm: agl.LLM, messages: list[dict[str, Any]], sdk: openai
         response.raise_for_status()
         return response.json()["choices"][0]["message"]["content"] or ""
     lean, path = _lean(llm.base_url)
-    status, body = lean.request("POST", f"{path}/chat/completions", body=json.dumps(payload).encode(),
-                                headers={"authorization": f"Bearer {llm.api_key}"}, params=None, timeout=60)
+    lean.request("POST", f"{path}/chat/completions", body=json.dumps(payload).encode(),
+                 headers={"authorization": f"Bearer {llm.api_key}", "content-type": "application/json"})
+    answer = lean.getresponse()
+    status, body = answer.status, answer.read()
     if status != 200:
         raise RuntimeError(f"chat call answered {status}: {body[:200]!r}")
     return json.loads(body)["choices"][0]["message"]["content"] or ""
@@ -295,6 +298,6 @@ if __name__ == "__main__":
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--agent-client", choices=("openai", "httpx", "lean"), default="openai",
                         help="the agent's HTTP client: the openai SDK (several ms of CPU a call), plain httpx (~1 ms), "
-                             "or keep-alive sockets (lean; measures what the Lightning path itself sustains)")
+                             "or one keep-alive http.client connection (lean; measures what the Lightning path itself sustains)")
     options = parser.parse_args()
     run(options.workers, options.rollouts, options.calls, options.samples, options.agent_client)
