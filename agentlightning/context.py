@@ -11,7 +11,6 @@ import itertools
 import logging
 import operator
 import threading
-import time
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
 
@@ -58,7 +57,6 @@ class RolloutRecorder:
         self._entries: list[Call | DeferredCall | None] = []
         self.rewards: list[Reward] = []
         self.logs: list[str] = []
-        self.llm_base_url: str | None = None  # the endpoint the agent was given, when known (for diagnostics)
         self._sequence = itertools.count()  # next() on it is atomic too
         self._lock = threading.Lock()
         # Whether the calls of this rollout are emitted as OpenTelemetry spans (decided once, when it starts).
@@ -143,16 +141,6 @@ def current_recorder() -> RolloutRecorder | None:
     return _current_recorder.get()
 
 
-def set_recorder(recorder: RolloutRecorder | None) -> Token[RolloutRecorder | None]:
-    """Make ``recorder`` current; pass the returned token to :func:`reset_recorder`."""
-    return _current_recorder.set(recorder)
-
-
-def reset_recorder(token: Token[RolloutRecorder | None]) -> None:
-    """Undo :func:`set_recorder`."""
-    _current_recorder.reset(token)
-
-
 def current_role() -> str | None:
     """The role speaking now (innermost ``agl.role`` or framework adapter), or None."""
     return _current_role.get()
@@ -186,37 +174,10 @@ def recording(recorder: RolloutRecorder) -> Iterator[RolloutRecorder]:
     global _open_recordings
     with _open_recordings_lock:
         _open_recordings += 1
-    token = set_recorder(recorder)
+    token = _current_recorder.set(recorder)
     try:
         yield recorder
     finally:
-        reset_recorder(token)
+        _current_recorder.reset(token)
         with _open_recordings_lock:
             _open_recordings -= 1
-
-
-class RolloutLogHandler(logging.Handler):
-    """Copies log records emitted inside a rollout's context into that rollout's ``logs``."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        recorder = _current_recorder.get()
-        if recorder is None:
-            return
-        try:
-            recorder.logs.append(f"{time.strftime('%H:%M:%S')} {record.levelname} {record.name}: {record.getMessage()}")
-        except Exception:  # a bad log message must never break the agent
-            return
-
-
-_log_handler_lock = threading.Lock()
-_log_handler: RolloutLogHandler | None = None
-
-
-def install_log_capture(level: int = logging.INFO) -> None:
-    """Attach the rollout log handler to the root logger once per process."""
-    global _log_handler
-    with _log_handler_lock:
-        if _log_handler is None:
-            _log_handler = RolloutLogHandler(level)
-            logging.getLogger().addHandler(_log_handler)
-

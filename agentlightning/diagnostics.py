@@ -17,12 +17,13 @@ from agentlightning.roles import role_matches, unmatched_patterns
 from agentlightning.types import Rollout
 
 
-def explain_rollout(rollout: Rollout, recorder: RolloutRecorder) -> list[str]:
-    """Diagnostics for a finished rollout: empty capture, failed calls, role filters, missing reward."""
+def explain_rollout(rollout: Rollout, recorder: RolloutRecorder, llm_base_url: str | None) -> list[str]:
+    """Diagnostics for a finished rollout: empty capture (compared with ``llm_base_url``, the endpoint the agent
+    was given), failed calls, role filters, missing reward."""
     notes: list[str] = []
     llm_calls = rollout.llm_calls
     if not llm_calls:
-        notes.append(_no_llm_call(rollout, recorder))
+        notes.append(_no_llm_call(rollout, recorder, llm_base_url))
     elif all(call.status == "error" for call in llm_calls):
         first = llm_calls[0]
         notes.append(
@@ -38,10 +39,9 @@ def explain_rollout(rollout: Rollout, recorder: RolloutRecorder) -> list[str]:
     return notes
 
 
-def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder) -> str:
+def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder, expected: str | None) -> str:
     parts = ["no LLM call was captured."]
     endpoints = sorted(recorder.unfinished_endpoints())
-    expected = recorder.llm_base_url
     if endpoints:
         parts.append(
             f"Calls to {', '.join(endpoints)} started but never finished (a stream that was never consumed, or a "

@@ -3,16 +3,14 @@
 The report takes the worker's next lease in the same request (one request per rollout while there is work); a
 worker that found the queue empty long-polls ``dequeue``.
 
-The agent runs in a daemon thread of the worker so the worker can keep heart-beating and enforce the timeout.
-At the timeout the worker reports the rollout as 'timeout' with every call and log captured so far, then exits
+The agent runs as an :class:`~agentlightning._attempt.Attempt` (on a daemon thread, heart-beating, under the
+rollout's timeout). At the timeout the worker reports the rollout as 'timeout' with every call and log captured so far, then exits
 (a stuck thread cannot be killed any other way); the pool starts a fresh worker. If the worker itself stops
 responding, the pool kills it. Results that cannot be uploaded are spooled to disk and re-sent later.
 """
 
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 import logging
 import multiprocessing.synchronize
@@ -27,9 +25,10 @@ from multiprocessing.sharedctypes import Synchronized, SynchronizedArray
 from pathlib import Path
 from typing import Any, TextIO
 
+from agentlightning._attempt import Attempt
 from agentlightning.client.agentref import load_agent
 from agentlightning.client.api import ServerAPI, ServerError, Unreachable
-from agentlightning.context import RolloutRecorder, current_recorder, install_log_capture, recording
+from agentlightning.context import current_recorder
 from agentlightning.decorator import RolloutAgent
 from agentlightning.instrumentation import enable_auto_instrumentation
 from agentlightning.protocol import Lease
@@ -89,7 +88,6 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.s
     _capture_output()
     agent = load_agent(config.agent_ref)
     enable_auto_instrumentation()  # pay adapter set-up now, not inside the first lease
-    install_log_capture()
     api = ServerAPI(config.server_url, config.token)
     lease: Lease | None = None  # handed with the last result; run even when draining (it is ours until reported)
     while lease is not None or not drain.is_set():
@@ -125,83 +123,36 @@ def run_lease(
     agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerConfig, slot: WorkerSlot,
     drain: multiprocessing.synchronize.Event,
 ) -> tuple[bool, Lease | None, bool]:
-    """Run one leased rollout and report it, taking the next lease with the report unless ``drain`` is set.
-    Returns (an agent thread was left running (hung), the next lease, the server says stop)."""
+    """Run one leased rollout, heart-beating, and report it, taking the next lease with the report unless ``drain``
+    is set. Returns (the agent's thread was left running (hung), the next lease, the server says stop)."""
     timeout = config.timeout if config.timeout is not None else lease.timeout
     started = time.monotonic()
     slot.set(lease.rollout_id, lease.attempt, started + timeout if timeout else float("inf"))
-    llm = _llm_for(lease, config.server_url)
-    rollout = agent.new_rollout(
-        lease.task, rollout_id=lease.rollout_id, task_id=lease.task_id, group_id=lease.group_id,
-        attempt=lease.attempt, model_version=llm.model_version,
-    )
+    attempt = Attempt(agent, lease.task, _llm_for(lease, config.server_url), rollout_id=lease.rollout_id,
+                      task_id=lease.task_id, group_id=lease.group_id, attempt=lease.attempt)
+
+    def heartbeat() -> bool:
+        try:
+            return api.heartbeat(lease.rollout_id, lease.attempt, config.worker_id).get("ok", True)
+        except (Unreachable, ServerError) as exc:
+            logger.info("heartbeat for %s failed: %s", lease.rollout_id, exc)
+            return True
+
     try:
-        recorder = agent.start_recorder(rollout, llm)
-    except Exception as exc:  # e.g. a task the agent cannot take: fail this rollout only
-        result = agent.finish_failed(rollout, _bare_recorder(rollout), exc)
-        abandoned = False
-    else:
-        box: dict[str, Any] = {}
-        thread = threading.Thread(target=_run_agent, args=(agent, lease, llm, rollout, recorder, box),
-                                  name=f"agent-{lease.rollout_id}", daemon=True)
-        thread.start()
-        abandoned, taken_away = _supervise(thread, lease, api, config, started, timeout)
-        if taken_away:
-            logger.warning("attempt %d of %s was taken away by the server; dropping it", lease.attempt, lease.rollout_id)
-            slot.clear()
-            return abandoned, None, False
-        if abandoned:
-            result = agent.finish_timeout(rollout, recorder, timeout)
-        elif "error" in box:
-            result = agent.finish_failed(rollout, recorder, box["error"])
-        else:
-            result = agent.finish(rollout, recorder, box.get("output"))
+        result = attempt.run(timeout, on_tick=heartbeat, tick=max(0.05, lease.lease_seconds / 3))
+    except Exception as exc:  # noqa: BLE001 - e.g. a task the agent cannot take: fail this rollout only
+        result = attempt.refuse(f"the attempt could not start: {type(exc).__name__}: {exc}", exc)
+    if result.status == "cancelled":
+        logger.warning("attempt %d of %s was taken away by the server; dropping it", lease.attempt, lease.rollout_id)
+        slot.clear()
+        return attempt.abandoned, None, False
+    if attempt.abandoned:
+        logger.warning("rollout %s left its agent running; reporting it and replacing this worker", lease.rollout_id)
     result.timings.setdefault("worker_seconds", time.monotonic() - started)
     result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
-    following = upload(api, result, lease.attempt, config, take_next=not abandoned and not drain.is_set())
+    following = upload(api, result, lease.attempt, config, take_next=not attempt.abandoned and not drain.is_set())
     slot.clear()
-    return (abandoned, *following)
-
-
-def _run_agent(
-    agent: RolloutAgent, lease: Lease, llm: LLM, rollout: Rollout, recorder: RolloutRecorder, box: dict[str, Any]
-) -> None:
-    with recording(recorder):
-        try:
-            output = agent.invoke(lease.task, llm, rollout)
-            if asyncio.iscoroutine(output):
-                output = asyncio.run(output)
-            box["output"] = output
-        except BaseException as exc:  # noqa: BLE001 - agent failures are data
-            box["error"] = exc
-
-
-def _supervise(
-    thread: threading.Thread, lease: Lease, api: ServerAPI, config: WorkerConfig, started: float, timeout: float | None
-) -> tuple[bool, bool]:
-    """Wait for the agent thread, heart-beating. Returns (hung at the timeout, attempt taken away)."""
-    interval = max(0.05, lease.lease_seconds / 3)
-    next_beat = started + interval
-    while True:
-        now = time.monotonic()
-        wake = next_beat if timeout is None else min(next_beat, started + timeout)
-        thread.join(max(0.0, wake - now))
-        if not thread.is_alive():
-            return False, False
-        now = time.monotonic()
-        if timeout is not None and now >= started + timeout:
-            logger.warning("rollout %s hit its %.1f s timeout; reporting it and replacing this worker",
-                           lease.rollout_id, timeout)
-            return True, False
-        if now >= next_beat:
-            next_beat = now + interval
-            try:
-                verdict = api.heartbeat(lease.rollout_id, lease.attempt, config.worker_id)
-            except (Unreachable, ServerError) as exc:
-                logger.info("heartbeat for %s failed: %s", lease.rollout_id, exc)
-                continue
-            if not verdict.get("ok", True):
-                return thread.is_alive(), True
+    return (attempt.abandoned, *following)
 
 
 def upload(
@@ -266,44 +217,22 @@ def _llm_for(lease: Lease, server_url: str) -> LLM:
     return lease.llm.model_copy(update={"base_url": f"{server_url.rstrip('/')}/rollouts/{lease.rollout_id}/v1"})
 
 
-def _bare_recorder(rollout: Rollout) -> RolloutRecorder:
-    return RolloutRecorder(rollout.rollout_id, model_version=rollout.model_version)
-
-
-class _TeeToRollout(io.TextIOBase):
+class _TeeToRollout:
     """Passes writes through and copies complete lines into the logs of the rollout running in this context."""
 
     def __init__(self, stream: TextIO, name: str) -> None:
-        self._stream = stream
-        self._name = name
-        self._partial = threading.local()
+        self._stream, self._name, self._partial = stream, name, threading.local()
 
     def write(self, text: str) -> int:
         self._stream.write(text)
         recorder = current_recorder()
         if recorder is not None:
-            pending = getattr(self._partial, "text", "") + text
-            *lines, rest = pending.split("\n")
-            self._partial.text = rest
+            *lines, self._partial.text = (getattr(self._partial, "text", "") + text).split("\n")
             recorder.logs.extend(f"{time.strftime('%H:%M:%S')} {self._name}: {line}" for line in lines if line)
         return len(text)
 
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return self._stream.encoding
-
-    @property
-    def errors(self) -> str | None:  # type: ignore[override]
-        return self._stream.errors
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
-
-    def isatty(self) -> bool:
-        return self._stream.isatty()
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, encoding, isatty...: the wrapped stream's
+        return getattr(self._stream, name)
 
 
 def _capture_output() -> None:
