@@ -1,11 +1,10 @@
 """One attempt: run an agent once on a task with capture on, under a deadline, and finish its rollout.
 
-``agl.run``, ``RolloutAgent.execute``, the client's worker processes and ``agl.train`` (through both) run every
-rollout through :class:`Attempt`: the rollout's recorder is made current and its log lines captured, the agent is
-called (a sync agent on a daemon thread of its own, an async one on the caller's event loop), a heartbeat runs
-while it works, and the rollout is finished exactly once: 'succeeded' with its reward, 'failed' with the
-traceback, 'timeout' at the deadline (a hung sync agent's thread is abandoned, see :attr:`Attempt.abandoned`) or
-'cancelled' when the heartbeat says the attempt was taken away. Every call and log line captured so far is kept.
+``agl.run``, ``RolloutAgent.execute``, the client's workers and ``agl.train`` (through both) run every rollout as an
+:class:`Attempt`: its recorder current and its log lines captured, the agent called (sync agents on a daemon thread,
+async ones on the caller's loop) with a heartbeat, and the rollout finished once: 'succeeded' with its reward,
+'failed' with the traceback, 'timeout' at the deadline (a hung thread is abandoned) or 'cancelled' when the heartbeat
+says the attempt was taken away, keeping every call and log line captured so far.
 """
 
 from __future__ import annotations
@@ -38,25 +37,15 @@ class Agent(Protocol):
     reward: Callable[[Any, Any], Any] | None
     is_async: bool
 
-    def invoke(self, task: Any, llm: LLM, rollout: Rollout) -> Any:
-        """Call the agent function with the arguments it takes (a coroutine for async agents)."""
+    def invoke(self, task: Any, llm: LLM, rollout: Rollout) -> Any: ...
 
 
 class Attempt:
     """One run of ``agent`` on ``task`` against ``llm``, recorded into :attr:`rollout`; run it once, with
     :meth:`run` from sync code or :meth:`arun` on an event loop."""
 
-    def __init__(
-        self,
-        agent: Agent,
-        task: Any,
-        llm: LLM,
-        *,
-        rollout_id: str | None = None,
-        task_id: str | None = None,
-        group_id: str | None = None,
-        attempt: int = 1,
-    ) -> None:
+    def __init__(self, agent: Agent, task: Any, llm: LLM, *, rollout_id: str | None = None,
+                 task_id: str | None = None, group_id: str | None = None, attempt: int = 1) -> None:
         self.agent, self.task, self.llm = agent, task, llm
         self.rollout = Rollout(
             rollout_id=rollout_id or new_id("ro"), task_id=task_id or task_id_for(task), task=task,
@@ -64,8 +53,7 @@ class Attempt:
             trainable_roles=agent.roles, timings={"start": time.time()},
         )
         self.recorder = RolloutRecorder(self.rollout.rollout_id, model_version=llm.model_version)
-        self._returned = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._returned, self._thread = threading.Event(), None
         self._output: Any = None
         self._error: BaseException | None = None
 
@@ -86,17 +74,12 @@ class Attempt:
         enable_auto_instrumentation()
         logging.getLogger().addHandler(_LOG_HANDLER)  # once per process: addHandler skips a handler already there
 
-    def run(
-        self, timeout: float | None = None, on_tick: Callable[[], bool] | None = None, tick: float = 1.0
-    ) -> Rollout:
-        """Run the agent on a daemon thread (with a copy of this context) and return the finished rollout.
-
-        - ``timeout``: seconds until the rollout is finished as 'timeout' (the agent's thread is left running);
-        - ``on_tick``: called every ``tick`` seconds while the agent runs (a heartbeat); when it returns False
-          the attempt has been taken away and is finished as 'cancelled'.
-
-        Agent errors are recorded in the rollout, never raised; a task that cannot start raises (see :meth:`start`).
-        """
+    def run(self, timeout: float | None = None, on_tick: Callable[[], bool] | None = None, tick: float = 1.0
+            ) -> Rollout:
+        """Run the agent on a daemon thread (with a copy of this context) and return the finished rollout: at
+        ``timeout`` seconds as 'timeout' (the thread is left running); ``on_tick`` is called every ``tick`` seconds
+        meanwhile (a heartbeat) and returns False when the attempt was taken away ('cancelled'). Agent errors are
+        recorded, never raised; a task that cannot start raises (see :meth:`start`)."""
         self.start()
         self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._call,), daemon=True,
                                         name=f"agl-{self.rollout.rollout_id}")
@@ -133,12 +116,10 @@ class Attempt:
         rollout = self.rollout
         logger.warning("rollout %s of agent %r: %s", rollout.rollout_id, self.agent.name, message)
         rollout.task = _jsonable(rollout.task, limit=200)  # keep the record storable
-        rollout.status, rollout.error, rollout.diagnostics = "failed", ErrorInfo(type=type(exc).__name__,
-                                                                                 message=message), [message]
+        rollout.status, rollout.diagnostics = "failed", [message]
+        rollout.error = ErrorInfo(type=type(exc).__name__, message=message)
         rollout.timings.update(end=rollout.timings["start"], duration=0.0)
         return rollout
-
-    # -- internals ------------------------------------------------------------------------------------------
 
     def _call(self) -> None:
         """The agent's thread: call it with the recorder current; an awaitable it returns runs on a loop here."""
@@ -206,12 +187,12 @@ class _RolloutLogs(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         recorder = current_recorder()
-        if recorder is None:
-            return
         try:
-            recorder.logs.append(f"{time.strftime('%H:%M:%S')} {record.levelname} {record.name}: {record.getMessage()}")
+            if recorder is not None:
+                recorder.logs.append(f"{time.strftime('%H:%M:%S')} {record.levelname} {record.name}: "
+                                     f"{record.getMessage()}")
         except Exception:  # noqa: BLE001 - a bad log message must never break the agent
-            return
+            pass
 
 
 _LOG_HANDLER = _RolloutLogs(logging.INFO)

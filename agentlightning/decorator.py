@@ -92,34 +92,25 @@ def _agent_parameters(func: Callable[..., Any]) -> tuple[list[str], bool]:
     rather than a failure of every rollout later."""
     try:
         parameters = list(inspect.signature(func).parameters.values())
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # no signature to read: call it as (task, llm)
         return ["task", "llm"], False
     if any(p.kind == p.VAR_POSITIONAL for p in parameters):
         return ["task", "llm"], False
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     kinds: list[str] = []
-    for index, parameter in enumerate(positional):
-        if parameter.name == "rollout":
-            kinds.append("rollout")
-        elif index == 0:
-            kinds.append("task")
-        elif index == 1:
-            kinds.append("llm")
-        elif parameter.default is parameter.empty:
-            raise TypeError(
-                f"@agl.rollout: {name_of(func)} has a required parameter {parameter.name!r}; an agent takes "
-                "(task, llm) and optionally rollout"
-            )
     rollout_keyword = False
     for parameter in parameters:
-        if parameter.kind != parameter.KEYWORD_ONLY:
+        keyword_only = parameter.kind == parameter.KEYWORD_ONLY
+        if parameter.kind == parameter.VAR_KEYWORD:
             continue
-        if parameter.name == "rollout" and "rollout" not in kinds:
-            rollout_keyword = True
+        if parameter.name == "rollout":
+            rollout_keyword = keyword_only
+            kinds += [] if keyword_only else ["rollout"]
+        elif not keyword_only and len(kinds) < 2:
+            kinds.append(("task", "llm")[len(kinds)])
         elif parameter.default is parameter.empty:
             raise TypeError(
-                f"@agl.rollout: {name_of(func)} has a required keyword-only parameter {parameter.name!r}; an agent "
-                "takes (task, llm) and optionally rollout"
+                f"@agl.rollout: {name_of(func)} has a required {'keyword-only ' if keyword_only else ''}parameter "
+                f"{parameter.name!r}; an agent takes (task, llm) and optionally rollout"
             )
     if not kinds:
         raise TypeError(f"@agl.rollout: {name_of(func)} must take at least the task as its first parameter")

@@ -10,9 +10,11 @@ bad task (not JSON-serialisable) fails alone, naming its index.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextvars
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -25,14 +27,8 @@ from agentlightning.types import LLM, Rollout
 logger = logging.getLogger(__name__)
 
 
-def run(
-    agent: RolloutAgent | Callable[..., Any],
-    tasks: Iterable[Any],
-    llm: LLM | Mapping[str, Any],
-    *,
-    n_workers: int = 4,
-    timeout: float | None = None,
-) -> list[Rollout]:
+def run(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], llm: LLM | Mapping[str, Any], *,
+        n_workers: int = 4, timeout: float | None = None) -> list[Rollout]:
     """Run ``agent`` once per task with capture and return the finished rollouts in task order.
 
     - ``agent``: an ``@agl.rollout`` function, or a plain ``(task, llm[, rollout])`` function (wrapped as if
@@ -60,14 +56,8 @@ def run(
     return rollouts
 
 
-async def arun(
-    agent: RolloutAgent | Callable[..., Any],
-    tasks: Iterable[Any],
-    llm: LLM | Mapping[str, Any],
-    *,
-    n_workers: int = 4,
-    timeout: float | None = None,
-) -> list[Rollout]:
+async def arun(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], llm: LLM | Mapping[str, Any], *,
+               n_workers: int = 4, timeout: float | None = None) -> list[Rollout]:
     """Async :func:`run`, for callers already inside an event loop. Sync agents run in worker threads."""
     agent, task_list, llm, n_workers, timeout = _check_arguments(agent, tasks, llm, n_workers, timeout)
     started = time.perf_counter()
@@ -113,18 +103,30 @@ def _run_one(agent: RolloutAgent, index: int, task: Any, llm: LLM, timeout: floa
         return attempt.refuse(f"task #{index} could not be started: {exc}", exc)
 
 
-def _run_threads(
-    agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int, timeout: float | None
-) -> list[Rollout]:
-    with concurrent.futures.ThreadPoolExecutor(n_workers, thread_name_prefix="agl-run") as pool:
-        futures = [pool.submit(contextvars.copy_context().run, _run_one, agent, index, task, llm, timeout)
-                   for index, task in enumerate(tasks)]
-        return [future.result() for future in futures]
+def _run_threads(agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int, timeout: float | None
+                 ) -> list[Rollout]:
+    """``n_workers`` daemon threads taking the tasks in turn (so a hung agent cannot block interpreter exit)."""
+    todo, results = collections.deque(enumerate(tasks)), [None] * len(tasks)
+
+    def work() -> None:
+        while todo:
+            try:
+                index, task = todo.popleft()  # atomic
+            except IndexError:
+                return
+            results[index] = _run_one(agent, index, task, llm, timeout)
+
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(work,), name=f"agl-run-{n}", daemon=True)
+               for n in range(min(n_workers, len(tasks)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results  # type: ignore[return-value] - every slot is filled
 
 
-async def _run_async(
-    agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int, timeout: float | None
-) -> list[Rollout]:
+async def _run_async(agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int, timeout: float | None
+                     ) -> list[Rollout]:
     semaphore = asyncio.Semaphore(n_workers)
 
     async def one(index: int, task: Any) -> Rollout:
@@ -140,9 +142,7 @@ async def _run_async(
 
 def _log_summary(agent: RolloutAgent, rollouts: list[Rollout], seconds: float) -> None:
     """One info line per run, plus warnings for problems shared by every rollout (empty capture, unused roles)."""
-    counts: dict[str, int] = {}
-    for rollout in rollouts:
-        counts[rollout.status] = counts.get(rollout.status, 0) + 1
+    counts = collections.Counter(rollout.status for rollout in rollouts)
     summary = ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
     logger.info("agl.run: %d rollouts of %r in %.2f s (%s)", len(rollouts), agent.name, seconds, summary or "none")
     ran = [rollout for rollout in rollouts if rollout.timings.get("duration", 0.0) > 0 or rollout.calls]

@@ -3,10 +3,10 @@
 The report takes the worker's next lease in the same request (one request per rollout while there is work); a
 worker that found the queue empty long-polls ``dequeue``.
 
-The agent runs as an :class:`~agentlightning._attempt.Attempt` (on a daemon thread, heart-beating, under the
-rollout's timeout). At the timeout the worker reports the rollout as 'timeout' with every call and log captured so far, then exits
-(a stuck thread cannot be killed any other way); the pool starts a fresh worker. If the worker itself stops
-responding, the pool kills it. Results that cannot be uploaded are spooled to disk and re-sent later.
+Each rollout is an :class:`~agentlightning._attempt.Attempt`, heart-beating while its agent runs. At the timeout the
+worker reports it as 'timeout' with every call and log captured so far, then exits (a stuck thread cannot be killed
+any other way) and the pool starts a fresh worker; a worker that stops responding is killed by the pool. Results
+that cannot be uploaded are spooled to disk and re-sent later.
 """
 
 from __future__ import annotations
@@ -82,40 +82,35 @@ class WorkerSlot:
 def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.synchronize.Event) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the pool drains us
-    logging.basicConfig(level=config.log_level, format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpx2", "httpcore"):  # one line per HTTP request would flood the logs and every rollout's logs
+    logging.basicConfig(level=config.log_level,
+                        format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "httpcore"):  # a line per request would flood the logs and every rollout's logs
         logging.getLogger(noisy).setLevel(max(config.log_level, logging.WARNING))
     _capture_output()
     agent = load_agent(config.agent_ref)
     enable_auto_instrumentation()  # pay adapter set-up now, not inside the first lease
     api = ServerAPI(config.server_url, config.token)
-    lease: Lease | None = None  # handed with the last result; run even when draining (it is ours until reported)
-    while lease is not None or not drain.is_set():
-        if lease is None:
-            try:
-                lease, server_stop = api.dequeue(config.worker_id, DEQUEUE_WAIT, stop=drain,
-                                                 retry_for=config.reconnect_seconds)
-            except Unreachable as exc:
-                if not drain.is_set():
-                    logger.error("giving up on the server after %.0f s: %s", config.reconnect_seconds, exc)
-                break
-            except ServerError as exc:
-                logger.error("the server refused to hand out work: %s", exc.message)
-                if exc.status in (401, 403):
-                    sys.exit(2)
-                time.sleep(1.0)
-                continue
-            if server_stop:
-                logger.info("server says stop; worker exits")
-                break
-            if lease is None:
-                continue
-        abandoned, lease, server_stop = run_lease(agent, lease, api, config, slot, drain)
-        if abandoned:
-            os._exit(EXIT_ABANDONED)
-        if server_stop:
-            logger.info("server says stop; worker exits")
+    lease, server_stop = None, False  # a lease handed with the last result runs even when draining: it is ours
+    while not server_stop and (lease is not None or not drain.is_set()):
+        if lease is not None:
+            abandoned, lease, server_stop = run_lease(agent, lease, api, config, slot, drain)
+            if abandoned:
+                os._exit(EXIT_ABANDONED)
+            continue
+        try:
+            lease, server_stop = api.dequeue(config.worker_id, DEQUEUE_WAIT, stop=drain,
+                                             retry_for=config.reconnect_seconds)
+        except Unreachable as exc:
+            if not drain.is_set():
+                logger.error("giving up on the server after %.0f s: %s", config.reconnect_seconds, exc)
             break
+        except ServerError as exc:
+            logger.error("the server refused to hand out work: %s", exc.message)
+            if exc.status in (401, 403):
+                sys.exit(2)
+            time.sleep(1.0)
+    if server_stop:
+        logger.info("server says stop; worker exits")
     api.close()
 
 
@@ -170,7 +165,8 @@ def upload(
             outcome = api.upload_result(result, attempt, config.worker_id, retry_for=config.upload_retry_seconds)
     except Unreachable as exc:
         path = spool(result, attempt, config)
-        logger.error("could not upload rollout %s (%s); saved to %s for the next client run", result.rollout_id, exc, path)
+        logger.error("could not upload rollout %s (%s); saved to %s for the next client run", result.rollout_id, exc,
+                     path)
         return None, False
     except ServerError as exc:
         logger.warning("server did not take rollout %s attempt %d: %s", result.rollout_id, attempt, exc.message)
@@ -201,7 +197,8 @@ def resend_spooled(api: ServerAPI, spool_dir: str) -> int:
     for path in sorted(directory.glob("*.json")):
         entry = json.loads(path.read_text())
         try:
-            api.upload_result(Rollout.model_validate(entry["rollout"]), entry["attempt"], entry["worker_id"], retry_for=10.0)
+            api.upload_result(Rollout.model_validate(entry["rollout"]), entry["attempt"], entry["worker_id"],
+                              retry_for=10.0)
         except ServerError as exc:
             logger.warning("spooled result %s refused (%s); removing it", path.name, exc.message)
         except Unreachable:
