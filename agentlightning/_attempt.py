@@ -1,10 +1,8 @@
 """One attempt: run an agent once on a task with capture on, under a deadline, and finish its rollout.
 
 ``agl.run``, ``RolloutAgent.execute``, the client's workers and ``agl.train`` (through both) run every rollout as an
-:class:`Attempt`: its recorder current and its log lines captured, the agent called (sync agents on a daemon thread,
-async ones on the caller's loop) with a heartbeat, and the rollout finished once: 'succeeded' with its reward,
-'failed' with the traceback, 'timeout' at the deadline (a hung thread is abandoned) or 'cancelled' when the heartbeat
-says the attempt was taken away, keeping every call and log line captured so far.
+:class:`Attempt`. It ends 'succeeded' with its reward, 'failed' with the traceback, 'timeout' at the deadline (a hung
+thread is abandoned) or 'cancelled' when the heartbeat says it was taken away, keeping every call and log line.
 """
 
 from __future__ import annotations
@@ -68,9 +66,8 @@ class Attempt:
         try:
             json.dumps(self.task)
         except (TypeError, ValueError) as exc:
-            raise ValueError(
-                f"task for agent {self.agent.name!r} is not JSON-serialisable ({exc}): {preview(self.task)}"
-            ) from None
+            message = f"task for agent {self.agent.name!r} is not JSON-serialisable ({exc}): {preview(self.task)}"
+            raise ValueError(message) from None
         enable_auto_instrumentation()
         logging.getLogger().addHandler(_LOG_HANDLER)  # once per process: addHandler skips a handler already there
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import operator
 import threading
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
@@ -58,7 +57,6 @@ class RolloutRecorder:
         self.rewards: list[Reward] = []
         self.logs: list[str] = []
         self._sequence = itertools.count()  # next() on it is atomic too
-        self._lock = threading.Lock()
         # Whether the calls of this rollout are emitted as OpenTelemetry spans (decided once, when it starts).
         self.traced = tracing_enabled()
 
@@ -91,8 +89,7 @@ class RolloutRecorder:
 
     def add_reward(self, reward: Reward) -> None:
         """Record a reward (episode-level or on a call)."""
-        with self._lock:
-            self.rewards.append(reward)
+        self.rewards.append(reward)
 
     def last_llm_call_id(self) -> str | None:
         """Id of the latest finished LLM call (the one started last), if any."""
@@ -108,7 +105,6 @@ class RolloutRecorder:
         Lock-free: building a record is deterministic, so two threads reading at once at worst build equal records.
         """
         calls: list[Call] = []
-        in_order, previous = True, -1
         entries = self._entries
         for index, entry in enumerate(entries):
             if entry is None:
@@ -123,13 +119,7 @@ class RolloutRecorder:
                     entries[index] = None
                     continue
             calls.append(entry)
-            if entry.sequence < previous:  # attached out of order (threads racing): sorted below
-                in_order = False
-            previous = entry.sequence
-        return calls if in_order else sorted(calls, key=_sequence_of)
-
-
-_sequence_of = operator.attrgetter("sequence")
+        return sorted(calls, key=lambda call: call.sequence)  # attached out of order when threads race
 
 
 _current_recorder: ContextVar[RolloutRecorder | None] = ContextVar("agl_current_recorder", default=None)

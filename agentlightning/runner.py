@@ -1,10 +1,7 @@
 """``agl.run``: run an agent over tasks with capture on, no training, and return the rollouts.
 
 Each task is one :class:`~agentlightning._attempt.Attempt`: sync agents run ``n_workers`` at a time on daemon threads
-(a hung agent is abandoned at its timeout and cannot block interpreter exit); async agents run as asyncio tasks on
-one event loop. Every task yields exactly one :class:`~agentlightning.Rollout`, in task order: crashes become
-'failed' rollouts with their traceback, hangs become 'timeout' rollouts that keep the calls captured so far, and a
-bad task (not JSON-serialisable) fails alone, naming its index.
+(a hung one is abandoned at its timeout and cannot block interpreter exit), async agents as tasks on one event loop.
 """
 
 from __future__ import annotations
@@ -43,17 +40,14 @@ def run(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], llm: LLM
     agent, task_list, llm, n_workers, timeout = _check_arguments(agent, tasks, llm, n_workers, timeout)
     started = time.perf_counter()
     if not agent.is_async:
-        rollouts = _run_threads(agent, task_list, llm, n_workers, timeout)
-    else:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            rollouts = asyncio.run(_run_async(agent, task_list, llm, n_workers, timeout))
-        else:  # called from inside an event loop (e.g. a notebook): use a loop of our own in a helper thread
-            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agl-run-loop") as pool:
-                rollouts = pool.submit(asyncio.run, _run_async(agent, task_list, llm, n_workers, timeout)).result()
-    _log_summary(agent, rollouts, time.perf_counter() - started)
-    return rollouts
+        return _summarised(agent, _run_threads(agent, task_list, llm, n_workers, timeout), started)
+    main = _run_async(agent, task_list, llm, n_workers, timeout)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _summarised(agent, asyncio.run(main), started)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # inside an event loop (a notebook): a loop of our own
+        return _summarised(agent, pool.submit(asyncio.run, main).result(), started)
 
 
 async def arun(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], llm: LLM | Mapping[str, Any], *,
@@ -65,8 +59,7 @@ async def arun(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], l
         rollouts = await _run_async(agent, task_list, llm, n_workers, timeout)
     else:
         rollouts = await asyncio.to_thread(_run_threads, agent, task_list, llm, n_workers, timeout)
-    _log_summary(agent, rollouts, time.perf_counter() - started)
-    return rollouts
+    return _summarised(agent, rollouts, started)
 
 
 def _check_arguments(
@@ -140,8 +133,10 @@ async def _run_async(agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers:
     return list(await asyncio.gather(*(one(index, task) for index, task in enumerate(tasks))))
 
 
-def _log_summary(agent: RolloutAgent, rollouts: list[Rollout], seconds: float) -> None:
-    """One info line per run, plus warnings for problems shared by every rollout (empty capture, unused roles)."""
+def _summarised(agent: RolloutAgent, rollouts: list[Rollout], started: float) -> list[Rollout]:
+    """``rollouts``, after one info line for the run and warnings for problems shared by every rollout (empty
+    capture, unused roles)."""
+    seconds = time.perf_counter() - started
     counts = collections.Counter(rollout.status for rollout in rollouts)
     summary = ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))
     logger.info("agl.run: %d rollouts of %r in %.2f s (%s)", len(rollouts), agent.name, seconds, summary or "none")
@@ -156,3 +151,4 @@ def _log_summary(agent: RolloutAgent, rollouts: list[Rollout], seconds: float) -
         if unused and any(rollout.llm_calls for rollout in rollouts):
             logger.warning("agl.run: roles %s of agent %r matched no LLM call in any of the %d rollouts; role names "
                            "seen: %s", unused, agent.name, len(rollouts), sorted(r for r in seen if r) or "none")
+    return rollouts
