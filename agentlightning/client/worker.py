@@ -32,7 +32,7 @@ from agentlightning.context import current_recorder
 from agentlightning.decorator import RolloutAgent
 from agentlightning.instrumentation import enable_auto_instrumentation
 from agentlightning.protocol import Lease
-from agentlightning.types import LLM, Rollout
+from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
 
@@ -123,8 +123,10 @@ def run_lease(
     timeout = config.timeout if config.timeout is not None else lease.timeout
     started = time.monotonic()
     slot.set(lease.rollout_id, lease.attempt, started + timeout if timeout else float("inf"))
-    attempt = Attempt(agent, lease.task, _llm_for(lease, config.server_url), rollout_id=lease.rollout_id,
-                      task_id=lease.task_id, group_id=lease.group_id, attempt=lease.attempt)
+    assert lease.llm is not None  # the server fills it in; addressed through the URL this client reaches it with
+    llm = lease.llm.model_copy(update={"base_url": f"{config.server_url.rstrip('/')}/rollouts/{lease.rollout_id}/v1"})
+    attempt = Attempt(agent, lease.task, llm, rollout_id=lease.rollout_id, task_id=lease.task_id,
+                      group_id=lease.group_id, attempt=lease.attempt)
 
     def heartbeat() -> bool:
         try:
@@ -137,15 +139,16 @@ def run_lease(
         result = attempt.run(timeout, on_tick=heartbeat, tick=max(0.05, lease.lease_seconds / 3))
     except Exception as exc:  # noqa: BLE001 - e.g. a task the agent cannot take: fail this rollout only
         result = attempt.refuse(f"the attempt could not start: {type(exc).__name__}: {exc}", exc)
+    following: tuple[Lease | None, bool] = (None, False)
     if result.status == "cancelled":
         logger.warning("attempt %d of %s was taken away by the server; dropping it", lease.attempt, lease.rollout_id)
-        slot.clear()
-        return attempt.abandoned, None, False
-    if attempt.abandoned:
-        logger.warning("rollout %s left its agent running; reporting it and replacing this worker", lease.rollout_id)
-    result.timings.setdefault("worker_seconds", time.monotonic() - started)
-    result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
-    following = upload(api, result, lease.attempt, config, take_next=not attempt.abandoned and not drain.is_set())
+    else:
+        if attempt.abandoned:
+            logger.warning("rollout %s left its agent running; reporting it, then this worker is replaced",
+                           lease.rollout_id)
+        result.timings.setdefault("worker_seconds", time.monotonic() - started)
+        result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
+        following = upload(api, result, lease.attempt, config, take_next=not attempt.abandoned and not drain.is_set())
     slot.clear()
     return (attempt.abandoned, *following)
 
@@ -154,19 +157,16 @@ def upload(
     api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig, take_next: bool = False
 ) -> tuple[Lease | None, bool]:
     """Report ``result``; if the server stays unreachable, spool it to disk for a later client to send. With
-    ``take_next``, the worker's next lease comes with the answer: returns (that lease or None, the server says
-    stop)."""
-    lease, stop = None, False
+    ``take_next``, the worker's next lease comes with the answer. Returns (that lease or None, the server says stop)."""
+    worker_id, retry_for = config.worker_id, config.upload_retry_seconds
     try:
         if take_next:
-            outcome, lease, stop = api.upload_result_and_lease(result, attempt, config.worker_id,
-                                                               retry_for=config.upload_retry_seconds)
+            outcome, lease, stop = api.upload_result_and_lease(result, attempt, worker_id, retry_for=retry_for)
         else:
-            outcome = api.upload_result(result, attempt, config.worker_id, retry_for=config.upload_retry_seconds)
+            outcome, lease, stop = api.upload_result(result, attempt, worker_id, retry_for=retry_for), None, False
     except Unreachable as exc:
-        path = spool(result, attempt, config)
         logger.error("could not upload rollout %s (%s); saved to %s for the next client run", result.rollout_id, exc,
-                     path)
+                     spool(result, attempt, config))
         return None, False
     except ServerError as exc:
         logger.warning("server did not take rollout %s attempt %d: %s", result.rollout_id, attempt, exc.message)
@@ -206,12 +206,6 @@ def resend_spooled(api: ServerAPI, spool_dir: str) -> int:
         path.unlink()
         sent += 1
     return sent
-
-
-def _llm_for(lease: Lease, server_url: str) -> LLM:
-    """The rollout's endpoint, addressed through the URL this client reaches the server with."""
-    assert lease.llm is not None
-    return lease.llm.model_copy(update={"base_url": f"{server_url.rstrip('/')}/rollouts/{lease.rollout_id}/v1"})
 
 
 class _TeeToRollout:
