@@ -9,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-import operator
 import threading
-import time
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
 
@@ -58,9 +56,7 @@ class RolloutRecorder:
         self._entries: list[Call | DeferredCall | None] = []
         self.rewards: list[Reward] = []
         self.logs: list[str] = []
-        self.llm_base_url: str | None = None  # the endpoint the agent was given, when known (for diagnostics)
         self._sequence = itertools.count()  # next() on it is atomic too
-        self._lock = threading.Lock()
         # Whether the calls of this rollout are emitted as OpenTelemetry spans (decided once, when it starts).
         self.traced = tracing_enabled()
 
@@ -93,8 +89,7 @@ class RolloutRecorder:
 
     def add_reward(self, reward: Reward) -> None:
         """Record a reward (episode-level or on a call)."""
-        with self._lock:
-            self.rewards.append(reward)
+        self.rewards.append(reward)
 
     def last_llm_call_id(self) -> str | None:
         """Id of the latest finished LLM call (the one started last), if any."""
@@ -110,7 +105,6 @@ class RolloutRecorder:
         Lock-free: building a record is deterministic, so two threads reading at once at worst build equal records.
         """
         calls: list[Call] = []
-        in_order, previous = True, -1
         entries = self._entries
         for index, entry in enumerate(entries):
             if entry is None:
@@ -125,13 +119,7 @@ class RolloutRecorder:
                     entries[index] = None
                     continue
             calls.append(entry)
-            if entry.sequence < previous:  # attached out of order (threads racing): sorted below
-                in_order = False
-            previous = entry.sequence
-        return calls if in_order else sorted(calls, key=_sequence_of)
-
-
-_sequence_of = operator.attrgetter("sequence")
+        return sorted(calls, key=lambda call: call.sequence)  # attached out of order when threads race
 
 
 _current_recorder: ContextVar[RolloutRecorder | None] = ContextVar("agl_current_recorder", default=None)
@@ -141,16 +129,6 @@ _current_role: ContextVar[str | None] = ContextVar("agl_current_role", default=N
 def current_recorder() -> RolloutRecorder | None:
     """The recorder of the rollout running in this context, or None outside rollouts."""
     return _current_recorder.get()
-
-
-def set_recorder(recorder: RolloutRecorder | None) -> Token[RolloutRecorder | None]:
-    """Make ``recorder`` current; pass the returned token to :func:`reset_recorder`."""
-    return _current_recorder.set(recorder)
-
-
-def reset_recorder(token: Token[RolloutRecorder | None]) -> None:
-    """Undo :func:`set_recorder`."""
-    _current_recorder.reset(token)
 
 
 def current_role() -> str | None:
@@ -186,37 +164,10 @@ def recording(recorder: RolloutRecorder) -> Iterator[RolloutRecorder]:
     global _open_recordings
     with _open_recordings_lock:
         _open_recordings += 1
-    token = set_recorder(recorder)
+    token = _current_recorder.set(recorder)
     try:
         yield recorder
     finally:
-        reset_recorder(token)
+        _current_recorder.reset(token)
         with _open_recordings_lock:
             _open_recordings -= 1
-
-
-class RolloutLogHandler(logging.Handler):
-    """Copies log records emitted inside a rollout's context into that rollout's ``logs``."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        recorder = _current_recorder.get()
-        if recorder is None:
-            return
-        try:
-            recorder.logs.append(f"{time.strftime('%H:%M:%S')} {record.levelname} {record.name}: {record.getMessage()}")
-        except Exception:  # a bad log message must never break the agent
-            return
-
-
-_log_handler_lock = threading.Lock()
-_log_handler: RolloutLogHandler | None = None
-
-
-def install_log_capture(level: int = logging.INFO) -> None:
-    """Attach the rollout log handler to the root logger once per process."""
-    global _log_handler
-    with _log_handler_lock:
-        if _log_handler is None:
-            _log_handler = RolloutLogHandler(level)
-            logging.getLogger().addHandler(_log_handler)
-

@@ -17,57 +17,45 @@ from agentlightning.roles import role_matches, unmatched_patterns
 from agentlightning.types import Rollout
 
 
-def explain_rollout(rollout: Rollout, recorder: RolloutRecorder) -> list[str]:
-    """Diagnostics for a finished rollout: empty capture, failed calls, role filters, missing reward."""
+def explain_rollout(rollout: Rollout, recorder: RolloutRecorder, llm_base_url: str | None) -> list[str]:
+    """Diagnostics for a finished rollout: empty capture (compared with ``llm_base_url``, the endpoint the agent
+    was given), failed calls, role filters, missing reward."""
     notes: list[str] = []
     llm_calls = rollout.llm_calls
     if not llm_calls:
-        notes.append(_no_llm_call(rollout, recorder))
+        notes.append(_no_llm_call(rollout, recorder, llm_base_url))
     elif all(call.status == "error" for call in llm_calls):
         first = llm_calls[0]
-        notes.append(
-            f"all {len(llm_calls)} LLM calls failed; the first to {first.metadata.get('endpoint')} raised "
-            f"{first.error}."
-        )
+        notes.append(f"all {len(llm_calls)} LLM calls failed; the first to {first.metadata.get('endpoint')} raised "
+                     f"{first.error}.")
     notes.extend(_role_notes(rollout))
     if rollout.status == "succeeded" and rollout.final_reward is None:
-        notes.append(
-            "no final reward: the agent returned None and did not call agl.emit_reward(value, final=True); "
-            "return a float, call agl.emit_reward(..., final=True), or pass @agl.rollout(reward=fn)."
-        )
+        notes.append("no final reward: the agent returned None and did not call agl.emit_reward(value, final=True); "
+                     "return a float, call agl.emit_reward(..., final=True), or pass @agl.rollout(reward=fn).")
     return notes
 
 
-def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder) -> str:
+def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder, expected: str | None) -> str:
     parts = ["no LLM call was captured."]
     endpoints = sorted(recorder.unfinished_endpoints())
-    expected = recorder.llm_base_url
     if endpoints:
-        parts.append(
-            f"Calls to {', '.join(endpoints)} started but never finished (a stream that was never consumed, or a "
-            "call still running when the rollout ended)."
-        )
+        parts.append(f"Calls to {', '.join(endpoints)} started but never finished (a stream that was never "
+                     "consumed, or a call still running when the rollout ended).")
     parts.append(_patch_state())
     stray = _calls_outside_context(rollout)
     if stray is not None:
         count, endpoint = stray
-        parts.append(
-            f"{count} openai call(s) ran while this rollout was running but outside its context (last one to "
-            f"{endpoint}): threads started by the agent need contextvars.copy_context().run(...), and clients "
-            "must be called from the rollout's own task or thread."
-        )
+        parts.append(f"{count} openai call(s) ran while this rollout was running but outside its context (last one "
+                     f"to {endpoint}): threads started by the agent need contextvars.copy_context().run(...), and "
+                     "clients must be called from the rollout's own task or thread.")
         if expected and endpoint and endpoint != expected.rstrip("/"):
             parts.append(f"Note that endpoint differs from llm.base_url={expected}.")
     elif expected:
-        parts.append(
-            f"The agent was given llm.base_url={expected}; make sure it sends its requests there with the openai "
-            "client (or a framework built on it), inside the rollout."
-        )
+        parts.append(f"The agent was given llm.base_url={expected}; make sure it sends its requests there with the "
+                     "openai client (or a framework built on it), inside the rollout.")
     else:
-        parts.append(
-            "Make sure the agent sends its requests with the openai client (or a framework built on it) to "
-            "llm.base_url, inside the rollout."
-        )
+        parts.append("Make sure the agent sends its requests with the openai client (or a framework built on it) to "
+                     "llm.base_url, inside the rollout.")
     return " ".join(parts)
 
 
@@ -84,12 +72,8 @@ def _patch_state() -> str:
 def _calls_outside_context(rollout: Rollout) -> tuple[int, str | None] | None:
     """(count, endpoint of the last one) of patched openai calls made outside any rollout during this rollout."""
     adapter = sys.modules.get("agentlightning.adapters.openai")
-    if adapter is None:
-        return None
-    stray: list[tuple[float, Any]] = adapter.unattributed_since(rollout.timings.get("start", 0.0))
-    if not stray:
-        return None
-    return len(stray), stray[-1][1]
+    stray: list[tuple[float, Any]] = adapter.unattributed_since(rollout.timings["start"]) if adapter else []
+    return (len(stray), stray[-1][1]) if stray else None
 
 
 def _role_notes(rollout: Rollout) -> list[str]:
@@ -100,21 +84,15 @@ def _role_notes(rollout: Rollout) -> list[str]:
     unnamed = sum(1 for call in llm_calls if call.role is None)
     selected = [call for call in llm_calls if role_matches(call.role, rollout.trainable_roles)]
     if not selected:
-        note = (
-            f"roles={rollout.trainable_roles} selected none of the {len(llm_calls)} LLM calls, so this rollout "
-            f"gives no transitions; role names seen: {roles_seen or 'none'}"
-        )
+        note = (f"roles={rollout.trainable_roles} selected none of the {len(llm_calls)} LLM calls, so this rollout "
+                f"gives no transitions; role names seen: {roles_seen or 'none'}")
         if unnamed:
             note += (f" ({unnamed} calls had no role: name them with agl.role('...') or let a framework adapter "
                      "name them)")
         return [note + "."]
-    notes = []
     missing = unmatched_patterns(rollout.trainable_roles, roles_seen)
-    if missing:
-        patterns = rollout.trainable_roles
-        excluded = sorted({c.role or "<no role>" for c in llm_calls if not role_matches(c.role, patterns)})
-        notes.append(
-            f"roles {missing} never appeared in this rollout; role names seen: {roles_seen}"
-            + (f"; calls excluded as context only: {excluded}" if excluded else "") + "."
-        )
-    return notes
+    if not missing:
+        return []
+    excluded = sorted({c.role or "<no role>" for c in llm_calls if not role_matches(c.role, rollout.trainable_roles)})
+    return [f"roles {missing} never appeared in this rollout; role names seen: {roles_seen}"
+            + (f"; calls excluded as context only: {excluded}" if excluded else "") + "."]

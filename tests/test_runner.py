@@ -11,6 +11,7 @@ import openai
 import pytest
 
 import agentlightning as agl
+from agentlightning._attempt import Attempt
 from agentlightning.protocol import task_id_for
 from agentlightning.testing import MockLLMServer, MockReply, MockRequest
 
@@ -348,14 +349,14 @@ async def _async_agent(task: str, llm: agl.LLM) -> float:
 def test_rollout_that_cannot_start_fails_alone(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch,
                                                function: object) -> None:
     agent = agl.rollout(function)
-    real_start = agent.start_recorder
+    real_start = Attempt.start
 
-    def start_recorder(rollout: agl.Rollout, llm: agl.LLM | None = None) -> object:
-        if rollout.task == "bad":
+    def start(attempt: Attempt) -> None:
+        if attempt.task == "bad":
             raise RuntimeError("recorder unavailable")
-        return real_start(rollout, llm)
+        real_start(attempt)
 
-    monkeypatch.setattr(agent, "start_recorder", start_recorder)
+    monkeypatch.setattr(Attempt, "start", start)
     rollouts = agl.run(agent, ["ok", "bad", "ok"], llm=server.llm())
     assert [r.status for r in rollouts] == ["succeeded", "failed", "succeeded"]
     assert "task #1" in rollouts[1].error.message and "recorder unavailable" in rollouts[1].error.message

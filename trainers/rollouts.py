@@ -104,15 +104,14 @@ class LocalRollouts:
         self.llm = LLM(base_url=base_url, model=model_name, model_version=model_version)
 
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
-        from agentlightning.protocol import task_id_for
         from agentlightning.runner import run
 
         if self.llm is None:
             raise RuntimeError("LocalRollouts.set_model() must be called before run()")
         expanded = [task for task in tasks for _ in range(group_size)]
         rollouts = run(self.agent, expanded, self.llm, n_workers=self.nworkers, timeout=timeout)
-        for rollout, task in zip(rollouts, expanded, strict=True):
-            rollout.group_id = f"{group_prefix}:{rollout.task_id or task_id_for(task)}"
+        for rollout in rollouts:  # every attempt has a task id (the task's own, else its content hash)
+            rollout.group_id = f"{group_prefix}:{rollout.task_id}"
         return rollouts
 
     def close(self) -> None:

@@ -3,16 +3,14 @@
 The report takes the worker's next lease in the same request (one request per rollout while there is work); a
 worker that found the queue empty long-polls ``dequeue``.
 
-The agent runs in a daemon thread of the worker so the worker can keep heart-beating and enforce the timeout.
-At the timeout the worker reports the rollout as 'timeout' with every call and log captured so far, then exits
-(a stuck thread cannot be killed any other way); the pool starts a fresh worker. If the worker itself stops
-responding, the pool kills it. Results that cannot be uploaded are spooled to disk and re-sent later.
+Each rollout is an :class:`~agentlightning._attempt.Attempt`, heart-beating while its agent runs. At the timeout the
+worker reports it as 'timeout' with every call and log captured so far, then exits (a stuck thread cannot be killed
+any other way) and the pool starts a fresh worker; a worker that stops responding is killed by the pool. Results
+that cannot be uploaded are spooled to disk and re-sent later.
 """
 
 from __future__ import annotations
 
-import asyncio
-import io
 import json
 import logging
 import multiprocessing.synchronize
@@ -27,13 +25,14 @@ from multiprocessing.sharedctypes import Synchronized, SynchronizedArray
 from pathlib import Path
 from typing import Any, TextIO
 
+from agentlightning._attempt import Attempt
 from agentlightning.client.agentref import load_agent
 from agentlightning.client.api import ServerAPI, ServerError, Unreachable
-from agentlightning.context import RolloutRecorder, current_recorder, install_log_capture, recording
+from agentlightning.context import current_recorder
 from agentlightning.decorator import RolloutAgent
 from agentlightning.instrumentation import enable_auto_instrumentation
 from agentlightning.protocol import Lease
-from agentlightning.types import LLM, Rollout
+from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
 
@@ -83,41 +82,35 @@ class WorkerSlot:
 def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.synchronize.Event) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the pool drains us
-    logging.basicConfig(level=config.log_level, format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpx2", "httpcore"):  # one line per HTTP request would flood the logs and every rollout's logs
+    logging.basicConfig(level=config.log_level,
+                        format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpx2", "httpcore"):  # a line per request would flood the logs and every rollout's logs
         logging.getLogger(noisy).setLevel(max(config.log_level, logging.WARNING))
     _capture_output()
     agent = load_agent(config.agent_ref)
     enable_auto_instrumentation()  # pay adapter set-up now, not inside the first lease
-    install_log_capture()
     api = ServerAPI(config.server_url, config.token)
-    lease: Lease | None = None  # handed with the last result; run even when draining (it is ours until reported)
-    while lease is not None or not drain.is_set():
-        if lease is None:
-            try:
-                lease, server_stop = api.dequeue(config.worker_id, DEQUEUE_WAIT, stop=drain,
-                                                 retry_for=config.reconnect_seconds)
-            except Unreachable as exc:
-                if not drain.is_set():
-                    logger.error("giving up on the server after %.0f s: %s", config.reconnect_seconds, exc)
-                break
-            except ServerError as exc:
-                logger.error("the server refused to hand out work: %s", exc.message)
-                if exc.status in (401, 403):
-                    sys.exit(2)
-                time.sleep(1.0)
-                continue
-            if server_stop:
-                logger.info("server says stop; worker exits")
-                break
-            if lease is None:
-                continue
-        abandoned, lease, server_stop = run_lease(agent, lease, api, config, slot, drain)
-        if abandoned:
-            os._exit(EXIT_ABANDONED)
-        if server_stop:
-            logger.info("server says stop; worker exits")
+    lease, server_stop = None, False  # a lease handed with the last result runs even when draining: it is ours
+    while not server_stop and (lease is not None or not drain.is_set()):
+        if lease is not None:
+            abandoned, lease, server_stop = run_lease(agent, lease, api, config, slot, drain)
+            if abandoned:
+                os._exit(EXIT_ABANDONED)
+            continue
+        try:
+            lease, server_stop = api.dequeue(config.worker_id, DEQUEUE_WAIT, stop=drain,
+                                             retry_for=config.reconnect_seconds)
+        except Unreachable as exc:
+            if not drain.is_set():
+                logger.error("giving up on the server after %.0f s: %s", config.reconnect_seconds, exc)
             break
+        except ServerError as exc:
+            logger.error("the server refused to hand out work: %s", exc.message)
+            if exc.status in (401, 403):
+                sys.exit(2)
+            time.sleep(1.0)
+    if server_stop:
+        logger.info("server says stop; worker exits")
     api.close()
 
 
@@ -125,101 +118,55 @@ def run_lease(
     agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerConfig, slot: WorkerSlot,
     drain: multiprocessing.synchronize.Event,
 ) -> tuple[bool, Lease | None, bool]:
-    """Run one leased rollout and report it, taking the next lease with the report unless ``drain`` is set.
-    Returns (an agent thread was left running (hung), the next lease, the server says stop)."""
+    """Run one leased rollout, heart-beating, and report it, taking the next lease with the report unless ``drain``
+    is set. Returns (the agent's thread was left running (hung), the next lease, the server says stop)."""
     timeout = config.timeout if config.timeout is not None else lease.timeout
     started = time.monotonic()
     slot.set(lease.rollout_id, lease.attempt, started + timeout if timeout else float("inf"))
-    llm = _llm_for(lease, config.server_url)
-    rollout = agent.new_rollout(
-        lease.task, rollout_id=lease.rollout_id, task_id=lease.task_id, group_id=lease.group_id,
-        attempt=lease.attempt, model_version=llm.model_version,
-    )
-    try:
-        recorder = agent.start_recorder(rollout, llm)
-    except Exception as exc:  # e.g. a task the agent cannot take: fail this rollout only
-        result = agent.finish_failed(rollout, _bare_recorder(rollout), exc)
-        abandoned = False
-    else:
-        box: dict[str, Any] = {}
-        thread = threading.Thread(target=_run_agent, args=(agent, lease, llm, rollout, recorder, box),
-                                  name=f"agent-{lease.rollout_id}", daemon=True)
-        thread.start()
-        abandoned, taken_away = _supervise(thread, lease, api, config, started, timeout)
-        if taken_away:
-            logger.warning("attempt %d of %s was taken away by the server; dropping it", lease.attempt, lease.rollout_id)
-            slot.clear()
-            return abandoned, None, False
-        if abandoned:
-            result = agent.finish_timeout(rollout, recorder, timeout)
-        elif "error" in box:
-            result = agent.finish_failed(rollout, recorder, box["error"])
-        else:
-            result = agent.finish(rollout, recorder, box.get("output"))
-    result.timings.setdefault("worker_seconds", time.monotonic() - started)
-    result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
-    following = upload(api, result, lease.attempt, config, take_next=not abandoned and not drain.is_set())
-    slot.clear()
-    return (abandoned, *following)
+    assert lease.llm is not None  # the server fills it in; addressed through the URL this client reaches it with
+    llm = lease.llm.model_copy(update={"base_url": f"{config.server_url.rstrip('/')}/rollouts/{lease.rollout_id}/v1"})
+    attempt = Attempt(agent, lease.task, llm, rollout_id=lease.rollout_id, task_id=lease.task_id,
+                      group_id=lease.group_id, attempt=lease.attempt)
 
-
-def _run_agent(
-    agent: RolloutAgent, lease: Lease, llm: LLM, rollout: Rollout, recorder: RolloutRecorder, box: dict[str, Any]
-) -> None:
-    with recording(recorder):
+    def heartbeat() -> bool:
         try:
-            output = agent.invoke(lease.task, llm, rollout)
-            if asyncio.iscoroutine(output):
-                output = asyncio.run(output)
-            box["output"] = output
-        except BaseException as exc:  # noqa: BLE001 - agent failures are data
-            box["error"] = exc
+            return api.heartbeat(lease.rollout_id, lease.attempt, config.worker_id).get("ok", True)
+        except (Unreachable, ServerError) as exc:
+            logger.info("heartbeat for %s failed: %s", lease.rollout_id, exc)
+            return True
 
-
-def _supervise(
-    thread: threading.Thread, lease: Lease, api: ServerAPI, config: WorkerConfig, started: float, timeout: float | None
-) -> tuple[bool, bool]:
-    """Wait for the agent thread, heart-beating. Returns (hung at the timeout, attempt taken away)."""
-    interval = max(0.05, lease.lease_seconds / 3)
-    next_beat = started + interval
-    while True:
-        now = time.monotonic()
-        wake = next_beat if timeout is None else min(next_beat, started + timeout)
-        thread.join(max(0.0, wake - now))
-        if not thread.is_alive():
-            return False, False
-        now = time.monotonic()
-        if timeout is not None and now >= started + timeout:
-            logger.warning("rollout %s hit its %.1f s timeout; reporting it and replacing this worker",
-                           lease.rollout_id, timeout)
-            return True, False
-        if now >= next_beat:
-            next_beat = now + interval
-            try:
-                verdict = api.heartbeat(lease.rollout_id, lease.attempt, config.worker_id)
-            except (Unreachable, ServerError) as exc:
-                logger.info("heartbeat for %s failed: %s", lease.rollout_id, exc)
-                continue
-            if not verdict.get("ok", True):
-                return thread.is_alive(), True
+    try:
+        result = attempt.run(timeout, on_tick=heartbeat, tick=max(0.05, lease.lease_seconds / 3))
+    except Exception as exc:  # noqa: BLE001 - e.g. a task the agent cannot take: fail this rollout only
+        result = attempt.refuse(f"the attempt could not start: {type(exc).__name__}: {exc}", exc)
+    following: tuple[Lease | None, bool] = (None, False)
+    if result.status == "cancelled":
+        logger.warning("attempt %d of %s was taken away by the server; dropping it", lease.attempt, lease.rollout_id)
+    else:
+        if attempt.abandoned:
+            logger.warning("rollout %s left its agent running; reporting it, then this worker is replaced",
+                           lease.rollout_id)
+        result.timings.setdefault("worker_seconds", time.monotonic() - started)
+        result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
+        following = upload(api, result, lease.attempt, config, take_next=not attempt.abandoned and not drain.is_set())
+    slot.clear()
+    return (attempt.abandoned, *following)
 
 
 def upload(
     api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig, take_next: bool = False
 ) -> tuple[Lease | None, bool]:
     """Report ``result``; if the server stays unreachable, spool it to disk for a later client to send. With
-    ``take_next``, the worker's next lease comes with the answer: returns (that lease or None, the server says
-    stop)."""
-    lease, stop = None, False
+    ``take_next``, the worker's next lease comes with the answer. Returns (that lease or None, the server says stop)."""
+    worker_id, retry_for = config.worker_id, config.upload_retry_seconds
     try:
         if take_next:
-            outcome, lease, stop = api.upload_result_and_lease(result, attempt, config.worker_id,
-                                                               retry_for=config.upload_retry_seconds)
+            outcome, lease, stop = api.upload_result_and_lease(result, attempt, worker_id, retry_for=retry_for)
         else:
-            outcome = api.upload_result(result, attempt, config.worker_id, retry_for=config.upload_retry_seconds)
+            outcome, lease, stop = api.upload_result(result, attempt, worker_id, retry_for=retry_for), None, False
     except Unreachable as exc:
-        path = spool(result, attempt, config)
-        logger.error("could not upload rollout %s (%s); saved to %s for the next client run", result.rollout_id, exc, path)
+        logger.error("could not upload rollout %s (%s); saved to %s for the next client run", result.rollout_id, exc,
+                     spool(result, attempt, config))
         return None, False
     except ServerError as exc:
         logger.warning("server did not take rollout %s attempt %d: %s", result.rollout_id, attempt, exc.message)
@@ -250,7 +197,8 @@ def resend_spooled(api: ServerAPI, spool_dir: str) -> int:
     for path in sorted(directory.glob("*.json")):
         entry = json.loads(path.read_text())
         try:
-            api.upload_result(Rollout.model_validate(entry["rollout"]), entry["attempt"], entry["worker_id"], retry_for=10.0)
+            api.upload_result(Rollout.model_validate(entry["rollout"]), entry["attempt"], entry["worker_id"],
+                              retry_for=10.0)
         except ServerError as exc:
             logger.warning("spooled result %s refused (%s); removing it", path.name, exc.message)
         except Unreachable:
@@ -260,50 +208,22 @@ def resend_spooled(api: ServerAPI, spool_dir: str) -> int:
     return sent
 
 
-def _llm_for(lease: Lease, server_url: str) -> LLM:
-    """The rollout's endpoint, addressed through the URL this client reaches the server with."""
-    assert lease.llm is not None
-    return lease.llm.model_copy(update={"base_url": f"{server_url.rstrip('/')}/rollouts/{lease.rollout_id}/v1"})
-
-
-def _bare_recorder(rollout: Rollout) -> RolloutRecorder:
-    return RolloutRecorder(rollout.rollout_id, model_version=rollout.model_version)
-
-
-class _TeeToRollout(io.TextIOBase):
+class _TeeToRollout:
     """Passes writes through and copies complete lines into the logs of the rollout running in this context."""
 
     def __init__(self, stream: TextIO, name: str) -> None:
-        self._stream = stream
-        self._name = name
-        self._partial = threading.local()
+        self._stream, self._name, self._partial = stream, name, threading.local()
 
     def write(self, text: str) -> int:
         self._stream.write(text)
         recorder = current_recorder()
         if recorder is not None:
-            pending = getattr(self._partial, "text", "") + text
-            *lines, rest = pending.split("\n")
-            self._partial.text = rest
+            *lines, self._partial.text = (getattr(self._partial, "text", "") + text).split("\n")
             recorder.logs.extend(f"{time.strftime('%H:%M:%S')} {self._name}: {line}" for line in lines if line)
         return len(text)
 
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return self._stream.encoding
-
-    @property
-    def errors(self) -> str | None:  # type: ignore[override]
-        return self._stream.errors
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def fileno(self) -> int:
-        return self._stream.fileno()
-
-    def isatty(self) -> bool:
-        return self._stream.isatty()
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, encoding, isatty...: the wrapped stream's
+        return getattr(self._stream, name)
 
 
 def _capture_output() -> None:
