@@ -27,11 +27,11 @@ from typing import Any, TextIO
 
 from agentlightning._attempt import Attempt
 from agentlightning.client.agentref import load_agent
-from agentlightning.client.api import ServerAPI, ServerError, Unreachable
+from agentlightning.client.api import ServerAPI
 from agentlightning.context import current_recorder
 from agentlightning.decorator import RolloutAgent
 from agentlightning.instrumentation import enable_auto_instrumentation
-from agentlightning.protocol import Lease
+from agentlightning.protocol import Lease, ServerError, Unreachable
 from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
