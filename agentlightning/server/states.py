@@ -9,12 +9,11 @@ next attempt number while attempts remain; otherwise the outcome's terminal stat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-Event = Literal["dequeue", "succeed", "fail", "timeout", "lease_expired", "cancel"]
+from agentlightning.types import FINISHED_STATUSES
 
 # (state, event) -> state the event leads to, before retries are considered.
-TRANSITIONS: dict[tuple[str, str], str] = {
+NEXT_STATE: dict[tuple[str, str], str] = {
     ("queued", "dequeue"): "running",
     ("queued", "cancel"): "cancelled",
     ("running", "succeed"): "succeeded",
@@ -32,8 +31,6 @@ RETRYABLE_EVENTS: frozenset[str] = frozenset({"fail", "timeout", "lease_expired"
 # What a worker-reported rollout status means as an event.
 STATUS_EVENTS: dict[str, str] = {"succeeded": "succeed", "failed": "fail", "timeout": "timeout", "cancelled": "cancel"}
 
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "timeout", "cancelled"})
-
 
 class InvalidTransition(ValueError):
     """An event that the rollout's current state does not allow."""
@@ -50,7 +47,7 @@ class Decision:
 
 def decide(state: str, event: str, attempt: int, max_attempts: int) -> Decision:
     """Apply ``event`` to a rollout in ``state`` on attempt ``attempt`` (1-based) allowing ``max_attempts``."""
-    target = TRANSITIONS.get((state, event))
+    target = NEXT_STATE.get((state, event))
     if target is None:
         raise InvalidTransition(f"rollout in state {state!r} cannot take event {event!r}")
     if event in RETRYABLE_EVENTS and attempt < max_attempts:
@@ -70,4 +67,4 @@ def event_for_status(status: str) -> str:
 
 def is_terminal(state: str) -> bool:
     """Whether ``state`` is final."""
-    return state in TERMINAL_STATES
+    return state in FINISHED_STATUSES
