@@ -28,14 +28,9 @@ class RetokenizeError(ValueError):
     """The call's text cannot be turned back into the tokens the model saw."""
 
 
-def has_tokens(call: Call) -> bool:
-    """Whether the call carries both prompt and completion token ids."""
-    return call.prompt_token_ids is not None and call.completion_token_ids is not None
-
-
 def _rank(call: Call) -> tuple[bool, int]:
-    """Sort key of a record's token ids: complete ids first, then by source (lower is better)."""
-    return not has_tokens(call), SOURCE_RANK.get(call.token_source, 3)
+    """Sort key of a record's token ids: both prompt and completion ids first, then by source (lower is better)."""
+    return call.prompt_token_ids is None or call.completion_token_ids is None, SOURCE_RANK.get(call.token_source, 3)
 
 
 def merge_records(call: Call, other: Call) -> None:
@@ -54,28 +49,21 @@ def merge_records(call: Call, other: Call) -> None:
 
 
 def merge_duplicates(llm_calls: Sequence[Call]) -> tuple[list[Call], int]:
-    """Collapse LLM calls recorded twice for one response (same ``response_id``) with :func:`merge_records`, keeping
-    the record with the best token ids (copied: the input is not modified), in the place of the group's first
-    record. Returns the calls in order and how many merged."""
-    groups: dict[str, list[Call]] = {}
+    """Collapse LLM calls recorded twice for one response (same ``response_id``) into the record with the best token
+    ids, completed by :func:`merge_records` (a copy: the input is not modified), in the place of the first record.
+    Returns the calls in order and how many merged."""
+    groups: dict[object, list[Call]] = {}
     for call in llm_calls:
-        if call.response_id is not None:
-            groups.setdefault(call.response_id, []).append(call)
+        groups.setdefault(call.response_id or id(call), []).append(call)
     merged: list[Call] = []
-    count = 0
-    for call in llm_calls:
-        group = [call] if call.response_id is None else groups.pop(call.response_id, [])  # [] once merged
-        if len(group) == 1:
-            merged.append(call)
-        elif group:
-            best = min(group, key=_rank)
-            kept = best.model_copy(update={"metadata": dict(best.metadata)})
-            for other in group:
-                if other is not best:
-                    merge_records(kept, other)
-            merged.append(kept)
-            count += len(group) - 1
-    return merged, count
+    for group in groups.values():
+        best = min(group, key=_rank)
+        kept = best if len(group) == 1 else best.model_copy(update={"metadata": dict(best.metadata)})
+        for other in group:
+            if other is not best:
+                merge_records(kept, other)
+        merged.append(kept)
+    return merged, len(llm_calls) - len(merged)
 
 
 def _encode(tokenizer: Tokenizer, text: str) -> list[int]:

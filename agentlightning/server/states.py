@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agentlightning.types import FINISHED_STATUSES
-
 # (state, event) -> state the event leads to, before retries are considered.
 NEXT_STATE: dict[tuple[str, str], str] = {
     ("queued", "dequeue"): "running",
@@ -28,7 +26,7 @@ NEXT_STATE: dict[tuple[str, str], str] = {
 # Outcomes that are retried while attempts remain.
 RETRYABLE_EVENTS: frozenset[str] = frozenset({"fail", "timeout", "lease_expired"})
 
-# What a worker-reported rollout status means as an event.
+# What a worker-reported final rollout status (types.FINISHED_STATUSES) means as an event.
 STATUS_EVENTS: dict[str, str] = {"succeeded": "succeed", "failed": "fail", "timeout": "timeout", "cancelled": "cancel"}
 
 
@@ -57,14 +55,7 @@ def decide(state: str, event: str, attempt: int, max_attempts: int) -> Decision:
 
 def event_for_status(status: str) -> str:
     """The event a worker's reported final rollout ``status`` stands for."""
-    event = STATUS_EVENTS.get(status)
-    if event is None:
-        raise InvalidTransition(
-            f"a result must have a final status ({', '.join(sorted(STATUS_EVENTS))}), got {status!r}"
-        )
-    return event
-
-
-def is_terminal(state: str) -> bool:
-    """Whether ``state`` is final."""
-    return state in FINISHED_STATUSES
+    if status not in STATUS_EVENTS:
+        allowed = ", ".join(sorted(STATUS_EVENTS))
+        raise InvalidTransition(f"a result must have a final status ({allowed}), got {status!r}")
+    return STATUS_EVENTS[status]

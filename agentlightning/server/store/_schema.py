@@ -1,7 +1,5 @@
 """The store's SQLite file: its tables, and how it is opened (WAL, one connection shared under a lock)."""
 
-from __future__ import annotations
-
 import sqlite3
 from pathlib import Path
 

@@ -1,9 +1,8 @@
 """The embedded store: one SQLite file in WAL mode, one connection serialised by a lock.
 
 Only the ids of running rollouts (for the proxy's checks) and a short buffer of proxy calls are held in RAM. Proxy
-calls, the hot write path, are written in batches: the buffer goes into the next commit, whichever it is (a
-result, a lease, :meth:`SQLiteStore.flush` on the server's short timer) and stays buffered if that commit fails.
-Every other change is one short transaction.
+calls, the hot write path, are written in batches: with the next commit, whichever it is (a result, a lease, the
+server's flush timer). Every other change is one short transaction.
 """
 
 from __future__ import annotations
@@ -20,22 +19,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentlightning.protocol import (
-    AttemptInfo,
-    DatasetInfo,
-    Lease,
-    ModelVersion,
-    ResultOutcome,
-    RolloutSummary,
-    Task,
-    dataset_id_for,
-    task_id_for,
+    AttemptInfo, DatasetInfo, Lease, ModelVersion, ResultOutcome, RolloutSummary, Task, dataset_id_for, task_id_for,
 )
 from agentlightning.server.extract import json_text
 from agentlightning.server.join import join_calls, join_late_call
-from agentlightning.server.states import Decision, decide, event_for_status, is_terminal
+from agentlightning.server.states import Decision, decide, event_for_status
 from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError
 from agentlightning.server.store._schema import open_database
-from agentlightning.types import Call, ErrorInfo, Reward, Rollout, new_id
+from agentlightning.types import FINISHED_STATUSES, Call, ErrorInfo, Reward, Rollout, new_id
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +34,8 @@ logger = logging.getLogger(__name__)
 PROXY_BATCH = 256
 _INSERT_PROXY_CALL = "INSERT INTO proxy_calls(rollout_id, attempt, start_time, body) VALUES (?, ?, ?, ?)"
 _DATASETS = "SELECT dataset_id, name, size, created FROM datasets"
-_SUMMARIES = (
-    "SELECT rollout_id, task_id, dataset_id, group_id, status, attempt, max_attempts, final_reward, model_version, "
-    "worker_id, n_calls, created, started, ended FROM rollouts"
-)
+_SUMMARIES = ("SELECT rollout_id, task_id, dataset_id, group_id, status, attempt, max_attempts, final_reward, "
+              "model_version, worker_id, n_calls, created, started, ended FROM rollouts")
 
 
 class SQLiteStore(Store):
@@ -57,11 +46,11 @@ class SQLiteStore(Store):
         self._db = open_database(self.path)
         self._lock = threading.RLock()
         self._proxy_buffer: list[tuple[str, int, float, str]] = []
-        self._running: dict[str, int] = dict(self._all("SELECT rollout_id, attempt FROM rollouts WHERE status='running'"))
+        self._running = dict(self._all("SELECT rollout_id, attempt FROM rollouts WHERE status='running'"))
 
-    # -- datasets ---------------------------------------------------------------------------------------------
-
-    def add_dataset(self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None) -> DatasetInfo:
+    def add_dataset(
+        self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
+    ) -> DatasetInfo:
         records = list(records)
         if not records:
             raise StoreError("dataset is empty: upload at least one task")
@@ -74,29 +63,28 @@ class SQLiteStore(Store):
         digest = dataset_id_for(records)
         dataset_id = dataset_id or digest
         with self._lock:
-            existing = self._one("SELECT dataset_id, name, size, created, digest FROM datasets WHERE dataset_id=?", dataset_id)
+            existing = self.get_dataset(dataset_id)
             if existing is not None:
-                if existing["digest"] != digest:
+                if self._one("SELECT digest FROM datasets WHERE dataset_id=?", dataset_id)[0] != digest:
                     raise Conflict(
-                        f"dataset {dataset_id!r} already exists with different content ({existing['size']} tasks); "
+                        f"dataset {dataset_id!r} already exists with different content ({existing.size} tasks); "
                         "refusing to replace it (choose another dataset_id)"
                     )
-                return _dataset_info(existing)
+                return existing
             info = DatasetInfo(dataset_id=dataset_id, name=name, size=len(records), created=time.time())
-            rows = [(dataset_id, i, task_id_for(r, dataset_id, i), p) for i, (r, p) in enumerate(zip(records, payloads))]
+            rows = [(dataset_id, i, task_id_for(r, dataset_id, i), payloads[i]) for i, r in enumerate(records)]
             with self._transaction():
-                self._db.execute(
-                    "INSERT INTO datasets VALUES (?, ?, ?, ?, ?)", (dataset_id, name, info.size, info.created, digest)
-                )
+                self._db.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?)",
+                                 (dataset_id, name, info.size, info.created, digest))
                 self._db.executemany("INSERT INTO tasks VALUES (?, ?, ?, ?)", rows)
         return info
 
     def get_dataset(self, dataset_id: str) -> DatasetInfo | None:
         row = self._one(f"{_DATASETS} WHERE dataset_id=?", dataset_id)
-        return None if row is None else _dataset_info(row)
+        return None if row is None else DatasetInfo(**row)
 
     def list_datasets(self) -> list[DatasetInfo]:
-        return [_dataset_info(row) for row in self._all(f"{_DATASETS} ORDER BY created")]
+        return [DatasetInfo(**row) for row in self._all(f"{_DATASETS} ORDER BY created")]
 
     def dataset_tasks(self, dataset_id: str) -> list[Task]:
         with self._lock:
@@ -104,8 +92,6 @@ class SQLiteStore(Store):
                 raise NotFound(f"unknown dataset {dataset_id!r}")
             rows = self._all("SELECT task_id, payload FROM tasks WHERE dataset_id=? ORDER BY idx", dataset_id)
         return [Task(task_id=r["task_id"], payload=json.loads(r["payload"])) for r in rows]
-
-    # -- queue ------------------------------------------------------------------------------------------------
 
     def enqueue(
         self, tasks: Sequence[Task], *, group_size: int = 1, group_id: str | None = None,
@@ -138,12 +124,13 @@ class SQLiteStore(Store):
                 return None  # an empty queue costs no write transaction
             with self._transaction():
                 lease = self._lease_oldest(worker_id, lease_seconds, time.time())
-            self._mark_running(lease)
+            if lease is not None:
+                self._running[lease.rollout_id] = lease.attempt
         return lease
 
     def _lease_oldest(self, worker_id: str, lease_seconds: float, now: float) -> Lease | None:
         """Lease the oldest queued rollout inside the caller's transaction, on the current model version (the
-        caller marks it running once committed, :meth:`_mark_running`)."""
+        caller marks it running once committed)."""
         row = self._one(
             "SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts "
             "WHERE status='queued' ORDER BY seq LIMIT 1"
@@ -166,29 +153,20 @@ class SQLiteStore(Store):
             "DO UPDATE SET last_seen=excluded.last_seen, leased=leased+1",
             (worker_id, now, now),
         )
-        return Lease(
-            rollout_id=rollout_id, task_id=row["task_id"], task=json.loads(row["task"]), group_id=row["group_id"],
-            attempt=attempt, timeout=row["timeout"], lease_seconds=lease_seconds,
-        )
-
-    def _mark_running(self, lease: Lease | None) -> None:
-        if lease is not None:
-            self._running[lease.rollout_id] = lease.attempt
+        return Lease(**{**row, "task": json.loads(row["task"])}, lease_seconds=lease_seconds)
 
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float) -> str:
         now = time.time()
         with self._lock:
             status, current = self._rollout(rollout_id, "status, attempt")
             if status != "running" or current != attempt:
-                return f"attempt {attempt} of rollout {rollout_id} is no longer running (rollout is {status}, attempt {current})"
+                return (f"attempt {attempt} of rollout {rollout_id} is no longer running "
+                        f"(rollout is {status}, attempt {current})")
             with self._transaction():
-                self._db.execute(
-                    "UPDATE rollouts SET lease_expires=? WHERE rollout_id=?", (now + lease_seconds, rollout_id)
-                )
+                expires = now + lease_seconds
+                self._db.execute("UPDATE rollouts SET lease_expires=? WHERE rollout_id=?", (expires, rollout_id))
                 self._db.execute("UPDATE workers SET last_seen=? WHERE worker_id=?", (now, worker_id))
         return "ok"
-
-    # -- results ------------------------------------------------------------------------------------------------
 
     def complete(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout) -> ResultOutcome:
         return self._complete(rollout_id, attempt, worker_id, result, None)[0]
@@ -212,7 +190,8 @@ class SQLiteStore(Store):
                     lease = self._lease_oldest(worker_id, lease_seconds, time.time())
             if outcome.accepted:
                 self._running.pop(rollout_id, None)
-            self._mark_running(lease)
+            if lease is not None:
+                self._running[lease.rollout_id] = lease.attempt
         return outcome, lease
 
     def _store_result(
@@ -225,12 +204,13 @@ class SQLiteStore(Store):
             "AND status != 'lease_expired'",
             rollout_id, attempt,
         )
-        if ended is not None or (is_terminal(state) and current == attempt):
+        if ended is not None or (state in FINISHED_STATUSES and current == attempt):
+            reported = ended[0] if ended else state
             return ResultOutcome(
                 rollout_id=rollout_id, accepted=False, duplicate=True, status=state, attempt=current,
-                message=f"attempt {attempt} of rollout {rollout_id} was already reported ({ended[0] if ended else state})",
+                message=f"attempt {attempt} of rollout {rollout_id} was already reported ({reported})",
             )
-        if is_terminal(state):
+        if state in FINISHED_STATUSES:
             raise Conflict(
                 f"rollout {rollout_id} already finished as {state} by attempt {current}; result of attempt "
                 f"{attempt} not stored"
@@ -250,10 +230,8 @@ class SQLiteStore(Store):
             superseded = ErrorInfo(type="Superseded", message=f"attempt {attempt} finished the rollout first")
             self._end_attempt(rollout_id, current, None, "superseded", superseded, [], now)
         self._finish(rollout_id, attempt, decision, result, now)
-        return ResultOutcome(
-            rollout_id=rollout_id, accepted=True, status=decision.state, attempt=decision.attempt,
-            retried=decision.retried,
-        )
+        return ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state, attempt=decision.attempt,
+                             retried=decision.retried)
 
     def _finish(self, rollout_id: str, attempt: int, decision: Decision, result: Rollout, now: float) -> None:
         """End ``attempt`` as decided: queue the rollout for its next attempt, or store it as final ``result``."""
@@ -271,9 +249,8 @@ class SQLiteStore(Store):
         calls = join_calls(rollout_id, list(result.calls), self._proxy_calls(rollout_id, attempt))
         row = self._rollout(rollout_id, "task_id, group_id, task, model_version")
         record = result.model_copy(update={
-            "calls": [], "rewards": [], "status": state, "attempt": attempt, "rollout_id": rollout_id,
-            "task_id": row["task_id"], "group_id": row["group_id"], "task": _loads(row["task"]),
-            "model_version": row["model_version"],
+            "calls": [], "rewards": [], "status": state, "attempt": attempt, "rollout_id": rollout_id, **row,
+            "task": json.loads(row["task"]),
         })
         self._replace_calls(rollout_id, calls)
         self._db.execute("DELETE FROM rewards WHERE rollout_id=?", (rollout_id,))
@@ -295,30 +272,22 @@ class SQLiteStore(Store):
         )
         self._db.execute("UPDATE rollouts SET n_calls=? WHERE rollout_id=?", (len(calls), rollout_id))
 
-    def _end_attempt(
-        self, rollout_id: str, attempt: int, worker_id: str | None, status: str, error: ErrorInfo | None,
-        logs: Sequence[str], now: float,
-    ) -> None:
+    def _end_attempt(self, rollout_id: str, attempt: int, worker_id: str | None, status: str, error: ErrorInfo | None,
+                     logs: Sequence[str], now: float) -> None:
         self._db.execute(
             "INSERT INTO attempts(rollout_id, attempt, worker_id, status, ended, error, logs) "
             "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(rollout_id, attempt) DO UPDATE SET "
             "worker_id=COALESCE(excluded.worker_id, worker_id), status=excluded.status, ended=excluded.ended, "
             "error=excluded.error, logs=excluded.logs",
-            (
-                rollout_id, attempt, worker_id, status, now,
-                None if error is None else error.model_dump_json(), json.dumps(list(logs)),
-            ),
+            (rollout_id, attempt, worker_id, status, now, error and error.model_dump_json(), json.dumps(list(logs))),
         )
 
     def expire_leases(self, now: float | None = None) -> list[ResultOutcome]:
         now = time.time() if now is None else now
         outcomes: list[ResultOutcome] = []
         with self._lock:
-            rows = self._all(
-                "SELECT rollout_id, attempt, max_attempts, worker_id, lease_expires FROM rollouts "
-                "WHERE status='running' AND lease_expires < ?",
-                now,
-            )
+            rows = self._all("SELECT rollout_id, attempt, max_attempts, worker_id, lease_expires FROM rollouts "
+                             "WHERE status='running' AND lease_expires < ?", now)
             for rollout_id, attempt, max_attempts, worker_id, expires in rows:
                 error = ErrorInfo(
                     type="LeaseExpired",
@@ -339,11 +308,8 @@ class SQLiteStore(Store):
 
     def cancel(self, rollout_id: str) -> ResultOutcome:
         with self._lock:
-            state = self.rollout_state(rollout_id)
-            if state is None:
-                raise NotFound(f"unknown rollout {rollout_id!r}")
-            status, attempt = state
-            if is_terminal(status):
+            status, attempt = self._rollout(rollout_id, "status, attempt")
+            if status in FINISHED_STATUSES:
                 return ResultOutcome(rollout_id=rollout_id, accepted=False, status=status, attempt=attempt,
                                      message=f"rollout {rollout_id} already finished as {status}")
             decision = decide(status, "cancel", attempt, attempt)
@@ -356,8 +322,6 @@ class SQLiteStore(Store):
                 self._finish(rollout_id, attempt, decision, cancelled, now)
             self._running.pop(rollout_id, None)
         return ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state, attempt=attempt)
-
-    # -- proxy calls ----------------------------------------------------------------------------------------------
 
     def rollout_state(self, rollout_id: str) -> tuple[str, int] | None:
         attempt = self._running.get(rollout_id)
@@ -385,7 +349,7 @@ class SQLiteStore(Store):
     def _join_late(self, rollout_id: str, attempt: int, body: str) -> bool:
         """Join a proxy call into its stored rollout if ``attempt`` finished it (inside a transaction)."""
         row = self._one("SELECT status, attempt, record IS NOT NULL FROM rollouts WHERE rollout_id=?", rollout_id)
-        finished_by_it = row is not None and is_terminal(row[0]) and row[1] == attempt and row[2]
+        finished_by_it = row is not None and row[0] in FINISHED_STATUSES and row[1] == attempt and row[2]
         late = _calls_from_json([body], rollout_id) if finished_by_it else []
         if late:
             self._replace_calls(rollout_id, join_late_call(rollout_id, self._stored_calls(rollout_id), late[0]))
@@ -403,16 +367,8 @@ class SQLiteStore(Store):
 
     def _proxy_calls(self, rollout_id: str, attempt: int | None) -> list[Call]:
         """The written proxy calls of a rollout (one attempt, or all), by start time."""
-        if attempt is None:
-            rows = self._all("SELECT body FROM proxy_calls WHERE rollout_id=? ORDER BY start_time, id", rollout_id)
-        else:
-            rows = self._all(
-                "SELECT body FROM proxy_calls WHERE rollout_id=? AND attempt=? ORDER BY start_time, id",
-                rollout_id, attempt,
-            )
-        return _calls_from_json([r[0] for r in rows], rollout_id)
-
-    # -- queries ------------------------------------------------------------------------------------------------
+        rows = self._all("SELECT attempt, body FROM proxy_calls WHERE rollout_id=? ORDER BY start_time, id", rollout_id)
+        return _calls_from_json([body for n, body in rows if attempt is None or n == attempt], rollout_id)
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         with self._lock:
@@ -436,7 +392,7 @@ class SQLiteStore(Store):
         row = self._rollout(rollout_id, "task_id, group_id, task, status, attempt, model_version, created, started")
         timings = {"created": row["created"]} | ({"start": row["started"]} if row["started"] is not None else {})
         return Rollout(
-            rollout_id=rollout_id, task_id=row["task_id"], task=_loads(row["task"]), group_id=row["group_id"],
+            rollout_id=rollout_id, task_id=row["task_id"], task=json.loads(row["task"]), group_id=row["group_id"],
             attempt=row["attempt"], status=row["status"], model_version=row["model_version"], timings=timings,
         )
 
@@ -451,34 +407,18 @@ class SQLiteStore(Store):
         return [RolloutSummary(**row) for row in rows]
 
     def attempts(self, rollout_id: str) -> list[AttemptInfo]:
-        rows = self._all(
-            "SELECT attempt, worker_id, status, started, ended, error, logs FROM attempts WHERE rollout_id=? "
-            "ORDER BY attempt",
-            rollout_id,
-        )
-        return [
-            AttemptInfo(
-                rollout_id=rollout_id, attempt=r["attempt"], worker_id=r["worker_id"], status=r["status"],
-                started=r["started"], ended=r["ended"], logs=json.loads(r["logs"]) if r["logs"] else [],
-                error=None if r["error"] is None else ErrorInfo.model_validate_json(r["error"]),
-            )
-            for r in rows
-        ]
+        rows = self._all("SELECT * FROM attempts WHERE rollout_id=? ORDER BY attempt", rollout_id)
+        return [AttemptInfo(**{**row, "error": _json(row["error"]), "logs": _json(row["logs"]) or []}) for row in rows]
 
     def counts(self) -> dict[str, int]:
         return dict(self._all("SELECT status, COUNT(*) FROM rollouts GROUP BY status"))
 
     def finished(self, rollout_ids: Iterable[str]) -> set[str]:
-        ids = list(rollout_ids)
-        done: set[str] = set()
-        for start in range(0, len(ids), 500):  # SQLite allows a bounded number of parameters
-            chunk = ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            rows = self._all(f"SELECT rollout_id, status FROM rollouts WHERE rollout_id IN ({marks})", *chunk)
-            done.update(rollout_id for rollout_id, status in rows if is_terminal(status))
-        return done
-
-    # -- models and workers -----------------------------------------------------------------------------------
+        rows = self._all(  # the ids as one JSON parameter: any number of them
+            "SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
+            json.dumps(list(rollout_ids)),
+        )
+        return {rollout_id for rollout_id, status in rows if status in FINISHED_STATUSES}
 
     def set_model_version(self, version: str, model_name: str, upstream_url: str | None) -> ModelVersion:
         info = ModelVersion(version=version, model_name=model_name, upstream_url=upstream_url, created=time.time())
@@ -490,7 +430,9 @@ class SQLiteStore(Store):
         return info
 
     def current_model(self) -> ModelVersion | None:
-        row = self._one("SELECT version, model_name, upstream_url, created FROM model_versions ORDER BY seq DESC LIMIT 1")
+        row = self._one(
+            "SELECT version, model_name, upstream_url, created FROM model_versions ORDER BY seq DESC LIMIT 1"
+        )
         return None if row is None else ModelVersion(**row)
 
     def workers(self) -> list[dict[str, Any]]:
@@ -501,8 +443,6 @@ class SQLiteStore(Store):
         with self._lock:
             self.flush()
             self._db.close()
-
-    # -- internals ----------------------------------------------------------------------------------------------
 
     def _rollout(self, rollout_id: str, columns: str) -> Any:
         """``columns`` of a rollout's row; raises :class:`NotFound` for an unknown rollout."""
@@ -530,12 +470,9 @@ class SQLiteStore(Store):
         self._proxy_buffer = []
 
 
-def _loads(text: str | None) -> Any:
+def _json(text: str | None) -> Any:
+    """The value of a JSON column (None for NULL)."""
     return None if text is None else json.loads(text)
-
-
-def _dataset_info(row: Any) -> DatasetInfo:
-    return DatasetInfo(dataset_id=row["dataset_id"], name=row["name"], size=row["size"], created=row["created"])
 
 
 def _calls_from_json(bodies: Iterable[str], rollout_id: str) -> list[Call]:
