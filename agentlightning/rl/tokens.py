@@ -28,39 +28,42 @@ class RetokenizeError(ValueError):
     """The call's text cannot be turned back into the tokens the model saw."""
 
 
-def has_tokens(call: Call) -> bool:
-    """Whether the call carries both prompt and completion token ids."""
-    return call.prompt_token_ids is not None and call.completion_token_ids is not None
+def _rank(call: Call) -> tuple[bool, int]:
+    """Sort key of a record's token ids: both prompt and completion ids first, then by source (lower is better)."""
+    return call.prompt_token_ids is None or call.completion_token_ids is None, SOURCE_RANK.get(call.token_source, 3)
+
+
+def merge_records(call: Call, other: Call) -> None:
+    """Complete ``call`` with ``other``, another record of the same LLM response (the client's capture and the
+    proxy's, say): ``call`` takes the token ids, logprobs and model version of ``other`` when their source ranks
+    better (:data:`SOURCE_RANK`), and its role and response id when it has none."""
+    if _rank(other) < _rank(call):
+        call.prompt_token_ids, call.completion_token_ids = other.prompt_token_ids, other.completion_token_ids
+        call.completion_logprobs, call.token_source = other.completion_logprobs, other.token_source
+        if "model_version" in other.metadata:  # the version that produced these ids
+            call.metadata["model_version"] = other.metadata["model_version"]
+    if call.role is None:
+        call.role = other.role
+    if call.response_id is None:
+        call.response_id = other.response_id
 
 
 def merge_duplicates(llm_calls: Sequence[Call]) -> tuple[list[Call], int]:
-    """Collapse LLM calls recorded twice for one response (same ``response_id``), keeping the best token source.
-
-    The kept call takes its token ids from the best-ranked record and its role from the first record that named
-    one (the client side knows roles, the proxy knows tokens). Returns the calls in order and how many merged.
-    """
-    by_response: dict[str, list[Call]] = {}
+    """Collapse LLM calls recorded twice for one response (same ``response_id``) into the record with the best token
+    ids, completed by :func:`merge_records` (a copy: the input is not modified), in the place of the first record.
+    Returns the calls in order and how many merged."""
+    groups: dict[object, list[Call]] = {}
     for call in llm_calls:
-        if call.response_id is not None:
-            by_response.setdefault(call.response_id, []).append(call)
-    if all(len(group) == 1 for group in by_response.values()):
-        return list(llm_calls), 0
+        groups.setdefault(call.response_id or id(call), []).append(call)
     merged: list[Call] = []
-    done: set[str] = set()
-    count = 0
-    for call in llm_calls:
-        group = by_response.get(call.response_id) if call.response_id is not None else None
-        if group is None or len(group) == 1:
-            merged.append(call)
-            continue
-        if call.response_id in done:
-            continue
-        done.add(call.response_id)  # type: ignore[arg-type]
-        best = min(group, key=lambda c: (not has_tokens(c), SOURCE_RANK.get(c.token_source, 3)))
-        role = next((c.role for c in group if c.role is not None), None)
-        merged.append(best if best.role == role else best.model_copy(update={"role": role}))
-        count += len(group) - 1
-    return merged, count
+    for group in groups.values():
+        best = min(group, key=_rank)
+        kept = best if len(group) == 1 else best.model_copy(update={"metadata": dict(best.metadata)})
+        for other in group:
+            if other is not best:
+                merge_records(kept, other)
+        merged.append(kept)
+    return merged, len(llm_calls) - len(merged)
 
 
 def _encode(tokenizer: Tokenizer, text: str) -> list[int]:

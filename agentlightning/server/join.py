@@ -2,17 +2,17 @@
 
 The proxy knows the exact token ids (from the serving backend); the client knows roles, tools and rewards.
 Calls are matched by response id first, then in order among the remaining LLM calls that went through the
-proxy. Proxy calls that no client call claims (an agent that could not be instrumented) are added as calls of
-their own, placed by start time. A client call already joined with a proxy call (``metadata["proxy_call_id"]``)
-is not matched again, so a proxy call that lands after its rollout was stored joins the stored calls the same way
-(:func:`join_late_call`).
+proxy; a matched pair becomes the client's call completed by :func:`~agentlightning.rl.tokens.merge_records` (the
+rule LightningRL applies to duplicates too). Proxy calls that no client call claims (an agent that could not be
+instrumented) are added as calls of their own, placed by start time. A client call already joined with a proxy
+call (``metadata["proxy_call_id"]``) is not matched again, so a proxy call that lands after its rollout was stored
+joins the stored calls the same way (:func:`join_late_call`).
 """
 
 from __future__ import annotations
 
+from agentlightning.rl.tokens import merge_records
 from agentlightning.types import Call
-
-_SERVER_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 
 
 def join_calls(rollout_id: str, client_calls: list[Call], proxy_calls: list[Call]) -> list[Call]:
@@ -54,16 +54,8 @@ def join_late_call(rollout_id: str, stored_calls: list[Call], proxy: Call) -> li
 
 
 def _merge(call: Call, proxy: Call) -> None:
-    for field in _SERVER_FIELDS:
-        value = getattr(proxy, field)
-        if value is not None:
-            setattr(call, field, value)
-    if proxy.prompt_token_ids is not None or proxy.completion_token_ids is not None:
-        call.token_source = "server"
-    call.response_id = call.response_id or proxy.response_id
+    merge_records(call, proxy)
     call.metadata["proxy_call_id"] = proxy.call_id
-    if "model_version" in proxy.metadata:
-        call.metadata["model_version"] = proxy.metadata["model_version"]
 
 
 def _went_through_proxy(call: Call, rollout_id: str) -> bool:

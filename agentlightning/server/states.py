@@ -9,12 +9,9 @@ next attempt number while attempts remain; otherwise the outcome's terminal stat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
-
-Event = Literal["dequeue", "succeed", "fail", "timeout", "lease_expired", "cancel"]
 
 # (state, event) -> state the event leads to, before retries are considered.
-TRANSITIONS: dict[tuple[str, str], str] = {
+NEXT_STATE: dict[tuple[str, str], str] = {
     ("queued", "dequeue"): "running",
     ("queued", "cancel"): "cancelled",
     ("running", "succeed"): "succeeded",
@@ -29,10 +26,8 @@ TRANSITIONS: dict[tuple[str, str], str] = {
 # Outcomes that are retried while attempts remain.
 RETRYABLE_EVENTS: frozenset[str] = frozenset({"fail", "timeout", "lease_expired"})
 
-# What a worker-reported rollout status means as an event.
+# What a worker-reported final rollout status (types.FINISHED_STATUSES) means as an event.
 STATUS_EVENTS: dict[str, str] = {"succeeded": "succeed", "failed": "fail", "timeout": "timeout", "cancelled": "cancel"}
-
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "timeout", "cancelled"})
 
 
 class InvalidTransition(ValueError):
@@ -50,7 +45,7 @@ class Decision:
 
 def decide(state: str, event: str, attempt: int, max_attempts: int) -> Decision:
     """Apply ``event`` to a rollout in ``state`` on attempt ``attempt`` (1-based) allowing ``max_attempts``."""
-    target = TRANSITIONS.get((state, event))
+    target = NEXT_STATE.get((state, event))
     if target is None:
         raise InvalidTransition(f"rollout in state {state!r} cannot take event {event!r}")
     if event in RETRYABLE_EVENTS and attempt < max_attempts:
@@ -60,14 +55,7 @@ def decide(state: str, event: str, attempt: int, max_attempts: int) -> Decision:
 
 def event_for_status(status: str) -> str:
     """The event a worker's reported final rollout ``status`` stands for."""
-    event = STATUS_EVENTS.get(status)
-    if event is None:
-        raise InvalidTransition(
-            f"a result must have a final status ({', '.join(sorted(STATUS_EVENTS))}), got {status!r}"
-        )
-    return event
-
-
-def is_terminal(state: str) -> bool:
-    """Whether ``state`` is final."""
-    return state in TERMINAL_STATES
+    if status not in STATUS_EVENTS:
+        allowed = ", ".join(sorted(STATUS_EVENTS))
+        raise InvalidTransition(f"a result must have a final status ({allowed}), got {status!r}")
+    return STATUS_EVENTS[status]

@@ -86,7 +86,9 @@ def test_proxy_calls_written_with_the_result_survive_a_failed_result_write(
 def test_result_is_idempotent_and_joins_proxy_calls(store: SQLiteStore) -> None:
     info = store.add_dataset([{"id": "t"}])
     [rid] = store.enqueue(store.dataset_tasks(info.dataset_id))
+    store.set_model_version("v7", "m", None)  # the rollout is on the version current when it is leased
     lease = store.dequeue("w", 10.0)
+    store.set_model_version("v8", "m", None)  # a later version does not change it
     proxy = Call(rollout_id=rid, name="m", response_id="resp-1", prompt_token_ids=[1, 2], completion_token_ids=[3],
                  token_source="server", metadata={"model_version": "v7"})
     store.record_proxy_call(proxy.model_dump(mode="json"), attempt=1)

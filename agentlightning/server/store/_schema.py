@@ -1,0 +1,53 @@
+"""The store's SQLite file: its tables, and how it is opened (WAL, one connection shared under a lock)."""
+
+import sqlite3
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS datasets(
+    dataset_id TEXT PRIMARY KEY, name TEXT, size INTEGER NOT NULL, created REAL NOT NULL, digest TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tasks(
+    dataset_id TEXT NOT NULL, idx INTEGER NOT NULL, task_id TEXT NOT NULL, payload TEXT NOT NULL,
+    PRIMARY KEY (dataset_id, idx));
+CREATE TABLE IF NOT EXISTS rollouts(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT UNIQUE NOT NULL, task_id TEXT, dataset_id TEXT,
+    group_id TEXT, task TEXT, status TEXT NOT NULL, attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL,
+    timeout REAL, worker_id TEXT, lease_expires REAL, created REAL NOT NULL, started REAL, ended REAL,
+    final_reward REAL, model_version TEXT, n_calls INTEGER, record TEXT);
+CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts(status, seq);
+CREATE INDEX IF NOT EXISTS rollouts_by_lease ON rollouts(status, lease_expires);
+CREATE INDEX IF NOT EXISTS rollouts_by_group ON rollouts(group_id);
+CREATE INDEX IF NOT EXISTS rollouts_by_task ON rollouts(task_id);
+CREATE TABLE IF NOT EXISTS attempts(
+    rollout_id TEXT NOT NULL, attempt INTEGER NOT NULL, worker_id TEXT, status TEXT NOT NULL,
+    started REAL, ended REAL, error TEXT, logs TEXT, PRIMARY KEY (rollout_id, attempt));
+CREATE TABLE IF NOT EXISTS calls(
+    rollout_id TEXT NOT NULL, sequence INTEGER NOT NULL, call_id TEXT NOT NULL, kind TEXT, role TEXT,
+    body TEXT NOT NULL, PRIMARY KEY (rollout_id, sequence));
+CREATE TABLE IF NOT EXISTS rewards(
+    rollout_id TEXT NOT NULL, idx INTEGER NOT NULL, value REAL NOT NULL, call_id TEXT, source TEXT,
+    body TEXT NOT NULL, PRIMARY KEY (rollout_id, idx));
+CREATE TABLE IF NOT EXISTS proxy_calls(
+    id INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+    start_time REAL NOT NULL, body TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS proxy_calls_by_rollout ON proxy_calls(rollout_id, attempt);
+CREATE TABLE IF NOT EXISTS model_versions(
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, version TEXT NOT NULL, model_name TEXT NOT NULL, upstream_url TEXT,
+    created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS workers(
+    worker_id TEXT PRIMARY KEY, first_seen REAL NOT NULL, last_seen REAL NOT NULL, leased INTEGER NOT NULL);
+"""
+
+
+def open_database(path: str) -> sqlite3.Connection:
+    """The store file at ``path`` (``":memory:"`` for throwaway use), created if needed, in WAL mode, with rows
+    readable by column name. Transactions are explicit (``BEGIN IMMEDIATE``); the caller serialises access."""
+    if path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    db.row_factory = sqlite3.Row
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA busy_timeout=10000")
+    db.executescript(SCHEMA)
+    return db

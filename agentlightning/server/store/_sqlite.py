@@ -1,0 +1,487 @@
+"""The embedded store: one SQLite file in WAL mode, one connection serialised by a lock.
+
+Only the ids of running rollouts (for the proxy's checks) and a short buffer of proxy calls are held in RAM. Proxy
+calls, the hot write path, are written in batches: with the next commit, whichever it is (a result, a lease, the
+server's flush timer). Every other change is one short transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from agentlightning.protocol import (
+    AttemptInfo, DatasetInfo, Lease, ModelVersion, ResultOutcome, RolloutSummary, Task, dataset_id_for, task_id_for,
+)
+from agentlightning.server.extract import json_text
+from agentlightning.server.join import join_calls, join_late_call
+from agentlightning.server.states import Decision, decide, event_for_status
+from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError
+from agentlightning.server.store._schema import open_database
+from agentlightning.types import FINISHED_STATUSES, Call, ErrorInfo, Reward, Rollout, new_id
+
+logger = logging.getLogger(__name__)
+
+# Proxy calls are written once this many are buffered, or with the next commit.
+PROXY_BATCH = 256
+_INSERT_PROXY_CALL = "INSERT INTO proxy_calls(rollout_id, attempt, start_time, body) VALUES (?, ?, ?, ?)"
+_DATASETS = "SELECT dataset_id, name, size, created FROM datasets"
+_SUMMARIES = ("SELECT rollout_id, task_id, dataset_id, group_id, status, attempt, max_attempts, final_reward, "
+              "model_version, worker_id, n_calls, created, started, ended FROM rollouts")
+
+
+class SQLiteStore(Store):
+    """The embedded store: one SQLite file in WAL mode (``":memory:"`` works for throwaway use)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self._db = open_database(self.path)
+        self._lock = threading.RLock()
+        self._proxy_buffer: list[tuple[str, int, float, str]] = []
+        self._running = dict(self._all("SELECT rollout_id, attempt FROM rollouts WHERE status='running'"))
+
+    def add_dataset(
+        self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
+    ) -> DatasetInfo:
+        records = list(records)
+        if not records:
+            raise StoreError("dataset is empty: upload at least one task")
+        payloads: list[str] = []
+        for index, record in enumerate(records):
+            try:
+                payloads.append(json.dumps(record))
+            except (TypeError, ValueError) as exc:
+                raise StoreError(f"dataset record {index} is not JSON-serialisable: {exc}") from None
+        digest = dataset_id_for(records)
+        dataset_id = dataset_id or digest
+        with self._lock:
+            existing = self.get_dataset(dataset_id)
+            if existing is not None:
+                if self._one("SELECT digest FROM datasets WHERE dataset_id=?", dataset_id)[0] != digest:
+                    raise Conflict(
+                        f"dataset {dataset_id!r} already exists with different content ({existing.size} tasks); "
+                        "refusing to replace it (choose another dataset_id)"
+                    )
+                return existing
+            info = DatasetInfo(dataset_id=dataset_id, name=name, size=len(records), created=time.time())
+            rows = [(dataset_id, i, task_id_for(r, dataset_id, i), payloads[i]) for i, r in enumerate(records)]
+            with self._transaction():
+                self._db.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?)",
+                                 (dataset_id, name, info.size, info.created, digest))
+                self._db.executemany("INSERT INTO tasks VALUES (?, ?, ?, ?)", rows)
+        return info
+
+    def get_dataset(self, dataset_id: str) -> DatasetInfo | None:
+        row = self._one(f"{_DATASETS} WHERE dataset_id=?", dataset_id)
+        return None if row is None else DatasetInfo(**row)
+
+    def list_datasets(self) -> list[DatasetInfo]:
+        return [DatasetInfo(**row) for row in self._all(f"{_DATASETS} ORDER BY created")]
+
+    def dataset_tasks(self, dataset_id: str) -> list[Task]:
+        with self._lock:
+            if self.get_dataset(dataset_id) is None:
+                raise NotFound(f"unknown dataset {dataset_id!r}")
+            rows = self._all("SELECT task_id, payload FROM tasks WHERE dataset_id=? ORDER BY idx", dataset_id)
+        return [Task(task_id=r["task_id"], payload=json.loads(r["payload"])) for r in rows]
+
+    def enqueue(
+        self, tasks: Sequence[Task], *, group_size: int = 1, group_id: str | None = None,
+        dataset_id: str | None = None, timeout: float | None = None, max_attempts: int = 3,
+    ) -> list[str]:
+        if group_size < 1:
+            raise StoreError(f"group_size must be >= 1, got {group_size}")
+        if max_attempts < 1:
+            raise StoreError(f"max_attempts must be >= 1, got {max_attempts}")
+        if timeout is not None and timeout <= 0:
+            raise StoreError(f"timeout must be > 0 seconds, got {timeout}")
+        prefix = group_id or new_id("g")
+        now = time.time()
+        rows = [
+            (new_id("ro"), task.task_id, dataset_id, f"{prefix}:{task.task_id}", json.dumps(task.payload), max_attempts,
+             timeout, now)
+            for task in tasks for _ in range(group_size)
+        ]
+        with self._lock, self._transaction():
+            self._db.executemany(
+                "INSERT INTO rollouts(rollout_id, task_id, dataset_id, group_id, task, status, attempt, max_attempts,"
+                " timeout, created) VALUES (?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?)",
+                rows,
+            )
+        return [row[0] for row in rows]
+
+    def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
+        with self._lock:
+            if self._one("SELECT 1 FROM rollouts WHERE status='queued' LIMIT 1") is None:
+                return None  # an empty queue costs no write transaction
+            with self._transaction():
+                lease = self._lease_oldest(worker_id, lease_seconds, time.time())
+            if lease is not None:
+                self._running[lease.rollout_id] = lease.attempt
+        return lease
+
+    def _lease_oldest(self, worker_id: str, lease_seconds: float, now: float) -> Lease | None:
+        """Lease the oldest queued rollout inside the caller's transaction, on the current model version (the
+        caller marks it running once committed)."""
+        row = self._one(
+            "SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts "
+            "WHERE status='queued' ORDER BY seq LIMIT 1"
+        )
+        if row is None:
+            return None
+        rollout_id, attempt = row["rollout_id"], row["attempt"]
+        self._db.execute(
+            "UPDATE rollouts SET status='running', worker_id=?, lease_expires=?, started=?, "
+            "model_version=(SELECT version FROM model_versions ORDER BY seq DESC LIMIT 1) WHERE rollout_id=?",
+            (worker_id, now + lease_seconds, now, rollout_id),
+        )
+        self._db.execute(
+            "INSERT OR REPLACE INTO attempts(rollout_id, attempt, worker_id, status, started) "
+            "VALUES (?, ?, ?, 'running', ?)",
+            (rollout_id, attempt, worker_id, now),
+        )
+        self._db.execute(
+            "INSERT INTO workers VALUES (?, ?, ?, 1) ON CONFLICT(worker_id) "
+            "DO UPDATE SET last_seen=excluded.last_seen, leased=leased+1",
+            (worker_id, now, now),
+        )
+        return Lease(**{**row, "task": json.loads(row["task"])}, lease_seconds=lease_seconds)
+
+    def heartbeat(self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float) -> str:
+        now = time.time()
+        with self._lock:
+            status, current = self._rollout(rollout_id, "status, attempt")
+            if status != "running" or current != attempt:
+                return (f"attempt {attempt} of rollout {rollout_id} is no longer running "
+                        f"(rollout is {status}, attempt {current})")
+            with self._transaction():
+                expires = now + lease_seconds
+                self._db.execute("UPDATE rollouts SET lease_expires=? WHERE rollout_id=?", (expires, rollout_id))
+                self._db.execute("UPDATE workers SET last_seen=? WHERE worker_id=?", (now, worker_id))
+        return "ok"
+
+    def complete(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout) -> ResultOutcome:
+        return self._complete(rollout_id, attempt, worker_id, result, None)[0]
+
+    def complete_and_dequeue(
+        self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
+    ) -> tuple[ResultOutcome, Lease | None]:
+        return self._complete(rollout_id, attempt, worker_id, result, lease_seconds)
+
+    def _complete(
+        self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, lease_seconds: float | None
+    ) -> tuple[ResultOutcome, Lease | None]:
+        """Store a result; with ``lease_seconds``, also lease the next queued rollout to ``worker_id`` in the same
+        commit."""
+        event = event_for_status(result.status)
+        lease: Lease | None = None
+        with self._lock:
+            with self._transaction():
+                outcome = self._store_result(rollout_id, attempt, worker_id, result, event)
+                if lease_seconds is not None and worker_id is not None:
+                    lease = self._lease_oldest(worker_id, lease_seconds, time.time())
+            if outcome.accepted:
+                self._running.pop(rollout_id, None)
+            if lease is not None:
+                self._running[lease.rollout_id] = lease.attempt
+        return outcome, lease
+
+    def _store_result(
+        self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, event: str
+    ) -> ResultOutcome:
+        """Apply one result inside the caller's transaction."""
+        state, current, max_attempts = self._rollout(rollout_id, "status, attempt, max_attempts")
+        ended = self._one(
+            "SELECT status FROM attempts WHERE rollout_id=? AND attempt=? AND ended IS NOT NULL "
+            "AND status != 'lease_expired'",
+            rollout_id, attempt,
+        )
+        if ended is not None or (state in FINISHED_STATUSES and current == attempt):
+            reported = ended[0] if ended else state
+            return ResultOutcome(
+                rollout_id=rollout_id, accepted=False, duplicate=True, status=state, attempt=current,
+                message=f"attempt {attempt} of rollout {rollout_id} was already reported ({reported})",
+            )
+        if state in FINISHED_STATUSES:
+            raise Conflict(
+                f"rollout {rollout_id} already finished as {state} by attempt {current}; result of attempt "
+                f"{attempt} not stored"
+            )
+        if attempt > current or attempt < 1:
+            raise Conflict(f"rollout {rollout_id} has no attempt {attempt} (current attempt is {current})")
+        now = time.time()
+        self._end_attempt(rollout_id, attempt, worker_id, result.status, result.error, result.logs, now)
+        if attempt < current and event != "succeed":
+            # A stale attempt failing changes nothing: its rollout already moved on. Keep its error and logs.
+            return ResultOutcome(
+                rollout_id=rollout_id, accepted=False, status=state, attempt=current,
+                message=f"attempt {attempt} is stale (rollout {rollout_id} is on attempt {current}); kept its log only",
+            )
+        decision = decide(state if attempt == current else "queued", event, attempt, max_attempts)
+        if attempt < current and state == "running":
+            superseded = ErrorInfo(type="Superseded", message=f"attempt {attempt} finished the rollout first")
+            self._end_attempt(rollout_id, current, None, "superseded", superseded, [], now)
+        self._finish(rollout_id, attempt, decision, result, now)
+        return ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state, attempt=decision.attempt,
+                             retried=decision.retried)
+
+    def _finish(self, rollout_id: str, attempt: int, decision: Decision, result: Rollout, now: float) -> None:
+        """End ``attempt`` as decided: queue the rollout for its next attempt, or store it as final ``result``."""
+        if decision.retried:
+            self._db.execute(
+                "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL WHERE rollout_id=?",
+                (decision.attempt, rollout_id),
+            )
+        else:
+            self._write_final(rollout_id, attempt, decision.state, result, now)
+
+    def _write_final(self, rollout_id: str, attempt: int, state: str, result: Rollout, now: float) -> None:
+        """Store a finished rollout, its calls joined with the attempt's proxy calls. Its task, group and model
+        version are the stored ones (the version was recorded when the attempt was leased)."""
+        calls = join_calls(rollout_id, list(result.calls), self._proxy_calls(rollout_id, attempt))
+        row = self._rollout(rollout_id, "task_id, group_id, task, model_version")
+        record = result.model_copy(update={
+            "calls": [], "rewards": [], "status": state, "attempt": attempt, "rollout_id": rollout_id, **row,
+            "task": json.loads(row["task"]),
+        })
+        self._replace_calls(rollout_id, calls)
+        self._db.execute("DELETE FROM rewards WHERE rollout_id=?", (rollout_id,))
+        self._db.executemany(
+            "INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?)",
+            [(rollout_id, i, r.value, r.call_id, r.source, r.model_dump_json()) for i, r in enumerate(result.rewards)],
+        )
+        self._db.execute(
+            "UPDATE rollouts SET status=?, attempt=?, worker_id=NULL, lease_expires=NULL, ended=?, final_reward=?, "
+            "record=? WHERE rollout_id=?",
+            (state, attempt, now, result.final_reward, record.model_dump_json(), rollout_id),
+        )
+
+    def _replace_calls(self, rollout_id: str, calls: Sequence[Call]) -> None:
+        self._db.execute("DELETE FROM calls WHERE rollout_id=?", (rollout_id,))
+        self._db.executemany(
+            "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?)",
+            [(rollout_id, c.sequence, c.call_id, c.kind, c.role, c.model_dump_json()) for c in calls],
+        )
+        self._db.execute("UPDATE rollouts SET n_calls=? WHERE rollout_id=?", (len(calls), rollout_id))
+
+    def _end_attempt(self, rollout_id: str, attempt: int, worker_id: str | None, status: str, error: ErrorInfo | None,
+                     logs: Sequence[str], now: float) -> None:
+        self._db.execute(
+            "INSERT INTO attempts(rollout_id, attempt, worker_id, status, ended, error, logs) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(rollout_id, attempt) DO UPDATE SET "
+            "worker_id=COALESCE(excluded.worker_id, worker_id), status=excluded.status, ended=excluded.ended, "
+            "error=excluded.error, logs=excluded.logs",
+            (rollout_id, attempt, worker_id, status, now, error and error.model_dump_json(), json.dumps(list(logs))),
+        )
+
+    def expire_leases(self, now: float | None = None) -> list[ResultOutcome]:
+        now = time.time() if now is None else now
+        outcomes: list[ResultOutcome] = []
+        with self._lock:
+            rows = self._all("SELECT rollout_id, attempt, max_attempts, worker_id, lease_expires FROM rollouts "
+                             "WHERE status='running' AND lease_expires < ?", now)
+            for rollout_id, attempt, max_attempts, worker_id, expires in rows:
+                error = ErrorInfo(
+                    type="LeaseExpired",
+                    message=f"worker {worker_id} stopped reporting on attempt {attempt}; its lease expired at "
+                    f"{time.strftime('%H:%M:%S', time.localtime(expires))}",
+                )
+                decision = decide("running", "lease_expired", attempt, max_attempts)
+                with self._transaction():
+                    self._end_attempt(rollout_id, attempt, worker_id, "lease_expired", error, [], now)
+                    failed = self._row_rollout(rollout_id).model_copy(update={"status": "failed", "error": error})
+                    self._finish(rollout_id, attempt, decision, failed, now)
+                self._running.pop(rollout_id, None)
+                outcomes.append(ResultOutcome(
+                    rollout_id=rollout_id, accepted=True, status=decision.state, attempt=decision.attempt,
+                    retried=decision.retried, message=error.message,
+                ))
+        return outcomes
+
+    def cancel(self, rollout_id: str) -> ResultOutcome:
+        with self._lock:
+            status, attempt = self._rollout(rollout_id, "status, attempt")
+            if status in FINISHED_STATUSES:
+                return ResultOutcome(rollout_id=rollout_id, accepted=False, status=status, attempt=attempt,
+                                     message=f"rollout {rollout_id} already finished as {status}")
+            decision = decide(status, "cancel", attempt, attempt)
+            error = ErrorInfo(type="Cancelled", message="cancelled by the server")
+            cancelled = self._row_rollout(rollout_id).model_copy(update={"status": "cancelled", "error": error})
+            now = time.time()
+            with self._transaction():
+                if status == "running":
+                    self._end_attempt(rollout_id, attempt, None, "cancelled", error, [], now)
+                self._finish(rollout_id, attempt, decision, cancelled, now)
+            self._running.pop(rollout_id, None)
+        return ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state, attempt=attempt)
+
+    def rollout_state(self, rollout_id: str) -> tuple[str, int] | None:
+        attempt = self._running.get(rollout_id)
+        if attempt is not None:
+            return "running", attempt
+        row = self._one("SELECT status, attempt FROM rollouts WHERE rollout_id=?", rollout_id)
+        return None if row is None else (row[0], row[1])
+
+    def record_proxy_call(self, call: dict[str, Any], attempt: int) -> None:
+        rollout_id = call["rollout_id"]
+        entry = (rollout_id, attempt, call["start_time"], json_text(call))
+        with self._lock:
+            if self._running.get(rollout_id) == attempt:
+                self._proxy_buffer.append(entry)
+                if len(self._proxy_buffer) >= PROXY_BATCH:
+                    self.flush()
+                return
+            with self._transaction():  # its attempt is over: store it now, joined if that attempt finished the rollout
+                self._db.execute(_INSERT_PROXY_CALL, entry)
+                joined = self._join_late(rollout_id, attempt, entry[3])
+        if joined:
+            logger.info("rollout %s: a proxy call of attempt %d landed after its result; joined as late",
+                        rollout_id, attempt)
+
+    def _join_late(self, rollout_id: str, attempt: int, body: str) -> bool:
+        """Join a proxy call into its stored rollout if ``attempt`` finished it (inside a transaction)."""
+        row = self._one("SELECT status, attempt, record IS NOT NULL FROM rollouts WHERE rollout_id=?", rollout_id)
+        finished_by_it = row is not None and row[0] in FINISHED_STATUSES and row[1] == attempt and row[2]
+        late = _calls_from_json([body], rollout_id) if finished_by_it else []
+        if late:
+            self._replace_calls(rollout_id, join_late_call(rollout_id, self._stored_calls(rollout_id), late[0]))
+        return bool(late)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._proxy_buffer:
+                with self._transaction():  # writes the buffer
+                    pass
+
+    def proxy_calls(self, rollout_id: str, attempt: int | None = None) -> list[Call]:
+        self.flush()
+        return self._proxy_calls(rollout_id, attempt)
+
+    def _proxy_calls(self, rollout_id: str, attempt: int | None) -> list[Call]:
+        """The written proxy calls of a rollout (one attempt, or all), by start time."""
+        rows = self._all("SELECT attempt, body FROM proxy_calls WHERE rollout_id=? ORDER BY start_time, id", rollout_id)
+        return _calls_from_json([body for n, body in rows if attempt is None or n == attempt], rollout_id)
+
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        with self._lock:
+            row = self._one("SELECT record FROM rollouts WHERE rollout_id=?", rollout_id)
+            if row is None:
+                return None
+            if row[0] is None:
+                return self._row_rollout(rollout_id)
+            rewards = self._all("SELECT body FROM rewards WHERE rollout_id=? ORDER BY idx", rollout_id)
+            rollout = Rollout.model_validate_json(row[0])
+            rollout.calls = self._stored_calls(rollout_id)
+        rollout.rewards = [Reward.model_validate_json(r[0]) for r in rewards]
+        return rollout
+
+    def _stored_calls(self, rollout_id: str) -> list[Call]:
+        rows = self._all("SELECT body FROM calls WHERE rollout_id=? ORDER BY sequence", rollout_id)
+        return [Call.model_validate_json(r[0]) for r in rows]
+
+    def _row_rollout(self, rollout_id: str) -> Rollout:
+        """An unfinished rollout as a record, from its row."""
+        row = self._rollout(rollout_id, "task_id, group_id, task, status, attempt, model_version, created, started")
+        timings = {"created": row["created"]} | ({"start": row["started"]} if row["started"] is not None else {})
+        return Rollout(
+            rollout_id=rollout_id, task_id=row["task_id"], task=json.loads(row["task"]), group_id=row["group_id"],
+            attempt=row["attempt"], status=row["status"], model_version=row["model_version"], timings=timings,
+        )
+
+    def list_rollouts(
+        self, *, status: str | None = None, task_id: str | None = None, group_id: str | None = None,
+        dataset_id: str | None = None, limit: int = 100, offset: int = 0,
+    ) -> list[RolloutSummary]:
+        filters = {"status": status, "task_id": task_id, "group_id": group_id, "dataset_id": dataset_id}
+        given = {column: value for column, value in filters.items() if value is not None}
+        where = " WHERE " + " AND ".join(f"{column}=?" for column in given) if given else ""
+        rows = self._all(f"{_SUMMARIES}{where} ORDER BY seq DESC LIMIT ? OFFSET ?", *given.values(), limit, offset)
+        return [RolloutSummary(**row) for row in rows]
+
+    def attempts(self, rollout_id: str) -> list[AttemptInfo]:
+        rows = self._all("SELECT * FROM attempts WHERE rollout_id=? ORDER BY attempt", rollout_id)
+        return [AttemptInfo(**{**row, "error": _json(row["error"]), "logs": _json(row["logs"]) or []}) for row in rows]
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._all("SELECT status, COUNT(*) FROM rollouts GROUP BY status"))
+
+    def finished(self, rollout_ids: Iterable[str]) -> set[str]:
+        rows = self._all(  # the ids as one JSON parameter: any number of them
+            "SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
+            json.dumps(list(rollout_ids)),
+        )
+        return {rollout_id for rollout_id, status in rows if status in FINISHED_STATUSES}
+
+    def set_model_version(self, version: str, model_name: str, upstream_url: str | None) -> ModelVersion:
+        info = ModelVersion(version=version, model_name=model_name, upstream_url=upstream_url, created=time.time())
+        with self._lock, self._transaction():
+            self._db.execute(
+                "INSERT INTO model_versions(version, model_name, upstream_url, created) VALUES (?, ?, ?, ?)",
+                (version, model_name, upstream_url, info.created),
+            )
+        return info
+
+    def current_model(self) -> ModelVersion | None:
+        row = self._one(
+            "SELECT version, model_name, upstream_url, created FROM model_versions ORDER BY seq DESC LIMIT 1"
+        )
+        return None if row is None else ModelVersion(**row)
+
+    def workers(self) -> list[dict[str, Any]]:
+        rows = self._all("SELECT worker_id, first_seen, last_seen, leased FROM workers ORDER BY first_seen")
+        return [dict(row) for row in rows]
+
+    def close(self) -> None:
+        with self._lock:
+            self.flush()
+            self._db.close()
+
+    def _rollout(self, rollout_id: str, columns: str) -> Any:
+        """``columns`` of a rollout's row; raises :class:`NotFound` for an unknown rollout."""
+        row = self._one(f"SELECT {columns} FROM rollouts WHERE rollout_id=?", rollout_id)
+        if row is None:
+            raise NotFound(f"unknown rollout {rollout_id!r}")
+        return row
+
+    def _one(self, sql: str, *params: Any) -> Any:
+        with self._lock:
+            return self._db.execute(sql, params).fetchone()
+
+    def _all(self, sql: str, *params: Any) -> list[Any]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """BEGIN IMMEDIATE ... COMMIT, rolled back on error, with the buffered proxy calls written first (they stay
+        buffered if the commit fails). The caller holds the lock."""
+        self._db.execute("BEGIN IMMEDIATE")
+        with self._db:  # commits, or rolls back and re-raises
+            self._db.executemany(_INSERT_PROXY_CALL, self._proxy_buffer)
+            yield
+        self._proxy_buffer = []
+
+
+def _json(text: str | None) -> Any:
+    """The value of a JSON column (None for NULL)."""
+    return None if text is None else json.loads(text)
+
+
+def _calls_from_json(bodies: Iterable[str], rollout_id: str) -> list[Call]:
+    """Stored proxy records as calls; a record that is not a valid call is skipped with a warning (one bad upstream
+    answer must not make its rollout's result unstorable)."""
+    calls: list[Call] = []
+    for body in bodies:
+        try:
+            calls.append(Call.model_validate_json(body))
+        except ValidationError as exc:
+            logger.warning("rollout %s: skipping an invalid proxy call record: %s", rollout_id, exc)
+    return calls
