@@ -11,10 +11,11 @@ import logging
 import os
 import time
 from typing import Any, Protocol
+from urllib.parse import urlsplit
+from urllib.request import getproxies_environment, proxy_bypass_environment
 
 from agentlightning.client.http import HttpxTransport, KeepAliveHTTP, Transport, TransportError
 from agentlightning.protocol import Lease, ResultOutcome
-from agentlightning.server.upstream_http import env_proxy_for
 from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,10 @@ class ServerAPI:
         self.server_url = server_url.rstrip("/")
         self.timeout = timeout
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self._http: Transport = (HttpxTransport(self.server_url, headers) if env_proxy_for(self.server_url)
+        proxies, host = getproxies_environment(), urlsplit(self.server_url).hostname or ""
+        proxied = (proxies.get(self.server_url.split(":")[0]) or proxies.get("all")) and not proxy_bypass_environment(
+            host, proxies)
+        self._http: Transport = (HttpxTransport(self.server_url, headers) if proxied
                                  else KeepAliveHTTP(self.server_url, headers))
 
     def close(self) -> None:
