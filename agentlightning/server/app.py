@@ -1,18 +1,6 @@
-"""The Lightning Server's HTTP API: one FastAPI router per resource (JSON unless said otherwise).
-
-- datasets: ``POST /datasets`` (JSONL body, or ``{"records": [...], "dataset_id": ..., "name": ...}``),
-  ``GET /datasets``, ``GET /datasets/{id}``, ``GET /datasets/{id}/tasks``, ``POST /datasets/{id}/attach``
-- rollouts: ``POST /rollouts`` (``{"dataset_id" | "tasks", "group_size", "group_id", "timeout", "max_attempts"}``),
-  ``GET /rollouts`` (filters: status, task_id, group_id, dataset_id, limit, offset), ``GET /rollouts/{id}``,
-  ``GET /rollouts/{id}/attempts``, ``GET /rollouts/{id}/proxy_calls``, ``POST /rollouts/{id}/cancel``
-- workers: ``POST /workers/{worker_id}/dequeue`` (long poll), ``POST /rollouts/{id}/heartbeat``,
-  ``POST /rollouts/{id}/result`` (idempotent; ``?next=1`` hands the next lease with the answer)
-- proxy: ``POST /rollouts/{id}/v1/{chat/completions|completions|responses}``, ``GET /rollouts/{id}/v1/models``
-- status: ``GET /health``, ``GET /stats``, ``GET /metrics`` (Prometheus text), ``GET /model``, ``GET /workers``,
-  ``POST /stop``
-
-Every route but ``/health`` needs the bearer token when one is set; bodies over ``Settings.max_body_bytes`` get 413.
-"""
+"""The Lightning Server's HTTP API: ``create_app`` assembles one FastAPI router per resource (datasets, rollouts,
+the worker protocol, the proxy, status; each module's docstring lists its routes), the bearer-token dependency
+(every route but ``/health`` when a token is set), the body-size limit and the background jobs."""
 
 from __future__ import annotations
 

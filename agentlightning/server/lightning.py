@@ -144,8 +144,7 @@ class LightningServer:
     ) -> list[str]:
         """Queue ``group_size`` rollouts for each task (a dataset id, or task payloads). Rollouts of one task share
         the group id ``f"{group_id}:{task_id}"`` (``group_id`` defaults to a fresh id)."""
-        tasks: str | list[Any] = tasks_or_dataset_id if isinstance(tasks_or_dataset_id, str) else list(tasks_or_dataset_id)
-        return self.runtime.enqueue(tasks, group_size=group_size, group_id=group_id, timeout=timeout,
+        return self.runtime.enqueue(tasks_or_dataset_id, group_size=group_size, group_id=group_id, timeout=timeout,
                                     max_attempts=max_attempts)
 
     def wait(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:

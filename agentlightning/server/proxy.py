@@ -48,9 +48,14 @@ class Proxy:
         if endpoint is None:
             return openai_error(404, f"unknown endpoint /v1/{path}: the proxy serves chat/completions, completions "
                                      "and responses", "unknown_endpoint")
-        refusal, attempt = self._check_rollout(rollout_id)
-        if refusal is not None:
-            return refusal
+        state = self.runtime.store.rollout_state(rollout_id)
+        if state is None:
+            return openai_error(404, f"unknown rollout {rollout_id!r}: this is not the LLM endpoint of any rollout on "
+                                     "this server (use the llm.base_url given with the rollout)", "rollout_not_found")
+        status, attempt = state
+        if status != "running":
+            return openai_error(409, f"rollout {rollout_id!r} is {status}, not running: its LLM endpoint only "
+                                     "serves the attempt that holds its lease", f"rollout_{status}")
         upstream = self.runtime.upstream
         if upstream is None:
             return openai_error(503, "no upstream model is configured on the server (agl server --upstream URL, "
@@ -73,25 +78,13 @@ class Proxy:
             return response
         call["metadata"]["upstream_tries"] = tries
         media_type = response.headers.get("content-type")
-        if not stream or response.status_code >= 400:  # read whole by _send
-            call["end_time"] = time.time()
-            record = BackgroundTask(self._record_answer, call, attempt, endpoint, response.status_code,
-                                    response.content)
-            return Response(response.content, response.status_code, media_type=media_type or "application/json",
-                            background=record)
-        return StreamingResponse(self._pass_through(response, call, attempt, endpoint), response.status_code,
-                                 media_type=media_type or "text/event-stream")
-
-    def _check_rollout(self, rollout_id: str) -> tuple[JSONResponse | None, int]:
-        state = self.runtime.store.rollout_state(rollout_id)
-        if state is None:
-            return openai_error(404, f"unknown rollout {rollout_id!r}: this is not the LLM endpoint of any rollout on "
-                                     "this server (use the llm.base_url given with the rollout)", "rollout_not_found"), 0
-        status, attempt = state
-        if status != "running":
-            return openai_error(409, f"rollout {rollout_id!r} is {status}, not running: its LLM endpoint only "
-                                     "serves the attempt that holds its lease", f"rollout_{status}"), attempt
-        return None, attempt
+        if stream and response.status_code < 400:
+            return StreamingResponse(self._pass_through(response, call, attempt, endpoint), response.status_code,
+                                     media_type=media_type or "text/event-stream")
+        call["end_time"] = time.time()  # read whole by _send
+        record = BackgroundTask(self._record_answer, call, attempt, endpoint, response.status_code, response.content)
+        return Response(response.content, response.status_code, media_type=media_type or "application/json",
+                        background=record)
 
     async def _send(
         self, client: httpx.AsyncClient, request: httpx.Request, stream: bool, call: CallRecord, attempt: int,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 from agentlightning.protocol import Task, task_id_for
@@ -68,16 +70,9 @@ class Runtime:
 
     def notify_work(self) -> None:
         """Wake up workers waiting for a rollout (callable from any thread)."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            if _running_in(loop):
-                self._wake()
-            else:
-                loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:  # loop closed meanwhile
-            return
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
         if self._work is not None:
@@ -86,7 +81,7 @@ class Runtime:
 
     def enqueue(
         self,
-        tasks_or_dataset: str | list[Any],
+        tasks_or_dataset: str | Sequence[Any],
         *,
         group_size: int = 1,
         group_id: str | None = None,
@@ -132,9 +127,3 @@ class Runtime:
             self._attach_cond.wait_for(lambda: bool(self.attached), timeout)
             return self.attached[0] if self.attached else None
 
-
-def _running_in(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
