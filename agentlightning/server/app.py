@@ -41,8 +41,9 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.max_body_bytes)
     auth = [Depends(bearer_token(runtime.token))] if runtime.token else []
     app.include_router(_routes_status.health_router(runtime))
-    for router in (_routes_status.router(runtime), _routes_datasets.router(runtime), _routes_rollouts.router(runtime),
-                   _routes_workers.router(runtime), proxy.router(proxy.Proxy(runtime))):
+    # The busiest routes first: a request is matched against the routes in order.
+    for router in (proxy.router(proxy.Proxy(runtime)), _routes_workers.router(runtime), _routes_rollouts.router(runtime),
+                   _routes_datasets.router(runtime), _routes_status.router(runtime)):
         app.include_router(router, dependencies=auth)
     return app
 

@@ -133,10 +133,7 @@ class Proxy:
         finally:
             call["end_time"] = time.time()
             accumulator.fill(call)
-            if not completed:
-                call["status"] = "error"
-                call["error"] = "stream interrupted before the upstream finished"
-            self._record(call, attempt, endpoint)
+            self._record(call, attempt, endpoint, None if completed else "stream interrupted before the upstream finished")
             await response.aclose()
 
     def _record_answer(self, call: CallRecord, attempt: int, endpoint: str, status: int, content: bytes) -> None:
@@ -146,19 +143,16 @@ class Proxy:
         except ValueError:
             data = None
         if status >= 400:
-            call["status"] = "error"
-            call["error"] = f"upstream HTTP {status}: {_error_message(data, content)}"
-        else:
-            fill_from_body(call, endpoint, data)
+            self._record(call, attempt, endpoint, f"upstream HTTP {status}: {_error_message(data, content)}")
+            return
+        fill_from_body(call, endpoint, data)
         self._record(call, attempt, endpoint)
 
     def _failed(
         self, call: CallRecord, attempt: int, endpoint: str, status: int, message: str, code: str
     ) -> JSONResponse:
         call["end_time"] = time.time()
-        call["status"] = "error"
-        call["error"] = message
-        self._record(call, attempt, endpoint)
+        self._record(call, attempt, endpoint, message)
         logger.warning("proxy for rollout %s: %s", call["rollout_id"], message)
         return openai_error(status, message, code, "upstream_error")
 
@@ -174,7 +168,9 @@ class Proxy:
         logger.info("upstream answered %s on %s; retrying in %.2f s (try %d)", reason, endpoint, delay, tries + 1)
         await asyncio.sleep(delay)
 
-    def _record(self, call: CallRecord, attempt: int, endpoint: str) -> None:
+    def _record(self, call: CallRecord, attempt: int, endpoint: str, error: str | None = None) -> None:
+        if error is not None:
+            call["status"], call["error"] = "error", error
         metrics = self.runtime.metrics
         metrics.inc("agl_proxy_calls_total", endpoint=endpoint, status=call["status"])
         if call.get("end_time") is not None:

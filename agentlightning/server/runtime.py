@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import json
 import threading
-from dataclasses import dataclass, field
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentlightning.protocol import Task, task_id_for
