@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,12 +27,12 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from agentlightning._uvicorn import BackgroundServer
 from agentlightning.trainers.generation import GenerationEngine, Sample, SamplingParams
 from agentlightning.trainers.tool_calls import parse_tool_calls
 
@@ -83,8 +81,7 @@ class HFBackendServer:
         )
         self.engine.model_version = model_version
         self._port = port
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http: BackgroundServer | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -100,42 +97,23 @@ class HFBackendServer:
 
     def start(self) -> HFBackendServer:
         """Start the generation thread and the HTTP server; returns once it accepts connections."""
-        if self._thread is not None:
+        if self._http is not None:
             return self
         self.engine.start()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # so asyncio sets TCP_NODELAY
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self._port))
-        self._port = sock.getsockname()[1]
-        config = uvicorn.Config(self._app(), log_level="warning", access_log=False, lifespan="off")
-        server = uvicorn.Server(config)
-        self._server = server
-
-        def serve() -> None:
-            try:
-                asyncio.run(server.serve(sockets=[sock]))
-            finally:
-                sock.close()
-
-        self._thread = threading.Thread(target=serve, name=f"HFBackendServer:{self._port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started and self._thread.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        if not server.started:
-            self.stop()
-            raise RuntimeError(f"HFBackendServer could not start on {self.host}:{self._port}")
+        try:
+            self._http = BackgroundServer(self._app(), self.host, self._port, name="HFBackendServer").start()
+        except RuntimeError:
+            self.engine.stop()
+            raise
+        self._port = self._http.port
         logger.info("HF backend serving %s (%s) at %s", self.model_name, self.model_version, self.base_url)
         return self
 
     def stop(self) -> None:
         """Stop serving (idempotent)."""
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(timeout=15)
-        self._thread = None
-        self._server = None
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
         self.engine.stop()
 
     def __enter__(self) -> HFBackendServer:

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
-import json
+from collections.abc import Callable
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from fastapi import Request
 
-# Paths anyone may read (load balancers and probes do not carry tokens).
-OPEN_PATHS = frozenset({"/health"})
+from agentlightning.server._errors import OpenAIError
 
 
 class AuthError(RuntimeError):
@@ -35,31 +34,16 @@ def check_bind(host: str, token: str | None) -> None:
         )
 
 
-class AuthMiddleware:
-    """Rejects requests without ``Authorization: Bearer <token>`` (401) or with a wrong one (403)."""
+def bearer_token(token: str) -> Callable[[Request], None]:
+    """A dependency refusing requests without ``Authorization: Bearer <token>`` (401) or with a wrong one (403)."""
+    expected = f"Bearer {token}".encode()
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
-        self.app = app
-        self._expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        supplied = next((value for name, value in scope["headers"] if name == b"authorization"), None)
+    def check(request: Request) -> None:
+        supplied = request.headers.get("authorization")
         if supplied is None:
-            await _deny(send, 401, "missing bearer token: send 'Authorization: Bearer <token>' (agl client --token, "
-                        "or AGL_SERVER_TOKEN)")
-            return
-        if not hmac.compare_digest(supplied, self._expected):
-            await _deny(send, 403, "invalid bearer token")
-            return
-        await self.app(scope, receive, send)
+            raise OpenAIError(401, "missing bearer token: send 'Authorization: Bearer <token>' (agl client --token, "
+                              "or AGL_SERVER_TOKEN)", "authentication_error", {"www-authenticate": "Bearer"})
+        if not hmac.compare_digest(supplied.encode(), expected):
+            raise OpenAIError(403, "invalid bearer token", "authentication_error", {"www-authenticate": "Bearer"})
 
-
-async def _deny(send: Send, status: int, message: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "authentication_error", "code": status}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"www-authenticate", b"Bearer")]})
-    await send({"type": "http.response.body", "body": body})
+    return check

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import socket
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import uvicorn
-
-from agentlightning.server.app import create_app, enqueue_rollouts
-from agentlightning.server.auth import check_bind
+from agentlightning._uvicorn import BackgroundServer
 from agentlightning.protocol import ModelVersion
+from agentlightning.server.app import create_app
+from agentlightning.server.auth import check_bind
 from agentlightning.server.runtime import Runtime, Settings, Upstream
 from agentlightning.server.store import SQLiteStore, Store
 from agentlightning.types import Rollout
@@ -54,15 +50,16 @@ class LightningServer:
     ) -> None:
         check_bind(host, token)
         self.host = host
-        self.port = port
         self._public_url = public_url
         self.runtime = Runtime(store=store or SQLiteStore(store_path), settings=settings or Settings(), token=token)
         self._upstream_api_key = upstream_api_key
         self._logprobs = logprobs
         if upstream_url is not None:
             self.set_upstream(upstream_url, model_name, model_version, api_key=upstream_api_key, logprobs=logprobs)
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._http = BackgroundServer(
+            create_app(self.runtime), host, port, name="LightningServer", lifespan="on", timeout_graceful_shutdown=3,
+            backlog=4096, timeout_keep_alive=75, proxy_headers=False, server_header=False,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -71,8 +68,12 @@ class LightningServer:
         """``http://host:port`` of the running server (the address clients use unless ``public_url`` was given)."""
         if self._public_url:
             return self._public_url.rstrip("/")
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
-        return f"http://{host}:{self.port}"
+        return self._http.url
+
+    @property
+    def port(self) -> int:
+        """The port listened on (known once started when ``port=0``)."""
+        return self._http.port
 
     @property
     def store(self) -> Store:
@@ -81,51 +82,14 @@ class LightningServer:
 
     def start(self) -> LightningServer:
         """Bind and serve on a background thread; returns once requests are accepted."""
-        if self._thread is not None:
-            return self
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on accepted sockets whose proto says TCP, and
-        # without it every keep-alive response waits ~40 ms on Nagle + delayed ACK.
-        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        self.port = sock.getsockname()[1]
+        self._http.start()
         self.runtime.public_url = self.url
-        config = uvicorn.Config(
-            create_app(self.runtime), log_level="warning", access_log=False, lifespan="on",
-            timeout_graceful_shutdown=3, backlog=4096, timeout_keep_alive=75,
-            # Nothing reads X-Forwarded-* or needs a Server header: skip that work on every request.
-            proxy_headers=False, server_header=False,
-        )
-        self._server = uvicorn.Server(config)
-        server = self._server
-
-        def serve() -> None:
-            # uvicorn's loop factory: uvloop where installed (it also coalesces each response's header and body
-            # writes into one send, half the syscalls of the asyncio loop).
-            try:
-                with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
-                    runner.run(server.serve(sockets=[sock]))
-            finally:
-                sock.close()
-
-        self._thread = threading.Thread(target=serve, name=f"LightningServer:{self.port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"LightningServer could not start on {self.host}:{self.port}")
-            time.sleep(0.005)
         logger.info("Lightning server listening on %s (store %s)", self.url, getattr(self.store, "path", "?"))
         return self
 
     def stop(self) -> None:
         """Stop serving and close the store (everything written stays on disk)."""
-        if self._thread is not None and self._server is not None:
-            self._server.should_exit = True
-            self._thread.join(15)
-        self._thread = None
-        self._server = None
+        self._http.stop()
         self.store.close()
 
     def __enter__(self) -> LightningServer:
@@ -180,9 +144,8 @@ class LightningServer:
     ) -> list[str]:
         """Queue ``group_size`` rollouts for each task (a dataset id, or task payloads). Rollouts of one task share
         the group id ``f"{group_id}:{task_id}"`` (``group_id`` defaults to a fresh id)."""
-        tasks: str | list[Any] = tasks_or_dataset_id if isinstance(tasks_or_dataset_id, str) else list(tasks_or_dataset_id)
-        return enqueue_rollouts(self.runtime, tasks, group_size=group_size, group_id=group_id, timeout=timeout,
-                                max_attempts=max_attempts)
+        return self.runtime.enqueue(tasks_or_dataset_id, group_size=group_size, group_id=group_id, timeout=timeout,
+                                    max_attempts=max_attempts)
 
     def wait(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
         """Block until every rollout finished; returns them in the given order with calls joined.

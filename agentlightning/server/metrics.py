@@ -21,27 +21,19 @@ class Metrics:
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         """Add ``value`` to a counter."""
-        key = tuple(sorted(labels.items())) if labels else ()
+        key = tuple(sorted(labels.items()))
         with self._lock:
             series = self._values.setdefault(name, {})
             series[key] = series.get(key, 0.0) + value
 
     def observe(self, name: str, seconds: float, **labels: str) -> None:
         """Record one observation of a summary (exposed as ``_sum`` and ``_count``)."""
-        key = tuple(sorted(labels.items())) if labels else ()
-        with self._lock:
-            for suffix, value in (("_sum", seconds), ("_count", 1.0)):
-                series = self._values.setdefault(name + suffix, {})
-                series[key] = series.get(key, 0.0) + value
+        self.inc(f"{name}_sum", seconds, **labels)
+        self.inc(f"{name}_count", 1.0, **labels)
 
     def add_gauges(self, collect: Callable[[], list[tuple[str, dict[str, str], float]]]) -> None:
         """Register a function returning (name, labels, value) gauge samples at scrape time."""
         self._gauges.append(collect)
-
-    def value(self, name: str, **labels: str) -> float:
-        """Current value of a counter (0 if never incremented)."""
-        with self._lock:
-            return self._values.get(name, {}).get(tuple(sorted(labels.items())), 0.0)
 
     def render(self) -> str:
         """The text exposition format."""

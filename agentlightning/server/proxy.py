@@ -1,10 +1,10 @@
 """The per-rollout OpenAI-compatible proxy: ``/rollouts/{rollout_id}/v1/{chat/completions,completions,responses}``.
 
 Each request is checked against the rollout's state, forwarded upstream with ``return_token_ids`` (and logprobs
-when the server trains with them), and recorded as a ``Call`` of the rollout with the exact token ids
-(``token_source="server"``) and the model version served. Streams are passed through byte for byte while being
-recorded. Upstream 5xx/429 and connection errors are retried with backoff while it is safe (before any byte
-reached the agent); otherwise the upstream's answer is returned unchanged.
+when the server trains with them) over the server's one ``httpx.AsyncClient``, and recorded as a ``Call`` of the
+rollout with the exact token ids (``token_source="server"``) and the model version served. Streams are passed
+through chunk by chunk while being recorded. Upstream 5xx/429 answers and connection errors are retried with
+backoff while it is safe (before any byte reached the agent); otherwise the upstream's answer is passed on.
 """
 
 from __future__ import annotations
@@ -13,42 +13,27 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-from starlette.responses import JSONResponse, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+import httpx
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
-from agentlightning.server.extract import (
-    ENDPOINTS,
-    CallRecord,
-    StreamAccumulator,
-    fill_from_body,
-    new_call,
-    parse_json,
-)
+from agentlightning.server._errors import openai_error
+from agentlightning.server.extract import ENDPOINTS, CallRecord, StreamAccumulator, fill_from_body, new_call
 from agentlightning.server.runtime import Runtime, Upstream
-from agentlightning.server.upstream_http import (
-    ConnectError,
-    HttpxUpstreamClient,
-    ReadTimeout,
-    RemoteProtocolError,
-    UpstreamClient,
-    UpstreamHTTP,
-    UpstreamResponse,
-    env_proxy_for,
-)
-from agentlightning.server.worker_api import read_body
 
 logger = logging.getLogger(__name__)
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-_RETRY_ERRORS = (ConnectError, RemoteProtocolError)
 
 
-def openai_error(status: int, message: str, code: str, kind: str = "invalid_request_error") -> JSONResponse:
-    """An error in the OpenAI format, which agents' clients turn into a readable exception."""
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
+def upstream_client(timeout: float) -> httpx.AsyncClient:
+    """The proxy's pooled upstream client (environment proxies honoured, as httpx does by default)."""
+    return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0),
+                             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256))
 
 
 class Proxy:
@@ -56,173 +41,118 @@ class Proxy:
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self.client: UpstreamClient | None = None
-        self._via_env_proxy: HttpxUpstreamClient | None = None
-        self._env_proxied: dict[str, bool] = {}
 
-    async def start(self) -> None:
-        """Create the pooled upstream client (inside the server's event loop)."""
-        self.client = UpstreamClient(timeout=self.runtime.settings.upstream_timeout, connect_timeout=10.0)
-
-    async def close(self) -> None:
-        """Close upstream connections."""
-        if self.client is not None:
-            await self.client.aclose()
-        if self._via_env_proxy is not None:
-            await self._via_env_proxy.aclose()
-
-    def _client_for(self, upstream_url: str) -> UpstreamHTTP:
-        """The lean client, or httpx for an upstream that the environment (``HTTPS_PROXY`` ...) routes through a
-        proxy."""
-        proxied = self._env_proxied.get(upstream_url)
-        if proxied is None:
-            proxied = self._env_proxied[upstream_url] = env_proxy_for(upstream_url) is not None
-        if not proxied:
-            assert self.client is not None, "proxy not started"
-            return self.client
-        if self._via_env_proxy is None:
-            self._via_env_proxy = HttpxUpstreamClient(timeout=self.runtime.settings.upstream_timeout)
-        return self._via_env_proxy
-
-    async def handle(self, receive: Receive, rollout_id: str, path: str) -> ASGIApp:
-        """Serve ``POST /rollouts/{rollout_id}/v1/{path}``: returns the answer to send."""
+    async def handle(self, client: httpx.AsyncClient, request: Request, rollout_id: str, path: str) -> Response:
+        """Serve ``POST /rollouts/{rollout_id}/v1/{path}`` through ``client``."""
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
             return openai_error(404, f"unknown endpoint /v1/{path}: the proxy serves chat/completions, completions "
                                      "and responses", "unknown_endpoint")
-        refusal, attempt = self._check_rollout(rollout_id)
-        if refusal is not None:
-            return refusal
+        state = self.runtime.store.rollout_state(rollout_id)
+        if state is None:
+            return openai_error(404, f"unknown rollout {rollout_id!r}: this is not the LLM endpoint of any rollout on "
+                                     "this server (use the llm.base_url given with the rollout)", "rollout_not_found")
+        status, attempt = state
+        if status != "running":
+            return openai_error(409, f"rollout {rollout_id!r} is {status}, not running: its LLM endpoint only "
+                                     "serves the attempt that holds its lease", f"rollout_{status}")
         upstream = self.runtime.upstream
         if upstream is None:
             return openai_error(503, "no upstream model is configured on the server (agl server --upstream URL, "
                                      "or LightningServer.set_upstream)", "no_upstream", "server_error")
         try:
-            raw = await read_body(receive)
-            body = parse_json(raw)
+            body = json.loads(await request.body())
         except ValueError as exc:
             return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
         call = new_call(rollout_id, endpoint, body, time.time(), upstream.model_version)
-        payload = _upstream_body(raw, body, endpoint, upstream)
-        url = f"{upstream.url.rstrip('/')}/{path}"
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
-        client = self._client_for(upstream.url)
-        if body.get("stream"):
-            return await self._stream(client, url, headers, payload, call, attempt, endpoint)
-        return await self._forward(client, url, headers, payload, call, attempt, endpoint)
-
-    def _check_rollout(self, rollout_id: str) -> tuple[JSONResponse | None, int]:
-        state = self.runtime.store.rollout_state(rollout_id)
-        if state is None:
-            return openai_error(404, f"unknown rollout {rollout_id!r}: this is not the LLM endpoint of any rollout on "
-                                     "this server (use the llm.base_url given with the rollout)", "rollout_not_found"), 0
-        status, attempt = state
-        if status != "running":
-            return openai_error(409, f"rollout {rollout_id!r} is {status}, not running: its LLM endpoint only "
-                                     "serves the attempt that holds its lease", f"rollout_{status}"), attempt
-        return None, attempt
+        sent = client.build_request("POST", f"{upstream.url.rstrip('/')}/{path}", headers=headers,
+                                    content=json.dumps(_upstream_body(body, endpoint, upstream)).encode())
+        stream = bool(body.get("stream"))
+        response, tries = await self._send(client, sent, stream, call, attempt, endpoint)
+        if isinstance(response, JSONResponse):  # the upstream could not be reached
+            return response
+        call["metadata"]["upstream_tries"] = tries
+        media_type = response.headers.get("content-type")
+        if stream and response.status_code < 400:
+            return StreamingResponse(self._pass_through(response, call, attempt, endpoint), response.status_code,
+                                     media_type=media_type or "text/event-stream")
+        call["end_time"] = time.time()  # read whole by _send
+        record = BackgroundTask(self._record_answer, call, attempt, endpoint, response.status_code, response.content)
+        return Response(response.content, response.status_code, media_type=media_type or "application/json",
+                        background=record)
 
     async def _send(
-        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: CallRecord, attempt: int,
-        endpoint: str, stream: bool,
-    ) -> tuple[UpstreamResponse | None, JSONResponse | None, int]:
-        """POST upstream, retrying connection failures and retryable statuses with backoff. Returns (the answer
-        to pass on, None, tries) or (None, the error answer, tries); an error status comes back already read."""
+        self, client: httpx.AsyncClient, request: httpx.Request, stream: bool, call: CallRecord, attempt: int,
+        endpoint: str,
+    ) -> tuple[httpx.Response | JSONResponse, int]:
+        """Send ``request``, retrying connection failures and retryable statuses with backoff. Returns the answer to
+        pass on (read whole unless it is a stream) or the error to answer with, and the number of tries."""
         settings = self.runtime.settings
         tries = 0
         while True:
             tries += 1
             try:
-                response = await client.post(url, payload, headers, stream=stream)
-                if stream and response.status_code >= 400:
+                response = await client.send(request, stream=True)
+                if not stream or response.status_code >= 400:
                     await response.aread()
-            except _RETRY_ERRORS as exc:
-                if tries <= settings.upstream_retries:
-                    await self._backoff(tries, None, endpoint, type(exc).__name__)
-                    continue
-                message = f"upstream {url} unreachable after {tries} tries: {type(exc).__name__}: {exc}"
-                return None, self._failed(call, attempt, endpoint, 502, message, "upstream_unreachable"), tries
-            except ReadTimeout as exc:
-                message = f"upstream {url} did not answer within {settings.upstream_timeout} s ({type(exc).__name__})"
-                return None, self._failed(call, attempt, endpoint, 504, message, "upstream_timeout"), tries
-            if response.status_code in RETRY_STATUSES and tries <= settings.upstream_retries:
-                await self._backoff(tries, response.header("retry-after"), endpoint, str(response.status_code))
+            except httpx.TimeoutException as exc:
+                if not isinstance(exc, httpx.ConnectTimeout):
+                    message = (f"upstream {request.url} did not answer within {settings.upstream_timeout} s "
+                               f"({type(exc).__name__})")
+                    return self._failed(call, attempt, endpoint, 504, message, "upstream_timeout"), tries
+                failure: Exception = exc
+            except httpx.TransportError as exc:
+                failure = exc
+            else:
+                if response.status_code not in RETRY_STATUSES or tries > settings.upstream_retries:
+                    return response, tries
+                await response.aclose()
+                await self._backoff(tries, response.headers.get("retry-after"), endpoint, str(response.status_code))
                 continue
-            return response, None, tries
+            if tries > settings.upstream_retries:
+                message = f"upstream {request.url} unreachable after {tries} tries: {type(failure).__name__}: {failure}"
+                return self._failed(call, attempt, endpoint, 502, message, "upstream_unreachable"), tries
+            await self._backoff(tries, None, endpoint, type(failure).__name__)
 
-    async def _forward(
-        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: CallRecord, attempt: int,
-        endpoint: str,
-    ) -> ASGIApp:
-        response, failure, tries = await self._send(client, url, headers, payload, call, attempt, endpoint, False)
-        if response is None:
-            assert failure is not None
-            return failure
-        call["end_time"] = time.time()
-        call["metadata"]["upstream_tries"] = tries
-        content = await response.aread()
-        return _Answer(response.status_code, response.header("content-type") or "application/json", content,
-                       lambda: self._record_body(call, attempt, endpoint, response.status_code, content))
-
-    def _record_body(self, call: CallRecord, attempt: int, endpoint: str, status: int, content: bytes) -> None:
-        """Runs on the event loop right after the answer was sent."""
+    async def _pass_through(
+        self, response: httpx.Response, call: CallRecord, attempt: int, endpoint: str
+    ) -> AsyncIterator[bytes]:
+        """The upstream's stream, chunk by chunk as it arrives; recorded once it ended (or broke off)."""
+        accumulator = StreamAccumulator(endpoint)
+        completed = False
         try:
-            data = parse_json(content)
+            async for chunk in response.aiter_bytes():
+                accumulator.feed(chunk)
+                yield chunk
+            completed = True
+        finally:
+            call["end_time"] = time.time()
+            accumulator.fill(call)
+            self._record(call, attempt, endpoint, None if completed else "stream interrupted before the upstream finished")
+            await response.aclose()
+
+    def _record_answer(self, call: CallRecord, attempt: int, endpoint: str, status: int, content: bytes) -> None:
+        """Record a whole answer (runs right after the agent got it)."""
+        try:
+            data = json.loads(content)
         except ValueError:
             data = None
         if status >= 400:
-            call["status"] = "error"
-            call["error"] = f"upstream HTTP {status}: {_error_message(data, content)}"
-        else:
-            fill_from_body(call, endpoint, data)
+            self._record(call, attempt, endpoint, f"upstream HTTP {status}: {_error_message(data, content)}")
+            return
+        fill_from_body(call, endpoint, data)
         self._record(call, attempt, endpoint)
-
-    async def _stream(
-        self, client: UpstreamHTTP, url: str, headers: dict[str, str], payload: bytes, call: CallRecord, attempt: int,
-        endpoint: str,
-    ) -> ASGIApp:
-        response, failure, tries = await self._send(client, url, headers, payload, call, attempt, endpoint, True)
-        if response is None:
-            assert failure is not None
-            return failure
-        if response.status_code >= 400:
-            content = await response.aread()
-            call["end_time"] = time.time()
-            return _Answer(response.status_code, response.header("content-type") or "application/json", content,
-                           lambda: self._record_body(call, attempt, endpoint, response.status_code, content))
-        call["metadata"]["upstream_tries"] = tries
-        accumulator = StreamAccumulator(endpoint)
-
-        async def passthrough() -> AsyncIterator[bytes]:
-            completed = False
-            try:
-                async for chunk in response.aiter_raw():
-                    accumulator.feed(chunk)
-                    yield chunk
-                completed = True
-            finally:
-                await response.aclose()
-                call["end_time"] = time.time()
-                accumulator.fill(call)
-                if not completed:
-                    call["status"] = "error"
-                    call["error"] = "stream interrupted before the upstream finished"
-                self._record(call, attempt, endpoint)
-
-        return StreamingResponse(passthrough(), status_code=response.status_code,
-                                 media_type=response.header("content-type") or "text/event-stream")
 
     def _failed(
         self, call: CallRecord, attempt: int, endpoint: str, status: int, message: str, code: str
     ) -> JSONResponse:
         call["end_time"] = time.time()
-        call["status"] = "error"
-        call["error"] = message
-        self._record(call, attempt, endpoint)
+        self._record(call, attempt, endpoint, message)
         logger.warning("proxy for rollout %s: %s", call["rollout_id"], message)
         return openai_error(status, message, code, "upstream_error")
 
@@ -238,7 +168,9 @@ class Proxy:
         logger.info("upstream answered %s on %s; retrying in %.2f s (try %d)", reason, endpoint, delay, tries + 1)
         await asyncio.sleep(delay)
 
-    def _record(self, call: CallRecord, attempt: int, endpoint: str) -> None:
+    def _record(self, call: CallRecord, attempt: int, endpoint: str, error: str | None = None) -> None:
+        if error is not None:
+            call["status"], call["error"] = "error", error
         metrics = self.runtime.metrics
         metrics.inc("agl_proxy_calls_total", endpoint=endpoint, status=call["status"])
         if call.get("end_time") is not None:
@@ -249,37 +181,25 @@ class Proxy:
             logger.exception("could not record proxy call of rollout %s", call["rollout_id"])
 
 
-class _Answer:
-    """A buffered upstream answer passed on as is; ``then`` runs once the agent has it (recording the call)."""
+def router(proxy: Proxy) -> APIRouter:
+    """The proxy's routes; the upstream client is the one the server's lifespan opened (``request.state``)."""
+    routes = APIRouter(prefix="/rollouts/{rollout_id}/v1", tags=["proxy"])
 
-    __slots__ = ("status", "headers", "content", "then")
+    @routes.get("/models")
+    async def models() -> dict[str, Any]:
+        upstream = proxy.runtime.upstream
+        name = upstream.model_name if upstream and upstream.model_name else "default"
+        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "agentlightning"}]}
 
-    def __init__(self, status: int, media_type: str, content: bytes, then: Callable[[], None]) -> None:
-        self.status = status
-        self.headers = [(b"content-type", media_type.encode("latin-1")),
-                        (b"content-length", str(len(content)).encode())]
-        self.content = content
-        self.then = then
+    @routes.post("/{path:path}")
+    async def forward(request: Request, rollout_id: str, path: str) -> Response:
+        return await proxy.handle(request.state.upstream, request, rollout_id, path)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await send({"type": "http.response.start", "status": self.status, "headers": self.headers})
-            await send({"type": "http.response.body", "body": self.content})
-        finally:  # recorded even when the agent went away meanwhile
-            self.then()
+    return routes
 
 
-def _upstream_body(raw: bytes, body: dict[str, Any], endpoint: str, upstream: Upstream) -> bytes:
-    """The request as sent upstream: served model name, token ids requested, logprobs when training wants them.
-
-    When the request only lacks keys (the usual case: the agent names the served model and does not ask for token
-    ids), they are appended to the agent's bytes instead of serialising the whole conversation again."""
-    additions = _missing_keys(body, endpoint, upstream)
-    text = raw.rstrip()
-    if additions is not None and body and raw.lstrip()[:1] == b"{" and text[-1:] == b"}":  # UTF-8 JSON object
-        if not additions:
-            return raw
-        return text[:-1] + b"," + json.dumps(additions)[1:-1].encode() + b"}"
+def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream) -> dict[str, Any]:
+    """The request as sent upstream: served model name, token ids requested, logprobs when training wants them."""
     payload = dict(body)
     if upstream.model_name:
         payload["model"] = upstream.model_name
@@ -289,26 +209,7 @@ def _upstream_body(raw: bytes, body: dict[str, Any], endpoint: str, upstream: Up
             payload["logprobs"] = True
         elif endpoint == "completions" and not payload.get("logprobs"):
             payload["logprobs"] = 1
-    return json.dumps(payload).encode()
-
-
-def _missing_keys(body: dict[str, Any], endpoint: str, upstream: Upstream) -> dict[str, Any] | None:
-    """The keys :func:`_upstream_body` would set, if ``body`` has none of them with another value; else None."""
-    wanted: dict[str, Any] = {"return_token_ids": True}
-    if upstream.model_name:
-        wanted["model"] = upstream.model_name
-    if upstream.logprobs:
-        if endpoint == "chat.completions":
-            wanted["logprobs"] = True
-        elif endpoint == "completions" and not body.get("logprobs"):
-            wanted["logprobs"] = 1
-    missing = {}
-    for key, value in wanted.items():
-        if key not in body:
-            missing[key] = value
-        elif body[key] != value or type(body[key]) is not type(value):
-            return None
-    return missing
+    return payload
 
 
 def _error_message(data: Any, content: bytes) -> str:

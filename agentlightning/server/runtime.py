@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from agentlightning.protocol import Task, task_id_for
 from agentlightning.server.metrics import Metrics
-from agentlightning.server.store import Store
+from agentlightning.server.store import Store, StoreError
 
 
 @dataclass(frozen=True)
@@ -65,21 +70,44 @@ class Runtime:
 
     def notify_work(self) -> None:
         """Wake up workers waiting for a rollout (callable from any thread)."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        try:
-            if _running_in(loop):
-                self._wake()
-            else:
-                loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:  # loop closed meanwhile
-            return
+        if self._loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
         if self._work is not None:
             self._work.set()
             self._work = asyncio.Event()
+
+    def enqueue(
+        self,
+        tasks_or_dataset: str | Sequence[Any],
+        *,
+        group_size: int = 1,
+        group_id: str | None = None,
+        timeout: float | None = None,
+        max_attempts: int | None = None,
+    ) -> list[str]:
+        """Queue ``group_size`` rollouts per task (a dataset id or a list of task payloads) and wake workers."""
+        dataset_id = None
+        if isinstance(tasks_or_dataset, str):
+            dataset_id = tasks_or_dataset
+            tasks = self.store.dataset_tasks(dataset_id)
+        else:
+            for index, payload in enumerate(tasks_or_dataset):
+                try:
+                    json.dumps(payload)
+                except (TypeError, ValueError) as exc:
+                    raise StoreError(f"task {index} is not JSON-serialisable: {exc}") from None
+            tasks = [Task(task_id=task_id_for(p, "task", i), payload=p) for i, p in enumerate(tasks_or_dataset)]
+        ids = self.store.enqueue(
+            tasks, group_size=group_size, group_id=group_id, dataset_id=dataset_id,
+            timeout=timeout if timeout is not None else self.settings.rollout_timeout,
+            max_attempts=max_attempts if max_attempts is not None else self.settings.max_attempts,
+        )
+        self.metrics.inc("agl_rollouts_enqueued_total", float(len(ids)))
+        self.notify_work()
+        return ids
 
     def request_stop(self) -> None:
         """Tell every worker to exit at its next request."""
@@ -99,9 +127,3 @@ class Runtime:
             self._attach_cond.wait_for(lambda: bool(self.attached), timeout)
             return self.attached[0] if self.attached else None
 
-
-def _running_in(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False

@@ -11,21 +11,21 @@ and can inject latency, HTTP errors and hangs. Test agents with the real ``opena
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
-import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from agentlightning._uvicorn import BackgroundServer
 from agentlightning.testing import payloads
 from agentlightning.testing.payloads import Generation
 from agentlightning.testing.replies import MockReply, MockRequest
@@ -80,10 +80,8 @@ class MockLLMServer:
             self.set_handler(handler)
         elif replies is not None:
             self.set_replies(replies)
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stopping: asyncio.Event | None = None
+        self._http: BackgroundServer | None = None
+        self._stopping = asyncio.Event()
 
     # -- configuration ----------------------------------------------------------------------------------------
 
@@ -129,54 +127,23 @@ class MockLLMServer:
 
     def start(self) -> MockLLMServer:
         """Start listening (returns once the server accepts connections)."""
-        if self._thread is not None:
-            return self
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # so asyncio sets TCP_NODELAY
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self._port))
-        self._port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self._app(), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
-        )
-        self._server = uvicorn.Server(config)
-        started = threading.Event()
-
-        loop_factory = config.get_loop_factory() or asyncio.new_event_loop  # uvloop where installed
-
-        def serve() -> None:
-            loop = loop_factory()
-            asyncio.set_event_loop(loop)
-            self._loop = loop
+        if self._http is None:
             self._stopping = asyncio.Event()
-            loop.call_soon(started.set)
-            try:
-                loop.run_until_complete(self._server.serve(sockets=[sock]))  # type: ignore[union-attr]
-            finally:
-                sock.close()
-                loop.close()
-
-        self._thread = threading.Thread(target=serve, name=f"MockLLMServer:{self._port}", daemon=True)
-        self._thread.start()
-        started.wait(10)
-        while not self._server.started and self._thread.is_alive():
-            threading.Event().wait(0.005)
-        if not self._server.started:
-            raise RuntimeError(f"MockLLMServer could not start on {self.host}:{self._port}")
+            self._http = BackgroundServer(self._app(), self.host, self._port, name="MockLLMServer",
+                                          timeout_graceful_shutdown=2).start()
+            self._port = self._http.port
         return self
 
     def stop(self) -> None:
         """Stop the server; hanging requests are released with a 503."""
-        if self._thread is None or self._server is None:
+        if self._http is None:
             return
-        if self._loop is not None and self._stopping is not None and not self._loop.is_closed():
-            try:
-                self._loop.call_soon_threadsafe(self._stopping.set)
-            except RuntimeError:  # the loop closed meanwhile
-                pass
-        self._server.should_exit = True
-        self._thread.join(10)
-        self._thread = None
-        self._server = None
+        loop = self._http.loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._stopping.set)
+        self._http.stop(10)
+        self._http = None
 
     def __enter__(self) -> MockLLMServer:
         return self.start()
@@ -227,7 +194,6 @@ class MockLLMServer:
         if reply.latency > 0:
             await asyncio.sleep(reply.latency)
         if reply.hang:
-            assert self._stopping is not None
             await self._stopping.wait()
             return _error(503, "MockLLMServer stopped while the request was hanging")
         if reply.status >= 400:

@@ -5,10 +5,8 @@ their own process; N worker processes (``start_workers``) run an agent making K=
 real ``openai`` client through the rollout's proxy URL, and report results.
 
 The agent calls through the real ``openai`` client (captured client-side, joined with the proxy's records);
-``--agent-client httpx`` makes it call with plain httpx (about 1 ms of CPU a call here), and ``--agent-client lean``
-with one keep-alive ``http.client`` connection, nearly as cheaply as an agent service in a compiled language would:
-the figures then measure the Lightning path rather than the agent's HTTP stack (the openai client alone costs several
-CPU milliseconds a call).
+``--agent-client httpx`` makes it call with plain httpx (about 1 ms of CPU a call here, where the openai client alone
+costs several), so that the figures measure more of the Lightning path than of the agent's HTTP stack.
 
 1. Proxy latency: sequential chat calls straight to the mock vs through the proxy of a running rollout,
    interleaved so that machine load hits both alike; reports the medians and the added median latency.
@@ -26,8 +24,6 @@ Run with either of:
 from __future__ import annotations
 
 import argparse
-import http.client
-import json
 import multiprocessing
 import os
 import socket
@@ -38,7 +34,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -47,7 +42,6 @@ import agentlightning as agl
 
 CALLS = 6
 _HTTP: dict[str, httpx.Client] = {}
-_LEAN: dict[str, http.client.HTTPConnection] = {}
 
 MOCK_SCRIPT = """
 import sys
@@ -65,42 +59,22 @@ def _http() -> httpx.Client:
     return http
 
 
-def _lean(base_url: str) -> tuple[http.client.HTTPConnection, str]:
-    """A keep-alive connection (the standard library's) to the server of ``base_url`` (one per process), and the
-    URL's path."""
-    parts = urlsplit(base_url)
-    lean = _LEAN.get(parts.netloc)
-    if lean is None:
-        lean = _LEAN[parts.netloc] = http.client.HTTPConnection(parts.netloc, timeout=60)
-    return lean, parts.path.rstrip("/")
-
-
 def _chat(client: str, llm: agl.LLM, messages: list[dict[str, Any]], sdk: openai.OpenAI | None) -> str:
     """One chat call with the agent's HTTP client of choice; returns the answer's text."""
     if sdk is not None:
         reply = sdk.chat.completions.create(model=llm.model, messages=messages, max_tokens=16)  # type: ignore[arg-type]
         return reply.choices[0].message.content or ""
     payload = {"model": llm.model, "messages": messages, "max_tokens": 16}
-    if client == "httpx":
-        response = _http().post(f"{llm.base_url}/chat/completions", json=payload,
-                                headers={"authorization": f"Bearer {llm.api_key}"})
-        response.raise_for_status()
-        return response.json()["choices"][0]["message"]["content"] or ""
-    lean, path = _lean(llm.base_url)
-    lean.request("POST", f"{path}/chat/completions", body=json.dumps(payload).encode(),
-                 headers={"authorization": f"Bearer {llm.api_key}", "content-type": "application/json"})
-    answer = lean.getresponse()
-    status, body = answer.status, answer.read()
-    if status != 200:
-        raise RuntimeError(f"chat call answered {status}: {body[:200]!r}")
-    return json.loads(body)["choices"][0]["message"]["content"] or ""
+    response = _http().post(f"{llm.base_url}/chat/completions", json=payload,
+                            headers={"authorization": f"Bearer {llm.api_key}"})
+    response.raise_for_status()
+    return response.json()["choices"][0]["message"]["content"] or ""
 
 
 def run_agent(task: dict, llm: agl.LLM) -> float:
     """K chat calls, each with the conversation so far; reward 1 if every answer echoed its question.
 
-    ``task["client"]`` is the agent's HTTP client: the real ``openai`` client, plain httpx, or ``lean`` (keep-alive
-    sockets, as cheap as an agent service written in a compiled language would be)."""
+    ``task["client"]`` is the agent's HTTP client: the real ``openai`` client or plain httpx."""
     client = task.get("client", "openai")
     sdk = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, http_client=_http(), max_retries=0) \
         if client == "openai" else None
@@ -296,8 +270,7 @@ if __name__ == "__main__":
     parser.add_argument("--rollouts", type=int, default=600)
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--samples", type=int, default=300)
-    parser.add_argument("--agent-client", choices=("openai", "httpx", "lean"), default="openai",
-                        help="the agent's HTTP client: the openai SDK (several ms of CPU a call), plain httpx (~1 ms), "
-                             "or one keep-alive http.client connection (lean; measures what the Lightning path itself sustains)")
+    parser.add_argument("--agent-client", choices=("openai", "httpx"), default="openai",
+                        help="the agent's HTTP client: the openai SDK (several ms of CPU a call) or plain httpx (~1 ms)")
     options = parser.parse_args()
     run(options.workers, options.rollouts, options.calls, options.samples, options.agent_client)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Iterator
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+
 import agentlightning as agl
+from agentlightning._uvicorn import BackgroundServer
 from agentlightning.server import LightningServer, Settings
 from agentlightning.server.extract import json_text, parse_json
 from agentlightning.server.proxy import _upstream_body
@@ -169,6 +179,129 @@ def test_unreachable_upstream_gives_502(server: LightningServer) -> None:
     assert call.status == "error" and "ConnectError" in call.error
 
 
+def test_client_errors_passed_through_without_retry(server: LightningServer, mock: MockLLMServer) -> None:
+    mock.set_replies([MockReply(status=400, error_message="prompt too long"), MockReply(status=400)])
+    rid, base_url = _running(server)
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="prompt too long"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert len(mock.requests) == 2
+    plain, streamed = _finish(server, rid).calls
+    assert plain.status == "error" and plain.error == "upstream HTTP 400: prompt too long"
+    assert streamed.status == "error" and plain.metadata["upstream_tries"] == 1
+
+
+class _DropFirstConnection:
+    """A TCP relay to ``port`` that reads the first request it gets and closes that connection unanswered."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self._listener = port, socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}/v1"
+
+    def _accept(self) -> None:
+        dropped = False
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self._listener.accept()
+                if not dropped:
+                    dropped = True
+                    conn.recv(65536)
+                    conn.close()
+                    continue
+                target = socket.create_connection(("127.0.0.1", self.port))
+                for source, sink in ((conn, target), (target, conn)):
+                    threading.Thread(target=_pump, args=(source, sink), daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _pump(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+        sink.shutdown(socket.SHUT_WR)
+
+
+def test_connection_closed_before_the_answer_is_retried(server: LightningServer, mock: MockLLMServer) -> None:
+    relay = _DropFirstConnection(mock.port)
+    try:
+        server.set_upstream(relay.url, "mock-model", "v6")
+        rid, base_url = _running(server)
+        client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
+        assert reply.choices[0].message.content == "echo: again"
+        [call] = _finish(server, rid).calls
+        assert call.status == "ok" and call.metadata["upstream_tries"] == 2
+    finally:
+        relay.close()
+    assert 'agl_proxy_upstream_retries_total{endpoint="chat.completions",reason="RemoteProtocolError"} 1' in \
+        httpx.get(f"{server.url}/metrics").text
+
+
+def test_stream_chunks_reach_the_agent_as_the_upstream_sends_them(server: LightningServer) -> None:
+    gate = threading.Event()  # the upstream holds the rest of its stream until the agent saw the first chunk
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"content": "Hel"}}]}\n\n'
+        await asyncio.to_thread(gate.wait, 10)
+        yield b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]}\n\n'
+        yield b"data: [DONE]\n\n"
+
+    async def chat(_request: Request) -> StreamingResponse:
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    upstream = BackgroundServer(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])).start()
+    try:
+        server.set_upstream(f"{upstream.url}/v1", "gated", "v7")
+        rid, base_url = _running(server)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        with httpx.stream("POST", f"{base_url}/chat/completions", json=body, timeout=5) as response:
+            chunks = response.iter_raw()
+            assert b'"Hel"' in next(chunks) and not gate.is_set()
+            gate.set()
+            assert b'"lo"' in b"".join(chunks)
+        [call] = _finish(server, rid).calls
+        assert call.status == "ok" and call.output["content"] == "Hello" and call.output["finish_reason"] == "stop"
+    finally:
+        gate.set()
+        upstream.stop()
+
+
+def test_upstream_reached_through_the_environment_proxy(
+    tmp_path: Path, mock: MockLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("HTTPS_PROXY", "ALL_PROXY", "https_proxy", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", mock.url)  # the mock answers the absolute-URL requests a proxy gets
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    with LightningServer(tmp_path / "p.db", upstream_url="http://llm.internal:8000/v1", model_name="m") as server:
+        rid, base_url = _running(server)
+        body = {"model": "m", "messages": [{"role": "user", "content": "via proxy"}]}
+        answer = httpx.post(f"{base_url}/chat/completions", json=body, trust_env=False, timeout=10)
+        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "echo: via proxy"
+        assert mock.requests[-1].headers["host"] == "llm.internal:8000"
+
+
+def test_silent_upstream_times_out_with_504(tmp_path: Path, mock: MockLLMServer) -> None:
+    mock.set_replies([MockReply(hang=True)])
+    settings = Settings(upstream_timeout=0.3)
+    with LightningServer(tmp_path / "t.db", upstream_url=mock.base_url, model_name="m", settings=settings) as server:
+        rid, base_url = _running(server)
+        client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+        with pytest.raises(openai.APIStatusError, match="did not answer within 0.3 s") as info:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hello?"}])
+        assert info.value.status_code == 504 and len(mock.requests) == 1  # a timeout is not retried
+        [call] = _finish(server, rid).calls
+        assert call.status == "error" and "ReadTimeout" in call.error
+
+
 @agl.rollout(roles=["writer"])
 def _unused(task, llm):  # noqa: ANN001, ANN202 - only here so the module imports agl's decorator like users do
     return 0.0
@@ -200,17 +333,17 @@ def test_client_calls_joined_with_proxy_records(server: LightningServer, mock: M
 
 
 @pytest.mark.parametrize("raw", [
-    b'{"model": "m", "messages": [{"role": "user", "content": "caf\\u00e9 \xc3\xa9"}]}',  # spliced
+    b'{"model": "m", "messages": [{"role": "user", "content": "caf\\u00e9 \xc3\xa9"}]}',
     b' {"messages": []} \n', b'{"model": "other"}', b'{}', b'{"model": "m", "return_token_ids": 1}',
     b'{"model": "m", "return_token_ids": true}', b'{"model": "m", "logprobs": 0}', '{"model": "m"}'.encode("utf-16"),
 ])
 @pytest.mark.parametrize("logprobs", [False, True])
 @pytest.mark.parametrize("endpoint", ["chat.completions", "completions"])
 def test_upstream_body_sets_model_token_ids_and_logprobs(raw: bytes, logprobs: bool, endpoint: str) -> None:
-    """Whether appended to the agent's bytes or serialised again, the upstream gets the same request."""
+    """The upstream gets the agent's request with the served model, token ids and (when training) logprobs."""
     body = json.loads(raw)
     upstream = Upstream(url="http://u/v1", model_name="m", logprobs=logprobs)
-    sent = json.loads(_upstream_body(raw, body, endpoint, upstream))
+    sent = json.loads(json.dumps(_upstream_body(body, endpoint, upstream)))
     expected = {**body, "model": "m", "return_token_ids": True}
     if logprobs and endpoint == "chat.completions":
         expected["logprobs"] = True

@@ -1,0 +1,77 @@
+"""An ASGI application served by uvicorn from a background thread (the Lightning Server, mock and HF model servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+
+
+class BackgroundServer:
+    """Serve ``app`` on ``host:port`` (``port=0`` picks a free one) from a daemon thread.
+
+        server = BackgroundServer(app).start()   # returns once requests are accepted
+        httpx.get(f"{server.url}/health")
+        server.stop()
+
+    Keyword arguments go to :class:`uvicorn.Config` (defaults: warnings only, no access log, no lifespan).
+    """
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, name: str = "server", **config: Any) -> None:
+        self.host = host
+        self.port = port
+        self.name = name
+        self._config = {"log_level": "warning", "access_log": False, "lifespan": "off", **config}
+        self._app = app
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """The server's event loop while it runs."""
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``, with a connectable host when bound to every interface."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> BackgroundServer:
+        """Bind, serve, and return once the server accepts connections (RuntimeError if it does not)."""
+        if self._thread is not None:
+            return self
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on accepted sockets whose protocol says TCP.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        self.port = sock.getsockname()[1]
+        server = self._server = uvicorn.Server(uvicorn.Config(self._app, **self._config))
+
+        def run() -> None:
+            try:
+                with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:  # uvloop if installed
+                    self.loop = runner.get_loop()
+                    runner.run(server.serve(sockets=[sock]))
+            finally:
+                sock.close()
+
+        self._thread = threading.Thread(target=run, name=f"{self.name}:{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{self.name} could not start on {self.host}:{self.port}")
+            time.sleep(0.005)
+        return self
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop serving and wait for the thread (idempotent)."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._server = self._thread = self.loop = None

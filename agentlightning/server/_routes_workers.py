@@ -1,0 +1,132 @@
+"""The worker protocol: ``POST /workers/{id}/dequeue`` (long poll), ``/rollouts/{id}/heartbeat``, ``/rollouts/{id}/result``.
+
+A result upload is idempotent. ``POST /rollouts/{id}/result?next=1`` also hands the uploading worker its next lease
+(``"next": {"lease", "stop"}`` in the answer, no waiting), saving it a dequeue request per rollout. If that answer is
+lost and the worker re-sends the result, the re-send (a duplicate) gets the same lease again while it is still
+running, so a lost answer does not leave a leased rollout without a worker until its lease expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from agentlightning.protocol import Lease
+from agentlightning.server._errors import store_error
+from agentlightning.server.runtime import Runtime
+from agentlightning.server.states import InvalidTransition
+from agentlightning.server.store import StoreError
+from agentlightning.types import LLM, Rollout
+
+_HANDED_MAX = 4096  # workers whose last result-and-lease answer is remembered (for re-sent results)
+
+
+class ResultUpload(BaseModel):
+    """Body of ``POST /rollouts/{id}/result``."""
+
+    attempt: int = Field(ge=1)
+    worker_id: str | None = None
+    rollout: Rollout
+
+
+class HeartbeatRequest(BaseModel):
+    """Body of ``POST /rollouts/{id}/heartbeat``."""
+
+    attempt: int = Field(ge=1)
+    worker_id: str
+
+
+class LeaseAnswer(BaseModel):
+    """A worker's next lease (None: nothing to do now), and whether it should exit."""
+
+    lease: Lease | None = None
+    stop: bool = False
+
+
+def router(runtime: Runtime) -> APIRouter:
+    """The worker protocol of ``runtime``'s server."""
+    store, settings, metrics = runtime.store, runtime.settings, runtime.metrics
+    routes = APIRouter(tags=["workers"])
+    # worker id -> ((rollout id, attempt) of its last result, the lease handed with the answer)
+    handed: OrderedDict[str, tuple[tuple[str, int], Lease]] = OrderedDict()
+
+    def leased(lease: Lease | None) -> Lease | None:
+        """``lease`` counted and given the rollout's model endpoint (the proxy URL of this server)."""
+        if lease is None:
+            return None
+        metrics.inc("agl_rollouts_leased_total")
+        upstream = runtime.upstream
+        lease.llm = LLM(base_url=f"{runtime.public_url or ''}/rollouts/{lease.rollout_id}/v1",
+                        model=(upstream.model_name if upstream and upstream.model_name else "default"),
+                        api_key=runtime.token or "EMPTY", model_version=upstream.model_version if upstream else None)
+        return lease
+
+    @routes.post("/workers/{worker_id}/dequeue")
+    async def dequeue(worker_id: str, wait: float = 0.0) -> LeaseAnswer:
+        deadline = time.monotonic() + max(0.0, min(wait, settings.dequeue_wait_max))
+        while not runtime.stop_requested:
+            woken = runtime.work_event()  # taken before looking at the queue: a wake-up meanwhile is not missed
+            lease = leased(store.dequeue(worker_id, settings.lease_seconds))
+            remaining = deadline - time.monotonic()
+            if lease is not None or remaining <= 0:
+                return LeaseAnswer(lease=lease)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), remaining)
+        return LeaseAnswer(stop=True)
+
+    @routes.post("/rollouts/{rollout_id}/heartbeat")
+    async def heartbeat(rollout_id: str, body: HeartbeatRequest) -> dict[str, Any]:
+        try:
+            verdict = store.heartbeat(rollout_id, body.attempt, body.worker_id, settings.lease_seconds)
+        except StoreError as exc:
+            raise store_error(exc) from None
+        return {"ok": verdict == "ok", "message": verdict, "stop": runtime.stop_requested}
+
+    @routes.post("/rollouts/{rollout_id}/result")
+    async def result(
+        rollout_id: str, body: ResultUpload, take_next: Annotated[bool, Query(alias="next")] = False
+    ) -> JSONResponse:
+        if body.rollout.rollout_id != rollout_id:
+            raise HTTPException(422, f"result for {body.rollout.rollout_id!r} posted to rollout {rollout_id!r}")
+        worker_id = body.worker_id
+        if take_next and not worker_id:
+            raise HTTPException(422, "next=1 needs the worker_id of the result: the next lease is that worker's")
+        reported = (rollout_id, body.attempt)
+        previous = handed.get(worker_id) if take_next and worker_id else None
+        resent = previous is not None and previous[0] == reported  # the answer to the first upload was lost
+        lease = None
+        try:
+            if take_next and worker_id and not resent and not runtime.stop_requested:
+                outcome, lease = store.complete_and_dequeue(rollout_id, body.attempt, worker_id, body.rollout,
+                                                            settings.lease_seconds)
+                lease = leased(lease)
+            else:
+                outcome = store.complete(rollout_id, body.attempt, worker_id, body.rollout)
+        except (StoreError, InvalidTransition) as exc:
+            raise store_error(exc) from None
+        if outcome.accepted:
+            metrics.inc("agl_results_total", status=body.rollout.status)
+        if outcome.retried:
+            runtime.notify_work()
+        answer = outcome.model_dump(mode="json")
+        if not take_next or not worker_id:
+            return JSONResponse(answer)
+        if resent and previous is not None:  # the same lease again, if the worker still holds it
+            verdict = store.heartbeat(previous[1].rollout_id, previous[1].attempt, worker_id, settings.lease_seconds)
+            lease = previous[1] if verdict == "ok" else leased(store.dequeue(worker_id, settings.lease_seconds))
+        handed.pop(worker_id, None)
+        if lease is not None:
+            handed[worker_id] = (reported, lease)
+            if len(handed) > _HANDED_MAX:
+                handed.popitem(last=False)
+        answer["next"] = LeaseAnswer(lease=lease, stop=lease is None and runtime.stop_requested).model_dump(mode="json")
+        return JSONResponse(answer)
+
+    return routes
