@@ -125,7 +125,7 @@ class VLLMBackend:
         self.request_timeout = request_timeout
         shm = Path("/dev/shm")
         self._sync_root = sync_dir or (shm if sync == "lora" and url is None and shm.is_dir() else None)
-        self._sync_dir = self._files = Path()  # temporary directories, made by start()
+        self._files: Path | None = None  # chat template, worker module, server log, saved weights; made by start()
         self._process: subprocess.Popen[bytes] | None = None
         self._http: httpx.Client | None = None
         self._adapter: str | None = None
@@ -159,8 +159,7 @@ class VLLMBackend:
             return self
         if self.sync_mode in ("nccl", "ipc"):
             _require_cuda(self.sync_mode)
-        self._sync_dir = Path(tempfile.mkdtemp(prefix="agl-vllm-sync-", dir=self._sync_root))
-        self._files = Path(tempfile.mkdtemp(prefix="agl-vllm-"))
+        self._files = Path(tempfile.mkdtemp(prefix="agl-vllm-", dir=self._sync_root))
         if self.model is not None:
             self._launch()
         self._http = httpx.Client(base_url=self.url, timeout=self.request_timeout, follow_redirects=True)
@@ -195,10 +194,9 @@ class VLLMBackend:
         if self._process is not None:
             _stop_process_group(self._process)
             self._process = None
-        for directory in (self._sync_dir, self._files):
-            if directory != Path():
-                shutil.rmtree(directory, ignore_errors=True)
-        self._sync_dir = self._files = Path()
+        if self._files is not None:
+            shutil.rmtree(self._files, ignore_errors=True)
+            self._files = None
 
     def __enter__(self) -> VLLMBackend:
         return self.start()
@@ -230,17 +228,17 @@ class VLLMBackend:
         if not hasattr(self.policy, "peft_config"):
             raise ValueError("VLLMBackend(sync='lora') needs a PEFT policy; use sync='disk' for full fine-tuning")
         name = f"{self._base_name}-{version}"
-        path = self._sync_dir / name
+        path = self._dir / name
         self.policy.save_pretrained(path)
         self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
         previous, self._adapter, self._model_name = self._adapter, name, name
         if previous is not None:
             self._post("/v1/unload_lora_adapter", json={"lora_name": previous})
-            shutil.rmtree(self._sync_dir / previous, ignore_errors=True)
+            shutil.rmtree(self._dir / previous, ignore_errors=True)
 
     def _sync_disk(self, version: str) -> None:
         _require_full_model(self.policy, "disk")
-        path = self._sync_dir / "weights"
+        path = self._dir / "weights"
         self.policy.save_pretrained(path)
         self._post("/pause", params={"mode": "wait"})
         try:
@@ -296,7 +294,7 @@ class VLLMBackend:
     # -- server process -------------------------------------------------------------------------------------------
 
     def command(self) -> list[str]:
-        """The command line of a server started here."""
+        """The command line of a server started here (after :meth:`start` made its files)."""
         args = self._server_args
         command = [
             self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
@@ -308,7 +306,7 @@ class VLLMBackend:
         if args["max_model_len"]:
             command += ["--max-model-len", str(args["max_model_len"])]
         if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
-            template = self._files / "chat_template.jinja"
+            template = self._dir / "chat_template.jinja"
             template.write_text(self.tokenizer.chat_template)
             command += ["--chat-template", str(template)]
         if self.sync_mode == "lora":
@@ -325,21 +323,21 @@ class VLLMBackend:
                 probe.bind(("127.0.0.1", 0))
                 self._port = probe.getsockname()[1]
         self._base_name = self._base_name or "policy"
-        shutil.copy(Path(__file__).with_name("_vllm_worker.py"), self._files / "agl_vllm_worker.py")
+        shutil.copy(Path(__file__).with_name("_vllm_worker.py"), self._dir / "agl_vllm_worker.py")
         env = {
             **os.environ,
             # /collective_rpc, /pause and friends (dev mode) are safe only because the server binds 127.0.0.1.
             "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(self._files), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(self._dir), os.environ.get("PYTHONPATH")])),
             **self.env,
         }
-        self._log_path = self._files / "server.log"
+        command = self.command()
+        self._log_path = self._dir / "server.log"
         with open(self._log_path, "wb") as log:
-            self._process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        logger.info("starting vLLM: %s (log: %s)", " ".join(self.command()), self._log_path)
+            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                             start_new_session=True)
+        logger.info("starting vLLM: %s (log: %s)", " ".join(command), self._log_path)
 
     def _wait_ready(self) -> None:
         assert self._http is not None
@@ -355,6 +353,12 @@ class VLLMBackend:
                 pass
             time.sleep(1.0)
         raise TimeoutError(f"vLLM at {self.url} did not answer /v1/models within {self.startup_timeout:.0f} s")
+
+    @property
+    def _dir(self) -> Path:
+        if self._files is None:
+            raise RuntimeError("VLLMBackend.start() was not called")
+        return self._files
 
     def _post(self, path: str, **kwargs: Any) -> httpx.Response:
         if self._http is None:

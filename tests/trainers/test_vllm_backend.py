@@ -2,7 +2,7 @@
 
 The policy is a tiny random Llama with tied embeddings (head size 64, which vLLM's CPU attention supports), saved
 with the trainer tokenizer. Tests run in file order: token ids and LoRA sync first, then the full-weight reload
-from disk (which changes the base weights the server holds).
+from disk (which changes the base weights the server holds) last.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -27,10 +28,9 @@ from agentlightning.trainers.vllm_backend import VLLMBackend, VLLMUnavailable, d
 logger = logging.getLogger(__name__)
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not VLLM_PYTHON.exists(), reason=".venv-vllm is absent: `make vllm-venv` installs vLLM (CPU)"),
-]
+needs_vllm = pytest.mark.skipif(
+    not VLLM_PYTHON.exists(), reason=".venv-vllm is absent: `make vllm-venv` installs vLLM's CPU build"
+)
 
 TOLERANCE = 1e-3  # nats; fp32 on both sides, measured gaps are ~1e-6
 TOOLS = [{"type": "function", "function": {
@@ -63,11 +63,23 @@ def _chat_ids(tokenizer, messages, tools=None) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def test_both_backends_follow_the_protocol(tmp_path) -> None:
+def test_both_backends_follow_the_protocol() -> None:
     model, tokenizer = tiny_model()
     assert isinstance(HFBackendServer(model, tokenizer), Backend)
     assert isinstance(VLLMBackend(url="http://127.0.0.1:9"), Backend)
-    assert default_python() == str(VLLM_PYTHON)
+    assert default_python() == (str(VLLM_PYTHON) if VLLM_PYTHON.exists() else sys.executable)
+
+
+def test_vllm_backend_says_what_is_missing(tmp_path) -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        VLLMBackend()
+    with pytest.raises(ValueError, match="lora, disk, nccl, ipc"):
+        VLLMBackend(url="http://127.0.0.1:9", sync="weights")  # type: ignore[arg-type]
+    with pytest.raises(VLLMUnavailable, match="make vllm-venv"):
+        VLLMBackend(tmp_path, python=str(tmp_path / "no-python")).start()
+    with pytest.raises(RuntimeError, match="set backend.policy"):
+        with VLLMBackend(url="http://127.0.0.1:9").updating("v1"):
+            pass
 
 
 def test_gpu_only_sync_modes_say_so_on_cpu() -> None:
@@ -78,6 +90,8 @@ def test_gpu_only_sync_modes_say_so_on_cpu() -> None:
             VLLMBackend(url="http://127.0.0.1:9", sync=mode).start()
 
 
+@needs_vllm
+@pytest.mark.slow
 def test_prompt_token_ids_equal_the_trainer_tokenizer(served) -> None:
     backend, model, tokenizer = served
     assert backend.model_name == "policy"
@@ -101,6 +115,8 @@ def test_prompt_token_ids_equal_the_trainer_tokenizer(served) -> None:
     assert gap < TOLERANCE
 
 
+@needs_vllm
+@pytest.mark.slow
 def test_lora_sync_serves_the_peft_model(served) -> None:
     backend, model, tokenizer = served
     config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
@@ -133,68 +149,48 @@ def _sampled_and_base(backend, model) -> tuple[list[float], list[float]]:
     return [entry["logprob"] for entry in choice["logprobs"]["content"]], base.tolist()
 
 
-@pytest.fixture(scope="module")
-def reloaded(served, tmp_path_factory: pytest.TempPathFactory):
-    """A disk-sync backend on the same server, after one update that teaches the model to call the calculator.
-
-    Before the update, the same weights go through vLLM's own ``reload_weights``: the returned gap shows the tied
-    lm_head bug that the worker extension fixes.
-    """
+@needs_vllm
+@pytest.mark.slow
+def test_hermes_tool_calls_are_parsed_with_token_ids(served) -> None:
     backend, model, tokenizer = served
-    policy = copy.deepcopy(model)
-    assert policy.lm_head.weight is policy.model.embed_tokens.weight  # tied: the case vLLM's reload gets wrong
-    disk = VLLMBackend(url=backend.url, policy=policy, tokenizer=tokenizer, sync="disk").start()
-    assert disk.model_name == "policy"
-    started = time.perf_counter()
-    _teach_tool_call(policy, tokenizer)
-    logger.warning("taught the tool call in %.1f s", time.perf_counter() - started)
-    stock = tmp_path_factory.mktemp("stock-reload")
-    policy.save_pretrained(stock)
-    rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(stock)}}
-    httpx.post(disk.url + "/collective_rpc", json=rpc, timeout=120).raise_for_status()
-    stock_gap = disk.logprob_gap(QUESTION)
-    started = time.perf_counter()
-    with disk.updating("v1"):
-        pass  # the weights were changed above
-    logger.warning("disk sync %.2f s; vLLM's own reload left a gap of %.2f nats", time.perf_counter() - started,
-                   stock_gap)
-    yield disk, stock_gap
-    disk.stop()
-
-
-def _teach_tool_call(policy, tokenizer) -> None:
-    """Train ``policy`` until greedy decoding of QUESTION (with TOOLS) gives TOOL_CALL (changes the embedding)."""
-    prompt = _chat_ids(tokenizer, QUESTION, TOOLS)
-    completion = tokenizer.encode(TOOL_CALL, add_special_tokens=False) + [tokenizer.eos_token_id]
-    ids = torch.tensor([prompt + completion])
-    targets = ids[0, len(prompt):]
-    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
-    for _ in range(200):
-        logits = policy(ids).logits[0, len(prompt) - 1 : -1]
-        if bool((logits.argmax(-1) == targets).all()) and logits.log_softmax(-1).max(-1).values.min() > -0.1:
-            break
-        loss = torch.nn.functional.cross_entropy(logits, targets)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    policy.eval()
-
-
-def test_disk_reload_updates_a_tied_lm_head(reloaded) -> None:
-    disk, stock_gap = reloaded
-    assert disk.model_version == "v1"
-    gap = disk.logprob_gap(QUESTION)
-    logger.warning("disk reload (tied embeddings): logprob gap %.2e nats", gap)
-    assert gap < TOLERANCE
-    assert stock_gap > 100 * TOLERANCE, "vLLM's reload_weights now updates a tied lm_head: the re-tie may go"
-
-
-def test_hermes_tool_calls_are_parsed_with_token_ids(reloaded) -> None:
-    disk, _ = reloaded
-    response = disk.chat(QUESTION, tools=TOOLS, max_tokens=40, temperature=0)
+    # The random model is steered to the Hermes tool-call text by vLLM's structured outputs (an exact choice).
+    response = backend.chat(QUESTION, tools=TOOLS, max_tokens=60, temperature=0,
+                            structured_outputs={"choice": [TOOL_CALL]})
     choice = response["choices"][0]
     assert choice["finish_reason"] == "tool_calls", choice
     (call,) = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "calculator"
     assert json.loads(call["function"]["arguments"]) == {"expression": "1 + 2"}
-    assert disk.tokenizer.decode(choice["token_ids"]).startswith(TOOL_CALL)
+    assert tokenizer.decode(choice["token_ids"], skip_special_tokens=True) == TOOL_CALL
+    assert response["prompt_token_ids"] == _chat_ids(tokenizer, QUESTION, TOOLS)
+
+
+@needs_vllm
+@pytest.mark.slow
+def test_disk_reload_updates_a_tied_lm_head(served, tmp_path) -> None:
+    """Full weights through disk; the same weights through vLLM's own reload_weights first show the bug."""
+    backend, model, tokenizer = served
+    policy = copy.deepcopy(model)
+    assert policy.lm_head.weight is policy.model.embed_tokens.weight  # tied: the case vLLM's reload gets wrong
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(1)
+        for parameter in policy.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * parameter.std() * 2)
+    disk = VLLMBackend(url=backend.url, policy=policy, tokenizer=tokenizer, sync="disk").start()
+    try:
+        assert disk.model_name == "policy"
+        policy.save_pretrained(tmp_path)
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path)}}
+        httpx.post(disk.url + "/collective_rpc", json=rpc, timeout=120).raise_for_status()
+        stock_gap = disk.logprob_gap(QUESTION)
+        started = time.perf_counter()
+        with disk.updating("v1"):
+            pass  # the weights were changed above
+        synced = time.perf_counter() - started
+        gap = disk.logprob_gap(QUESTION)
+    finally:
+        disk.stop()
+    logger.warning("disk sync %.2f s: logprob gap %.2e nats (vLLM's own reload: %.2f nats)", synced, gap, stock_gap)
+    assert disk.model_version == "v1"
+    assert gap < TOLERANCE
+    assert stock_gap > 100 * TOLERANCE, "vLLM's reload_weights now updates a tied lm_head: the re-tie may go"
