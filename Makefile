@@ -62,5 +62,10 @@ vllm-venv: .venv-vllm/.installed
 	.venv-vllm/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
+# `agentlightning[train,vllm]` must resolve as one install (vllm's mistral_common caps numpy below 2.4). ~1.5 min.
+.PHONY: vllm-pins
+vllm-pins: .venv-vllm/.installed
+	.venv-vllm/bin/pip install --quiet --dry-run '.[train,vllm]'
+
 clean:
 	rm -rf $(VENV) .venv-vllm build dist *.egg-info

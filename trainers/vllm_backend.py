@@ -127,6 +127,7 @@ class VLLMBackend:
         self._sync_root = sync_dir or (shm if sync == "lora" and url is None and shm.is_dir() else None)
         self._files: Path | None = None  # chat template, worker module, server log, saved weights; made by start()
         self._process: subprocess.Popen[bytes] | None = None
+        self._log_path = Path()  # the started server's output, in its temporary directory
         self._http: httpx.Client | None = None
         self._adapter: str | None = None
         self._transfer: Any = None  # TRL's VLLMClient (nccl) or vLLM's IPC trainer engine (ipc)
@@ -160,10 +161,10 @@ class VLLMBackend:
         if self.sync_mode in ("nccl", "ipc"):
             _require_cuda(self.sync_mode)
         self._files = Path(tempfile.mkdtemp(prefix="agl-vllm-", dir=self._sync_root))
-        if self.model is not None:
-            self._launch()
-        self._http = httpx.Client(base_url=self.url, timeout=self.request_timeout, follow_redirects=True)
         try:
+            if self.model is not None:
+                self._launch()
+            self._http = httpx.Client(base_url=self.url, timeout=self.request_timeout, follow_redirects=True)
             self._wait_ready()
             models = self._http.get("/v1/models").raise_for_status().json()["data"]
             if not self._base_name:
@@ -340,7 +341,8 @@ class VLLMBackend:
         logger.info("starting vLLM: %s (log: %s)", " ".join(command), self._log_path)
 
     def _wait_ready(self) -> None:
-        assert self._http is not None
+        if self._http is None:
+            raise RuntimeError("VLLMBackend.start() was not called")
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
