@@ -219,7 +219,7 @@ class VLLMBackend:
         self._version = new_version
         logger.info("weights synced to vLLM (%s) in %.2f s as %s", self.sync_mode, time.perf_counter() - started,
                     self.model_name)
-        if self.check_messages is not None and self.tokenizer is not None:
+        if self.check_messages is not None:
             self.last_logprob_gap = self.logprob_gap(self.check_messages)
             logger.info("sampler/trainer logprob gap after sync: %.2e nats", self.last_logprob_gap)
 
