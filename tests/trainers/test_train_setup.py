@@ -1,8 +1,7 @@
-"""Model loading helpers, the vLLM backend's error path, resume from a checkpoint, argument errors."""
+"""Model loading helpers, resume from a checkpoint, argument errors."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -12,7 +11,6 @@ from train_agents import echo_length_agent
 import agentlightning as agl
 from agentlightning.trainers.checkpoint import latest_checkpoint
 from agentlightning.trainers.models import ModelLoadError, load_model, smollm2_gguf_path, tiny_model
-from agentlightning.trainers.vllm_backend import VLLMBackend, VLLMUnavailable, check_vllm_available
 
 
 def test_tiny_model_chat_template_renders_tools_and_tool_turns():
@@ -40,16 +38,6 @@ def test_unknown_model_name_fails_clearly(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelLoadError, match="no-such-org/no-such-model"):
         load_model("no-such-org/no-such-model")
-
-
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None and torch.cuda.is_available(), reason="vLLM usable")
-def test_vllm_backend_says_what_is_missing():
-    with pytest.raises(VLLMUnavailable, match="vllm|CUDA"):
-        check_vllm_available()
-    with pytest.raises(VLLMUnavailable, match="Hugging Face backend"):
-        VLLMBackend("Qwen/Qwen2.5-0.5B-Instruct")
-    with pytest.raises(ValueError, match="exactly one"):
-        VLLMBackend()
 
 
 def test_resume_continues_from_the_latest_checkpoint(tmp_path):

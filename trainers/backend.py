@@ -1,0 +1,56 @@
+"""The model backend behind the Lightning proxy: an OpenAI-compatible server that serves the policy being trained.
+
+Two implement it: :class:`~agentlightning.trainers.hf_backend.HFBackendServer` (in-process, CPU or GPU, serves the
+trainer's live weights) and :class:`~agentlightning.trainers.vllm_backend.VLLMBackend` (a vLLM server, weights
+synced after each update). The training loop uses a backend like this::
+
+    backend.start()
+    backend.sampling_overrides = {"temperature": 1.0}   # forced on every rollout request (see below)
+    ...                                                  # rollouts call backend.base_url with backend.model_name
+    with backend.updating("v1"):
+        trainer.step()                                   # the weights change inside the block
+    # from here on requests must use backend.model_name (it may change per version) and carry "v1"
+    backend.stop()
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """An OpenAI-compatible endpoint serving the policy, kept equal to the trainer's weights."""
+
+    sampling_overrides: dict[str, Any]
+    """Request fields forced on every rollout request (e.g. ``{"temperature": 1.0}``), whatever the agent sends,
+    so the sampler and the trainer agree. The HF backend applies them itself; for vLLM the proxy must."""
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL, ending in ``/v1``."""
+        ...
+
+    @property
+    def model_name(self) -> str:
+        """The ``model`` requests must name now; read it again after :meth:`updating` (LoRA sync renames it)."""
+        ...
+
+    @property
+    def model_version(self) -> str:
+        """Version of the weights served now."""
+        ...
+
+    def start(self) -> Backend:
+        """Start serving (or connect); returns ``self`` once requests are answered."""
+        ...
+
+    def stop(self) -> None:
+        """Stop what :meth:`start` started (idempotent)."""
+        ...
+
+    def updating(self, new_version: str) -> AbstractContextManager[None]:
+        """Context for one weight update: the block changes the trainer's weights; on exit the backend serves
+        them as ``new_version``."""
+        ...
