@@ -19,14 +19,7 @@ from typing import Any
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from agentlightning.server.extract import (
-    ENDPOINTS,
-    CallRecord,
-    StreamAccumulator,
-    fill_from_body,
-    new_call,
-    parse_json,
-)
+from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
 from agentlightning.server.runtime import Runtime, Upstream
 from agentlightning.server.upstream_http import (
     ConnectError,
@@ -39,8 +32,11 @@ from agentlightning.server.upstream_http import (
     env_proxy_for,
 )
 from agentlightning.server.worker_api import read_body
+from agentlightning.types import new_id
 
 logger = logging.getLogger(__name__)
+
+CallRecord = dict[str, Any]  # the Call fields of a proxied call, filled in as its answer arrives
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _RETRY_ERRORS = (ConnectError, RemoteProtocolError)
@@ -99,12 +95,16 @@ class Proxy:
                                      "or LightningServer.set_upstream)", "no_upstream", "server_error")
         try:
             raw = await read_body(receive)
-            body = parse_json(raw)
+            body = json.loads(raw)
         except ValueError as exc:
             return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
-        call = new_call(rollout_id, endpoint, body, time.time(), upstream.model_version)
+        call = {**request_fields(endpoint, body), "call_id": new_id("call"), "rollout_id": rollout_id,
+                "start_time": time.time()}
+        call["metadata"].update(endpoint=endpoint, captured_by="proxy")
+        if upstream.model_version is not None:
+            call["metadata"]["model_version"] = upstream.model_version
         payload = _upstream_body(raw, body, endpoint, upstream)
         url = f"{upstream.url.rstrip('/')}/{path}"
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
@@ -171,14 +171,14 @@ class Proxy:
     def _record_body(self, call: CallRecord, attempt: int, endpoint: str, status: int, content: bytes) -> None:
         """Runs on the event loop right after the answer was sent."""
         try:
-            data = parse_json(content)
+            data = json.loads(content)
         except ValueError:
             data = None
         if status >= 400:
             call["status"] = "error"
             call["error"] = f"upstream HTTP {status}: {_error_message(data, content)}"
-        else:
-            fill_from_body(call, endpoint, data)
+        elif isinstance(data, dict):
+            fill_answer(call, read_response(endpoint, data), "server")
         self._record(call, attempt, endpoint)
 
     async def _stream(
@@ -195,19 +195,19 @@ class Proxy:
             return _Answer(response.status_code, response.header("content-type") or "application/json", content,
                            lambda: self._record_body(call, attempt, endpoint, response.status_code, content))
         call["metadata"]["upstream_tries"] = tries
-        accumulator = StreamAccumulator(endpoint)
+        fold = StreamFold(endpoint)
 
         async def passthrough() -> AsyncIterator[bytes]:
             completed = False
             try:
                 async for chunk in response.aiter_raw():
-                    accumulator.feed(chunk)
+                    fold.feed(chunk)
                     yield chunk
                 completed = True
             finally:
                 await response.aclose()
                 call["end_time"] = time.time()
-                accumulator.fill(call)
+                fill_answer(call, fold.answer(complete=completed), "server")
                 if not completed:
                     call["status"] = "error"
                     call["error"] = "stream interrupted before the upstream finished"
@@ -244,7 +244,7 @@ class Proxy:
         if call.get("end_time") is not None:
             metrics.observe("agl_proxy_call_seconds", call["end_time"] - call["start_time"], endpoint=endpoint)
         try:
-            self.runtime.store.record_proxy_call(call, attempt)
+            self.runtime.store.record_proxy_call(build_call(call).model_dump(mode="json"), attempt)
         except Exception:  # recording must never break the agent's call
             logger.exception("could not record proxy call of rollout %s", call["rollout_id"])
 

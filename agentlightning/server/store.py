@@ -31,7 +31,7 @@ from agentlightning.protocol import (
     dataset_id_for,
     task_id_for,
 )
-from agentlightning.server.extract import json_text
+from agentlightning._wire.read import json_text
 from agentlightning.server.join import join_calls, join_late_call
 from agentlightning.server.states import decide, event_for_status, is_terminal
 from agentlightning.types import Call, ErrorInfo, Reward, Rollout, new_id
