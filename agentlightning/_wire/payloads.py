@@ -7,7 +7,7 @@ import json
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,9 +213,10 @@ def response_events(reply: Reply) -> Iterator[dict[str, Any]]:
         yield {"type": kind, "sequence_number": sequence, **fields}
 
 
-def sse(events: Iterable[dict[str, Any]], *, done: bool = True, named: bool = False) -> Iterator[bytes]:
-    """``events`` as a server-sent event stream: ``data: <json>`` each (after ``event: <type>`` when ``named``),
-    then ``data: [DONE]`` when ``done`` (chat and completions streams end so; Responses streams do not)."""
+async def sse(events: Iterable[dict[str, Any]], *, done: bool = True, named: bool = False) -> AsyncIterator[bytes]:
+    """``events`` as the body of a server-sent event stream (for Starlette's ``StreamingResponse``): ``data: <json>``
+    each (after ``event: <type>`` when ``named``), then ``data: [DONE]`` when ``done`` (chat and completions streams
+    end so; Responses streams do not)."""
     for event in events:
         yield (f"event: {event['type']}\n" if named else "").encode() + f"data: {json.dumps(event)}\n\n".encode()
     if done:

@@ -101,7 +101,7 @@ class Proxy:
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
         call = {**request_fields(endpoint, body), "call_id": new_id("call"), "rollout_id": rollout_id,
-                "start_time": time.time()}
+                "status": "ok", "start_time": time.time()}
         call["metadata"].update(endpoint=endpoint, captured_by="proxy")
         if upstream.model_version is not None:
             call["metadata"]["model_version"] = upstream.model_version

@@ -16,7 +16,7 @@ import json
 import logging
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -299,8 +299,4 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def _sse(events: Iterator[dict[str, Any]], **framing: bool) -> StreamingResponse:
-    async def body() -> AsyncIterator[bytes]:  # async, so that it runs on the event loop
-        for chunk in payloads.sse(events, **framing):
-            yield chunk
-
-    return StreamingResponse(body(), media_type="text/event-stream")
+    return StreamingResponse(payloads.sse(events, **framing), media_type="text/event-stream")
