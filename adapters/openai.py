@@ -49,6 +49,8 @@ _TARGETS: tuple[tuple[str, str, str, str, bool], ...] = (
 )
 # Keyword arguments of the client that are transport options, not part of the request body.
 _TRANSPORT_KEYS = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
+# Arguments the client takes as any iterable (read once when it builds the request).
+_ITERABLE_KEYS = frozenset({"messages", "tools", "input"})
 
 _lock = threading.Lock()
 _originals: list[tuple[type, str, Any]] = []
@@ -168,12 +170,12 @@ def _as_sent(kwargs: dict[str, Any]) -> dict[str, Any]:
     for key, value in kwargs.items():
         if key in _TRANSPORT_KEYS or value is None or isinstance(value, (openai.NotGiven, openai.Omit)):
             continue
-        if isinstance(value, Iterator):
+        if key in _ITERABLE_KEYS and not isinstance(value, (str, dict, list, tuple)):
             value = kwargs[key] = list(value)
-        body[key] = as_plain(value)
+        body[key] = value
     if isinstance(kwargs.get("extra_body"), dict):
-        body.update(as_plain(kwargs["extra_body"]))
-    return body
+        body.update(kwargs["extra_body"])
+    return as_plain(body)
 
 
 class _Call:

@@ -7,8 +7,8 @@ All records are pydantic v2 models that round-trip through JSON (``model_dump_js
 from __future__ import annotations
 
 import math
+import secrets
 import time
-import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -26,7 +26,7 @@ FINISHED_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "timeout",
 
 def new_id(prefix: str) -> str:
     """A short unique id such as ``ro-3f2a9c1b7d4e``."""
-    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+    return f"{prefix}-{secrets.token_hex(8)}"
 
 
 def check_finite(value: Any, where: str) -> float:

@@ -4,23 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import pydantic
+import pydantic_core
 
 
 def as_plain(value: Any) -> Any:
-    """``value`` as plain JSON-like data (a copy): pydantic objects dumped, classes by name, other non-JSON values
-    as their ``repr``."""
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    if isinstance(value, dict):
-        return {str(key): as_plain(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [as_plain(item) for item in value]
-    if isinstance(value, pydantic.BaseModel):
-        return value.model_dump(mode="json", exclude_none=True)
-    if isinstance(value, type):  # e.g. response_format=SomeModel for .parse()
-        return value.__name__
-    return repr(value)
+    """``value`` as plain JSON data (a copy, by pydantic-core): pydantic objects without their None fields, tuples as
+    lists, classes by name, other values that JSON cannot hold as their ``repr``."""
+    return pydantic_core.to_jsonable_python(value, exclude_none=True, fallback=_name_or_repr)
+
+
+def _name_or_repr(value: Any) -> str:
+    return value.__name__ if isinstance(value, type) else repr(value)  # e.g. response_format=SomeModel for .parse()
 
 
 def message_text(content: Any) -> str:

@@ -104,7 +104,8 @@ def _view(obj: Any) -> dict[str, Any]:
     if isinstance(obj, dict):
         return obj
     if isinstance(obj, pydantic.BaseModel):
-        return {**vars(obj), **(obj.model_extra or {})}
+        extra = obj.model_extra
+        return {**vars(obj), **extra} if extra else vars(obj)
     return {}
 
 
