@@ -7,9 +7,9 @@ All records are pydantic v2 models that round-trip through JSON (``model_dump_js
 from __future__ import annotations
 
 import math
+import secrets
 import time
-import uuid
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -26,7 +26,7 @@ FINISHED_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "timeout",
 
 def new_id(prefix: str) -> str:
     """A short unique id such as ``ro-3f2a9c1b7d4e``."""
-    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+    return f"{prefix}-{secrets.token_hex(8)}"
 
 
 def check_finite(value: Any, where: str) -> float:
@@ -45,55 +45,6 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="ignore", validate_assignment=False)
 
     schema_version: int = Field(default=SCHEMA_VERSION, description="Version of the record layout.")
-
-
-R = TypeVar("R", bound=Record)
-
-
-_new = object.__new__  # pydantic models do not override __new__
-# The setters of the four slots every pydantic model instance has (model_construct sets the same), bound once:
-# setting through them skips the attribute lookups a setattr would do on each record class.
-_set_dict, _set_fields_set, _set_extra, _set_private = (
-    BaseModel.__dict__[slot].__set__
-    for slot in ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
-)
-_field_names: dict[type[BaseModel], set[str]] = {}
-
-
-def static_defaults(model: type[BaseModel]) -> dict[str, Any]:
-    """Every field of ``model`` in declaration order, with its static default (None where a default factory or the
-    caller must give the value): a base to copy and fill in for :func:`construct_trusted`.
-
-    Raises ``TypeError`` for a mutable static default, which copies of the result would share.
-    """
-    defaults: dict[str, Any] = {}
-    for name, field in model.model_fields.items():
-        if field.is_required() or field.default_factory is not None:
-            defaults[name] = None
-        elif isinstance(field.default, (type(None), str, int, float, bool, tuple, frozenset)):
-            defaults[name] = field.default
-        else:
-            raise TypeError(f"{model.__name__}.{name}: mutable default {field.default!r}; use a default_factory")
-    return defaults
-
-
-def construct_trusted(model: type[R], data: dict[str, Any]) -> R:
-    """A ``model`` record holding ``data`` as is, without validation or defaults: what ``model(**data)`` gives when
-    ``data`` states every field of ``model``, in declaration order, with a value of the declared type.
-
-    For hot paths such as building captured calls, where the caller builds the whole record and has ensured the
-    types; it costs an object allocation. ``tests/test_records.py`` checks it against validated construction.
-    Nothing is checked here: validate anything that comes from outside.
-    """
-    names = _field_names.get(model)
-    if names is None:
-        names = _field_names[model] = set(model.model_fields)
-    record = _new(model)
-    _set_dict(record, data)
-    _set_fields_set(record, names.copy())
-    _set_extra(record, None)
-    _set_private(record, None)
-    return record
 
 
 class LLM(Record):

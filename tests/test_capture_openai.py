@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx2
 import openai
@@ -71,9 +72,8 @@ def test_sync_chat_call_records_everything(server: MockLLMServer) -> None:
     assert call.response_id and call.response_id.startswith("chatcmpl-")
     assert call.start_time <= call.end_time
     assert recorder.unfinished_endpoints() == set()
-    # Built without validation: every field, in declaration order, exactly what validation gives.
     assert list(call.__dict__) == list(agl.Call.model_fields)
-    assert call == agl.Call.model_validate(call.model_dump()) and call.model_fields_set == set(agl.Call.model_fields)
+    assert call == agl.Call.model_validate(call.model_dump())
 
 
 def test_no_token_ids_means_no_token_source() -> None:
@@ -298,13 +298,13 @@ def test_capture_bug_never_breaks_the_agent(server: MockLLMServer, monkeypatch: 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("capture bug")
 
-    monkeypatch.setitem(adapter._FIELD_READERS, "chat.completions", broken)
+    monkeypatch.setattr(adapter, "read_response", broken)
     recorder = RolloutRecorder("ro")
     with recording(recorder):
         reply = sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
     assert reply.choices[0].message.content == "echo: count users"
     assert recorder.calls == [] and "capture bug" in caplog.text
-    monkeypatch.setattr(adapter._Pending, "__init__", broken)
+    monkeypatch.setattr(adapter._Call, "__init__", broken)
     with recording(recorder):
         assert sync_client(server).chat.completions.create(model="m", messages=MESSAGES).choices
 
@@ -546,3 +546,48 @@ def test_token_ids_are_exact_copies_and_malformed_ones_do_not_lose_the_call(
     assert bad.output["content"] == "hi" and bad.completion_token_ids is None and bad.prompt_token_ids is None
     assert bad.token_source is None and bad.metadata["invalid_token_fields"] == ["completion_token_ids"]
     assert "malformed completion_token_ids" in caplog.text
+
+
+_COMPARED = ("name", "input", "tools", "output", "response_id", "prompt_token_ids", "completion_token_ids",
+             "completion_logprobs")
+
+
+@pytest.mark.parametrize("api", ["chat", "chat stream", "completions", "completions stream", "responses",
+                                 "responses stream"])
+def test_capture_and_proxy_read_the_same_call_alike(tmp_path: Path, api: str) -> None:
+    """The same exchange, seen by capture (the response the agent got) and by the server's proxy (the upstream's
+    bytes), gives the same Call fields: one reader of the wire format (the Responses API's finish_reason too)."""
+    from agentlightning.server import LightningServer
+
+    tools = [{"type": "function", "name": "run_sql", "parameters": {}}] if api.startswith("responses") else TOOLS
+    replies = [MockReply(content="let me see", tool_calls=[MockToolCall("run_sql", {"q": "x"}, id="call_1")])]
+    with MockLLMServer(replies=replies) as mock, LightningServer(
+            tmp_path / "store.db", upstream_url=mock.base_url, model_name="mock-model", model_version="v1",
+            logprobs=True) as server:
+        [rollout_id] = server.enqueue([{"q": "x"}])
+        server.store.dequeue("worker", 30.0)
+        client = openai.OpenAI(base_url=f"{server.url}/rollouts/{rollout_id}/v1", api_key="x", max_retries=0)
+        stream = api.endswith("stream")
+        recorder = RolloutRecorder(rollout_id)
+        with recording(recorder):
+            if api.startswith("chat"):
+                reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, stream=stream,
+                                                       temperature=0.5)
+            elif api.startswith("completions"):
+                reply = client.completions.create(model="m", prompt="2+2=", stream=stream, temperature=0.5)
+            else:
+                reply = client.responses.create(model="m", input="use a tool", tools=tools, stream=stream,
+                                                temperature=0.5)
+            if stream:
+                list(reply)
+        server.store.flush()
+        [proxied] = server.store.proxy_calls(rollout_id)
+    captured = only_call(recorder)
+    assert captured.completion_token_ids and (captured.completion_logprobs or api.startswith("responses"))
+    assert {name: getattr(captured, name) for name in _COMPARED} == {name: getattr(proxied, name) for name in _COMPARED}
+    assert (captured.token_source, proxied.token_source) == ("response", "server")
+    for key in ("usage", "stream", "sampling"):
+        assert captured.metadata.get(key) == proxied.metadata.get(key), key
+    if not api.startswith("completions"):
+        assert captured.output["finish_reason"] == "tool_calls"
+        assert captured.output["tool_calls"][0]["function"] == {"name": "run_sql", "arguments": '{"q": "x"}'}

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 import agentlightning as agl
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
-from agentlightning.types import SCHEMA_VERSION, ErrorInfo, Record, construct_trusted, static_defaults
+from agentlightning.types import SCHEMA_VERSION, ErrorInfo, Record
 
 RECORDS: list[type[BaseModel]] = [agl.Call, agl.Reward, agl.Rollout, agl.Transition, agl.LLM, ErrorInfo]
 
@@ -73,25 +73,3 @@ def test_reward_must_be_finite_number(value: object) -> None:
 def test_unknown_fields_from_newer_versions_are_ignored() -> None:
     call = agl.Call.model_validate({"schema_version": 2, "kind": "llm", "future_field": 1})
     assert call.kind == "llm" and not hasattr(call, "future_field")
-
-
-def test_construct_trusted_matches_validated_construction() -> None:
-    values = {"call_id": "call-1", "rollout_id": "ro-1", "sequence": 3, "role": "writer", "name": "m",
-              "input": [{"role": "user", "content": "hi"}], "output": {"content": "yo", "tool_calls": []},
-              "start_time": 1.0, "end_time": 2.0, "metadata": {"api": "chat.completions"}}
-    data = static_defaults(agl.Call)
-    assert list(data) == list(agl.Call.model_fields)  # every field, in declaration order
-    data.update(values)
-    trusted, validated = construct_trusted(agl.Call, dict(data)), agl.Call(**data)
-    assert trusted == validated and trusted.model_dump_json() == validated.model_dump_json()
-    assert trusted.model_fields_set == validated.model_fields_set == set(agl.Call.model_fields)
-    assert trusted.latency == 1.0 and trusted.model_copy(update={"role": "x"}).role == "x"
-    other = construct_trusted(agl.Call, static_defaults(agl.Call) | values)
-    other.model_fields_set.discard("role")  # each record has its own fields set
-    assert "role" in trusted.model_fields_set
-
-    class Shared(Record):
-        tags: list[str] = []
-
-    with pytest.raises(TypeError, match=r"Shared.tags: mutable default \[\]; use a default_factory"):
-        static_defaults(Shared)

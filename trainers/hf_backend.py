@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import TracebackType
@@ -33,6 +31,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agentlightning._uvicorn import BackgroundServer
+from agentlightning._wire import payloads
+from agentlightning._wire.messages import message_text
+from agentlightning._wire.payloads import Choice, Reply
 from agentlightning.trainers.generation import GenerationEngine, Sample, SamplingParams
 from agentlightning.trainers.tool_calls import parse_tool_calls
 
@@ -167,23 +168,15 @@ class HFBackendServer:
         except BadRequest as exc:
             return _error(400, str(exc))
         choices = []
-        for index, sample in enumerate(samples):
+        for sample in samples:
             content, tool_calls = parse_tool_calls(sample.text) if tools else (sample.text, [])
-            message: dict[str, Any] = {"role": "assistant", "content": content}
-            if tool_calls:
-                message["tool_calls"] = tool_calls
-            choices.append({
-                "index": index,
-                "message": message,
-                "finish_reason": "tool_calls" if tool_calls else sample.finish_reason,
-                "token_ids": sample.token_ids,
-                "logprobs": self._logprobs(sample) if body.get("logprobs") or self.always_logprobs else None,
-            })
-        payload = self._envelope("chat.completion", prompt_ids, samples, version, body)
-        payload["choices"] = choices
+            choices.append(Choice(content, tool_calls, "tool_calls" if tool_calls else sample.finish_reason,
+                                  sample.token_ids, self._logprobs(sample, body)))
+        reply = self._reply(body, prompt_ids, choices, version)
         if body.get("stream"):
-            return self._stream(payload, version)
-        return JSONResponse(payload, headers={"X-Model-Version": version})
+            return StreamingResponse(payloads.sse(payloads.chat_chunks(reply, include_usage=True)),
+                                     media_type="text/event-stream", headers={"X-Model-Version": version})
+        return JSONResponse(payloads.chat_completion(reply), headers={"X-Model-Version": version})
 
     async def _completions(self, request: Request) -> Response:
         try:
@@ -203,20 +196,10 @@ class HFBackendServer:
             samples, version = await self._run(prompt_ids, params, n)
         except BadRequest as exc:
             return _error(400, str(exc))
-        payload = self._envelope("text_completion", prompt_ids, samples, version, body)
-        payload["choices"] = [
-            {
-                "index": index,
-                "text": sample.text,
-                "finish_reason": sample.finish_reason,
-                "token_ids": sample.token_ids,
-                "logprobs": {"token_logprobs": sample.logprobs,
-                             "tokens": self._token_strings(sample.token_ids)}
-                if body.get("logprobs") or self.always_logprobs else None,
-            }
-            for index, sample in enumerate(samples)
-        ]
-        return JSONResponse(payload, headers={"X-Model-Version": version})
+        choices = [Choice(sample.text, [], sample.finish_reason, sample.token_ids, self._logprobs(sample, body))
+                   for sample in samples]
+        reply = self._reply(body, prompt_ids, choices, version)
+        return JSONResponse(payloads.completion(reply), headers={"X-Model-Version": version})
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
@@ -275,62 +258,16 @@ class HFBackendServer:
         # Rows of one request may land in different batches around an update: report the newest version.
         return samples, max((str(sample.model_version) for sample in samples), key=_version_order)
 
-    def _envelope(
-        self, kind: str, prompt_ids: list[int], samples: list[Sample], version: str, body: dict[str, Any]
-    ) -> dict[str, Any]:
-        completion_tokens = sum(len(sample.token_ids) for sample in samples)
-        return {
-            "id": f"{'chatcmpl' if kind == 'chat.completion' else 'cmpl'}-{uuid.uuid4().hex}",
-            "object": kind,
-            "created": int(time.time()),
-            "model": body.get("model") or self.model_name,
-            "model_version": version,
-            "prompt_token_ids": prompt_ids,
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt_ids) + completion_tokens,
-            },
-        }
+    def _reply(self, body: dict[str, Any], prompt_ids: list[int], choices: list[Choice], version: str) -> Reply:
+        return Reply(model=body.get("model") or self.model_name, choices=choices, prompt_token_ids=prompt_ids,
+                     extra={"model_version": version})
 
-    def _token_strings(self, token_ids: list[int]) -> list[str]:
-        return [self.tokenizer.decode([token]) for token in token_ids]
-
-    def _logprobs(self, sample: Sample) -> dict[str, Any]:
-        return {
-            "content": [
-                {"token": token, "logprob": logprob, "bytes": list(token.encode()), "top_logprobs": []}
-                for token, logprob in zip(self._token_strings(sample.token_ids), sample.logprobs, strict=True)
-            ]
-        }
-
-    def _stream(self, payload: dict[str, Any], version: str) -> Response:
-        def events() -> Iterator[str]:
-            base = {key: payload[key] for key in ("id", "created", "model", "model_version")}
-            base["object"] = "chat.completion.chunk"
-            first = dict(base, prompt_token_ids=payload["prompt_token_ids"], choices=[
-                {"index": c["index"], "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                for c in payload["choices"]
-            ])
-            yield f"data: {json.dumps(first)}\n\n"
-            for choice in payload["choices"]:
-                delta: dict[str, Any] = {"content": choice["message"]["content"]}
-                if choice["message"].get("tool_calls"):
-                    calls = choice["message"]["tool_calls"]
-                    delta["tool_calls"] = [dict(call, index=i) for i, call in enumerate(calls)]
-                chunk = dict(base, choices=[{
-                    "index": choice["index"], "delta": delta, "finish_reason": None,
-                    "token_ids": choice["token_ids"], "logprobs": choice["logprobs"],
-                }])
-                yield f"data: {json.dumps(chunk)}\n\n"
-                last = dict(base, choices=[
-                    {"index": choice["index"], "delta": {}, "finish_reason": choice["finish_reason"]}
-                ])
-                yield f"data: {json.dumps(last)}\n\n"
-            yield f"data: {json.dumps(dict(base, choices=[], usage=payload['usage']))}\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"X-Model-Version": version})
+    def _logprobs(self, sample: Sample, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The sampled tokens' logprob entries, when the request asked for them (or the server always sends them)."""
+        if not (body.get("logprobs") or self.always_logprobs):
+            return None
+        tokens = [self.tokenizer.decode([token]) for token in sample.token_ids]
+        return payloads.token_logprobs(tokens, sample.logprobs)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -352,16 +289,9 @@ def _messages(raw: Any) -> list[dict[str, Any]]:
         if not isinstance(message, dict) or "role" not in message:
             raise BadRequest(f"messages[{position}] must be an object with a 'role', got {json.dumps(message)[:80]}")
         item = dict(message)
-        content = item.get("content")
-        if isinstance(content, list):
-            item["content"] = "".join(
-                part.get("text", "") for part in content
-                if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text")
-            )
-        elif content is None:
-            item["content"] = ""
-        elif not isinstance(content, str):
+        if not isinstance(item.get("content"), (str, list, type(None))):
             raise BadRequest(f"messages[{position}].content must be a string or a list of parts")
+        item["content"] = message_text(item.get("content"))
         if item["role"] == "developer":
             item["role"] = "system"
         messages.append(item)

@@ -22,10 +22,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 
 from agentlightning.server._errors import openai_error
-from agentlightning.server.extract import ENDPOINTS, CallRecord, StreamAccumulator, fill_from_body, new_call
+from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
 from agentlightning.server.runtime import Runtime, Upstream
+from agentlightning.types import new_id
 
 logger = logging.getLogger(__name__)
+
+CallRecord = dict[str, Any]  # the Call fields of a proxied call, filled in as its answer arrives
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
@@ -66,7 +69,11 @@ class Proxy:
             return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
-        call = new_call(rollout_id, endpoint, body, time.time(), upstream.model_version)
+        call = {**request_fields(endpoint, body), "call_id": new_id("call"), "rollout_id": rollout_id,
+                "status": "ok", "start_time": time.time()}
+        call["metadata"].update(endpoint=endpoint, captured_by="proxy")
+        if upstream.model_version is not None:
+            call["metadata"]["model_version"] = upstream.model_version
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
@@ -123,16 +130,16 @@ class Proxy:
         self, response: httpx.Response, call: CallRecord, attempt: int, endpoint: str
     ) -> AsyncIterator[bytes]:
         """The upstream's stream, chunk by chunk as it arrives; recorded once it ended (or broke off)."""
-        accumulator = StreamAccumulator(endpoint)
+        fold = StreamFold(endpoint)
         completed = False
         try:
             async for chunk in response.aiter_bytes():
-                accumulator.feed(chunk)
+                fold.feed(chunk)
                 yield chunk
             completed = True
         finally:
             call["end_time"] = time.time()
-            accumulator.fill(call)
+            fill_answer(call, fold.answer(complete=completed), "server")
             self._record(call, attempt, endpoint, None if completed else "stream interrupted before the upstream finished")
             await response.aclose()
 
@@ -145,7 +152,8 @@ class Proxy:
         if status >= 400:
             self._record(call, attempt, endpoint, f"upstream HTTP {status}: {_error_message(data, content)}")
             return
-        fill_from_body(call, endpoint, data)
+        if isinstance(data, dict):
+            fill_answer(call, read_response(endpoint, data), "server")
         self._record(call, attempt, endpoint)
 
     def _failed(
@@ -176,7 +184,7 @@ class Proxy:
         if call.get("end_time") is not None:
             metrics.observe("agl_proxy_call_seconds", call["end_time"] - call["start_time"], endpoint=endpoint)
         try:
-            self.runtime.store.record_proxy_call(call, attempt)
+            self.runtime.store.record_proxy_call(build_call(call).model_dump(mode="json"), attempt)
         except Exception:  # recording must never break the agent's call
             logger.exception("could not record proxy call of rollout %s", call["rollout_id"])
 

@@ -8,7 +8,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentlightning.messages import message_text, responses_input_to_messages
+from agentlightning._wire.messages import message_text, responses_input_to_messages
+from agentlightning.testing.tokenizer import render_tool_calls
 
 
 @dataclass
@@ -54,6 +55,15 @@ class MockReply:
         if self.finish_reason is not None:
             return self.finish_reason
         return "tool_calls" if self.tool_calls else "stop"
+
+    def openai_tool_calls(self) -> list[dict[str, Any]]:
+        """The tool calls as the chat API carries them."""
+        return [{"id": call.call_id(), "type": "function",
+                 "function": {"name": call.name, "arguments": call.arguments_json()}} for call in self.tool_calls]
+
+    def completion_text(self) -> str:
+        """The text the completion's token ids stand for: content, then the rendered tool calls."""
+        return (self.content or "") + render_tool_calls(self.openai_tool_calls())
 
 
 @dataclass

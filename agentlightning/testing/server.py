@@ -16,7 +16,7 @@ import inspect
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -26,8 +26,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agentlightning._uvicorn import BackgroundServer
-from agentlightning.testing import payloads
-from agentlightning.testing.payloads import Generation
+from agentlightning._wire import payloads
+from agentlightning._wire.payloads import Choice, Reply
 from agentlightning.testing.replies import MockReply, MockRequest
 from agentlightning.testing.tokenizer import MockTokenizer, render_chat_prompt
 from agentlightning.types import LLM
@@ -218,36 +218,35 @@ class MockLLMServer:
         return _as_reply(result, "handler result")
 
     def _respond(self, request: MockRequest, reply: MockReply) -> Response:
-        body, model = request.body, request.model or self.models[0]
-        if request.path.endswith(("/chat/completions", "/responses")):
-            prompt_text = render_chat_prompt(request.messages, request.tools)
-        else:
-            prompt_text = request.messages[0]["content"]
-        completion_text = payloads.completion_text(reply)
-        top = body.get("top_logprobs") or 0
-        gen = Generation(
-            reply=reply,
-            prompt_ids=self.tokenizer.encode(prompt_text),
-            completion_text=completion_text,
-            completion_ids=self.tokenizer.encode(completion_text),
-            with_token_ids=self.token_ids or bool(body.get("return_token_ids")),
-            with_logprobs=bool(body.get("logprobs")),  # chat: true; legacy completions: a count > 0
-            top_logprobs=int(top) if isinstance(top, int) else 0,
-        )
+        body, chat = request.body, request.path.endswith(("/chat/completions", "/responses"))
+        tokenizer = self.tokenizer
+        prompt = render_chat_prompt(request.messages, request.tools) if chat else request.messages[0]["content"]
+        content = reply.content if chat else reply.completion_text()
+        ids = tokenizer.encode(reply.completion_text())
+        top = body.get("top_logprobs")
+        choice = Choice(
+            content=content, tool_calls=reply.openai_tool_calls() if chat else [],
+            finish_reason=reply.resolved_finish_reason(), token_ids=ids,
+            logprobs=payloads.token_logprobs([tokenizer.token_text(i) for i in ids], [tokenizer.logprob(i) for i in ids],
+                                             top if isinstance(top, int) else 0)
+            if body.get("logprobs") else None,  # chat: true; legacy completions: a count > 0
+            pieces=[(piece, len(tokenizer.encode(piece))) for piece in payloads.text_pieces(content or "")])
+        answer = Reply(model=request.model or self.models[0], choices=[choice] * int(body.get("n") or 1),
+                       prompt_token_ids=tokenizer.encode(prompt),
+                       token_ids=self.token_ids or bool(body.get("return_token_ids")))
         stream = bool(body.get("stream"))
         if request.path.endswith("/chat/completions"):
-            n = body.get("n") or 1
             if stream:
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return _sse(payloads.chat_chunks(gen, model, self.tokenizer, include_usage), done=True)
-            return JSONResponse(payloads.chat_completion(gen, model, int(n), self.tokenizer))
+                return _sse(payloads.chat_chunks(answer, include_usage))
+            return JSONResponse(payloads.chat_completion(answer))
         if request.path.endswith("/responses"):
             if stream:
-                return _sse(payloads.response_events(gen, model), done=False, named_events=True)
-            return JSONResponse(payloads.response_object(gen, model))
+                return _sse(payloads.response_events(answer), done=False, named=True)
+            return JSONResponse(payloads.response_object(answer))
         if stream:
-            return _sse(payloads.completion_chunks(gen, model, self.tokenizer), done=True)
-        return JSONResponse(payloads.completion(gen, model, self.tokenizer))
+            return _sse(payloads.completion_chunks(answer))
+        return JSONResponse(payloads.completion(answer))
 
 
 def _as_reply(value: Any, where: str) -> MockReply:
@@ -265,12 +264,5 @@ def _error(status: int, message: str) -> JSONResponse:
     )
 
 
-def _sse(events: Iterator[dict[str, Any]], *, done: bool, named_events: bool = False) -> StreamingResponse:
-    async def body() -> AsyncIterator[bytes]:
-        for event in events:
-            prefix = f"event: {event['type']}\n" if named_events else ""
-            yield f"{prefix}data: {json.dumps(event)}\n\n".encode()
-        if done:
-            yield b"data: [DONE]\n\n"
-
-    return StreamingResponse(body(), media_type="text/event-stream")
+def _sse(events: Iterator[dict[str, Any]], **framing: bool) -> StreamingResponse:
+    return StreamingResponse(payloads.sse(events, **framing), media_type="text/event-stream")

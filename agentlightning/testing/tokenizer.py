@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from agentlightning.messages import message_text
+from agentlightning._wire.messages import message_text
 
 BYTE_OFFSET = 3
 

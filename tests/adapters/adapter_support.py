@@ -7,7 +7,6 @@ import threading
 from collections.abc import Callable
 
 from agentlightning.testing import MockReply, MockRequest, MockTokenizer
-from agentlightning.testing.payloads import completion_text
 from agentlightning.testing.tokenizer import render_chat_prompt
 from agentlightning.types import Call, Rollout
 
@@ -27,7 +26,7 @@ class RecordingModel:
         reply = self.rule(request)
         prompt = tuple(self.tokenizer.encode(render_chat_prompt(request.messages, request.tools)))
         with self._lock:
-            self.served[prompt] = self.tokenizer.encode(completion_text(reply))
+            self.served[prompt] = self.tokenizer.encode(reply.completion_text())
         return reply
 
     def assert_server_token_ids(self, call: Call) -> None:

@@ -7,11 +7,11 @@ sample so that machine load hits them alike:
 - ``unpatched``: the original method, bound per call as an unpatched client's is (the baseline);
 - ``unpatched again``: the same once more, an A/A control: its difference from the baseline is the noise floor;
 - ``patched, no rollout``: adapter installed, call made outside any rollout (the one-ContextVar fast path);
-- ``captured``: one call inside a fresh rollout, timed until its ``Call`` record (messages, output, usage, sampling
-  params) is built; capture defers that build to the first read of the rollout's calls, so this is the full cost;
+- ``captured``: one call inside a fresh rollout, timed until the rollout's calls are read (the ``Call`` record, with
+  messages, output, usage and sampling params, is built when the call ends);
 - ``captured + token ids``: the same with vLLM-style ``prompt_token_ids`` / ``token_ids`` / logprobs in the response;
 - ``stream unpatched`` / ``stream captured``: a 12-chunk streamed reply;
-- ``rollout of 6``: six calls, then (captured) the rollout's records built together, as at a rollout's end;
+- ``rollout of 6``: six calls, then (captured) the rollout's records read, as at a rollout's end;
 - ``rollout of 6 + token ids``: the same with vLLM-style token ids (a training rollout served by vLLM);
 - ``agent turn``: a rollout's only call with a realistic payload: six messages (system prompt, tool call and result,
   ~2 KB), three tools offered, and a 150-token reply with vLLM token ids (a 1,500-token prompt) and logprobs.
@@ -117,7 +117,7 @@ def _sample(call: Callable[[], object]) -> float:
 
 
 def _captured(call: Callable[[], object], calls: int = 1) -> Callable[[], float]:
-    """A sample of ``calls`` calls inside a fresh rollout, timed up to their records being built (as at its end)."""
+    """A sample of ``calls`` calls inside a fresh rollout, timed up to their records being read (as at its end)."""
     def sample() -> float:
         recorder = RolloutRecorder("ro-bench")
         with recording(recorder):
@@ -213,7 +213,7 @@ def _per_call(step: Callable[[], object], n: int) -> float:
 
 
 def capture_work(n: int = 5000) -> dict[str, float]:
-    """Seconds of capture work alone per call (start, finish and record build on a real parsed response)."""
+    """Seconds of capture work alone per call (start, response read and record build on a real parsed response)."""
     kwargs = {"model": "bench-model", "messages": MESSAGES, "temperature": 0.7, "max_tokens": 128}
     result = {}
     for label, body in (("capture work", _completion(False)), ("capture work + token ids", _completion(True))):
@@ -222,9 +222,9 @@ def capture_work(n: int = 5000) -> dict[str, float]:
         resource = client.chat.completions
 
         def call() -> object:
-            pending = adapter._Pending("chat.completions", RolloutRecorder("ro-bench"), resource, dict(kwargs))
-            pending.handle(response)
-            return pending.build()
+            recorder = RolloutRecorder("ro-bench")
+            adapter._Call("chat.completions", recorder, resource, dict(kwargs)).handle(response)
+            return recorder.ordered_calls()
 
         result[label] = _per_call(call, n)
     client = _client(_stream_body(), "text/event-stream")
@@ -233,12 +233,9 @@ def capture_work(n: int = 5000) -> dict[str, float]:
 
     def stream() -> object:
         recorder = RolloutRecorder("ro-bench")
-        pending = adapter._Pending("chat.completions", recorder, resource, {**kwargs, "stream": True})
-        accumulator = adapter._StreamAccumulator("chat.completions")
-        for chunk in chunks:
-            accumulator.add(chunk)
-        pending.record(accumulator.fields(), stream=True)
-        return pending.build()
+        call = adapter._Call("chat.completions", recorder, resource, {**kwargs, "stream": True})
+        list(adapter._observed(iter(chunks), call))
+        return recorder.ordered_calls()
 
     result["capture work, stream"] = _per_call(stream, n)
     return result

@@ -39,7 +39,7 @@ def capture_work(calls: int, token_ids: bool) -> None:
         for _ in range(count // ROLLOUT_CALLS):
             recorder = RolloutRecorder("ro-count")
             for _ in range(ROLLOUT_CALLS):
-                adapter._Pending("chat.completions", recorder, resource, kwargs).handle(response)
+                adapter._Call("chat.completions", recorder, resource, kwargs).handle(response)
             assert len(recorder.ordered_calls()) == ROLLOUT_CALLS
 
     run(600)

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from agentlightning.protocol import (
     AttemptInfo, DatasetInfo, Lease, ModelVersion, ResultOutcome, RolloutSummary, Task, dataset_id_for, task_id_for,
 )
-from agentlightning.server.extract import json_text
+from agentlightning._wire.read import json_text
 from agentlightning.server.join import join_calls, join_late_call
 from agentlightning.server.states import Decision, decide, event_for_status
 from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError

@@ -1,0 +1,59 @@
+"""Chat messages: the text of a message, Responses API input as chat messages, objects as plain data."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic_core
+
+
+def as_plain(value: Any) -> Any:
+    """``value`` as plain JSON data (a copy, by pydantic-core): pydantic objects without their None fields, tuples as
+    lists, classes by name, other values that JSON cannot hold as their ``repr``."""
+    return pydantic_core.to_jsonable_python(value, exclude_none=True, fallback=_name_or_repr)
+
+
+def _name_or_repr(value: Any) -> str:
+    return value.__name__ if isinstance(value, type) else repr(value)  # e.g. response_format=SomeModel for .parse()
+
+
+def message_text(content: Any) -> str:
+    """The text of a chat message ``content`` (a string, None, or a list of content parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [as_plain(part) for part in content]
+        return "".join(str(part.get("text") or part.get("refusal") or "") if isinstance(part, dict) else str(part)
+                       for part in parts)
+    return str(content)
+
+
+def responses_input_to_messages(input_: Any, instructions: Any = None) -> list[dict[str, Any]]:
+    """A Responses API ``input`` (string or item list) and ``instructions`` as chat messages.
+
+    Function-call items become assistant ``tool_calls``, function-call outputs ``tool`` messages; other item kinds
+    (reasoning, web search, ...) are skipped.
+    """
+    messages: list[dict[str, Any]] = []
+    if instructions:
+        messages.append({"role": "system", "content": message_text(as_plain(instructions))})
+    if isinstance(input_, str):
+        return [*messages, {"role": "user", "content": input_}]
+    for item in as_plain(input_) or []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type", "message")
+        if kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+            if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
+                messages[-1]["tool_calls"].append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": str(item.get("output"))})
+        elif kind == "message" or "role" in item:
+            messages.append({"role": item.get("role", "user"), "content": message_text(item.get("content"))})
+    return messages

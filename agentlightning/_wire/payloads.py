@@ -1,0 +1,223 @@
+"""Payloads to send: chat / completion / Responses bodies and their stream chunks and events, with vLLM-style token
+ids; built from a :class:`Reply` by the mock server and the Hugging Face backend."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Choice:
+    """One generated answer, to send: text, tool calls, finish reason, completion token ids and their logprobs."""
+
+    content: str | None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # [{"id", "type", "function": {name, arguments}}]
+    finish_reason: str = "stop"
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None  # one entry per token id (see token_logprobs); None: not asked
+    # How a stream splits ``content``: (text, number of token ids it carries); the ids left go on the last chunk.
+    pieces: list[tuple[str, int]] | None = None
+
+
+@dataclass
+class Reply:
+    """A model's answer to one request, for the payload functions below."""
+
+    model: str
+    choices: list[Choice]
+    prompt_token_ids: list[int]
+    token_ids: bool = True  # send vLLM-style token ids (``prompt_token_ids``, ``choices[i].token_ids``)
+    extra: dict[str, Any] = field(default_factory=dict)  # more top-level fields, e.g. ``model_version``
+    response_id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def usage(self) -> dict[str, int]:
+        """Chat / completions ``usage``."""
+        prompt, completion = len(self.prompt_token_ids), sum(len(choice.token_ids) for choice in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        """The fields every chat / completions body and chunk shares."""
+        prefix = "chatcmpl-" if kind.startswith("chat") else "cmpl-"
+        return {"id": prefix + self.response_id, "object": kind, "created": self.created, "model": self.model,
+                "choices": choices, **self.extra}
+
+
+def token_logprobs(tokens: Sequence[str], logprobs: Sequence[float], top: int = 0) -> list[dict[str, Any]]:
+    """Chat ``logprobs.content`` entries for sampled ``tokens`` (the sampled one as its only alternative if
+    ``top``)."""
+    entries = []
+    for token, logprob in zip(tokens, logprobs, strict=True):
+        entry = {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+        entries.append({**entry, "top_logprobs": [entry] if top else []})
+    return entries
+
+
+def text_pieces(text: str) -> list[str]:
+    """``text`` split into stream deltas: a word with its leading whitespace each."""
+    return re.findall(r"\s*\S+|\s+", text)
+
+
+def _chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    return None if entries is None else {"content": entries, "refusal": None}
+
+
+def _completion_logprobs(entries: list[dict[str, Any]] | None, offset: int = 0) -> dict[str, Any] | None:
+    if entries is None:
+        return None
+    tokens, offsets = [entry["token"] for entry in entries], []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {"tokens": tokens, "token_logprobs": [entry["logprob"] for entry in entries],
+            "top_logprobs": [{entry["token"]: entry["logprob"]} for entry in entries], "text_offset": offsets}
+
+
+def chat_completion(reply: Reply) -> dict[str, Any]:
+    """A ``chat.completion`` body."""
+    choices = []
+    for index, choice in enumerate(reply.choices):
+        message: dict[str, Any] = {"role": "assistant", "content": choice.content, "refusal": None}
+        if choice.tool_calls:
+            message["tool_calls"] = choice.tool_calls
+        item = {"index": index, "message": message, "finish_reason": choice.finish_reason,
+                "logprobs": _chat_logprobs(choice.logprobs)}
+        choices.append({**item, "token_ids": choice.token_ids} if reply.token_ids else item)
+    body = {**reply.envelope("chat.completion", choices), "usage": reply.usage()}
+    return {**body, "prompt_token_ids": reply.prompt_token_ids} if reply.token_ids else body
+
+
+def _spans(choice: Choice, default: list[tuple[str, int]]) -> Iterator[tuple[str, slice]]:
+    """The stream pieces of ``choice`` with the slice of its token ids each carries (the rest: '' at the end)."""
+    start = 0
+    for text, count in choice.pieces if choice.pieces is not None else default:
+        yield text, slice(start, start + count)
+        start += count
+    yield "", slice(start, None)
+
+
+def chat_chunks(reply: Reply, include_usage: bool = False) -> Iterator[dict[str, Any]]:
+    """The ``chat.completion.chunk`` objects of a streamed reply (token ids on the chunks, as vLLM sends them)."""
+    for index, choice in enumerate(reply.choices):
+        def chunk(delta: dict[str, Any], ids: slice = slice(0, 0), finish: str | None = None) -> dict[str, Any]:
+            logprobs = None if choice.logprobs is None else choice.logprobs[ids]  # noqa: B023
+            item = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": _chat_logprobs(logprobs)}
+            if reply.token_ids:
+                item["token_ids"] = choice.token_ids[ids]  # noqa: B023
+            return reply.envelope("chat.completion.chunk", [item])
+
+        first = chunk({"role": "assistant", "content": ""})
+        yield {**first, "prompt_token_ids": reply.prompt_token_ids} if reply.token_ids and not index else first
+        *pieces, (_, rest) = _spans(choice, [(choice.content or "", len(choice.token_ids))])
+        for text, ids in pieces:
+            yield chunk({"content": text}, ids)
+        for position, tool_call in enumerate(choice.tool_calls):
+            function = tool_call["function"]
+            yield chunk({"tool_calls": [{"index": position, "id": tool_call["id"], "type": "function",
+                                         "function": {"name": function["name"], "arguments": ""}}]})
+            yield chunk({"tool_calls": [{"index": position, "function": {"arguments": function["arguments"]}}]})
+        yield chunk({}, rest, finish=choice.finish_reason)
+    if include_usage:
+        yield {**reply.envelope("chat.completion.chunk", []), "usage": reply.usage()}
+
+
+def completion(reply: Reply) -> dict[str, Any]:
+    """A legacy ``text_completion`` body (``prompt_token_ids`` on the choice, as vLLM, and on top)."""
+    choices = []
+    for index, choice in enumerate(reply.choices):
+        item = {"index": index, "text": choice.content or "", "finish_reason": choice.finish_reason,
+                "logprobs": _completion_logprobs(choice.logprobs)}
+        if reply.token_ids:
+            item.update(token_ids=choice.token_ids, prompt_token_ids=reply.prompt_token_ids)
+        choices.append(item)
+    body = {**reply.envelope("text_completion", choices), "usage": reply.usage()}
+    return {**body, "prompt_token_ids": reply.prompt_token_ids} if reply.token_ids else body
+
+
+def completion_chunks(reply: Reply) -> Iterator[dict[str, Any]]:
+    """The chunks of a streamed legacy completion (first choice)."""
+    choice = reply.choices[0]
+    offset = 0
+    for position, (text, ids) in enumerate(_spans(choice, [(choice.content or "", len(choice.token_ids))])):
+        logprobs = None if choice.logprobs is None else choice.logprobs[ids]
+        item = {"index": 0, "text": text, "finish_reason": None if text else choice.finish_reason,
+                "logprobs": _completion_logprobs(logprobs, offset)}
+        body = reply.envelope("text_completion", [item])
+        if reply.token_ids:
+            item["token_ids"] = choice.token_ids[ids]
+            if position == 0:
+                item["prompt_token_ids"] = body["prompt_token_ids"] = reply.prompt_token_ids
+        offset += len(text)
+        yield body
+
+
+def response_object(reply: Reply) -> dict[str, Any]:
+    """A Responses API ``response`` (first choice; with ``prompt_token_ids`` / ``output_token_ids`` as vLLM)."""
+    choice = reply.choices[0]
+    output: list[dict[str, Any]] = []
+    if choice.content is not None:
+        output.append({"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "status": "completed",
+                       "role": "assistant",
+                       "content": [{"type": "output_text", "text": choice.content, "annotations": []}]})
+    for tool_call in choice.tool_calls:
+        output.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": tool_call["id"],
+                       "name": tool_call["function"]["name"], "arguments": tool_call["function"]["arguments"],
+                       "status": "completed"})
+    usage = reply.usage()
+    body: dict[str, Any] = {
+        "id": f"resp_{reply.response_id}", "object": "response", "created_at": reply.created, "model": reply.model,
+        "status": "completed", "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+        "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
+                  "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+    }
+    if reply.token_ids:
+        body.update(prompt_token_ids=reply.prompt_token_ids, output_token_ids=choice.token_ids)
+    return body
+
+
+def response_events(reply: Reply) -> Iterator[dict[str, Any]]:
+    """The events of a streamed Responses API reply."""
+    final = response_object(reply)
+    pending = {**final, "status": "in_progress", "output": [], "usage": None}
+    pending.pop("output_token_ids", None)
+    events: list[tuple[str, dict[str, Any]]] = [("response.created", {"response": pending}),
+                                                ("response.in_progress", {"response": pending})]
+    for index, item in enumerate(final["output"]):
+        where = {"output_index": index, "item_id": item["id"]}
+        if item["type"] == "message":
+            part, text = item["content"][0], item["content"][0]["text"]
+            events.append(("response.output_item.added",
+                           {"output_index": index, "item": {**item, "status": "in_progress", "content": []}}))
+            events.append(("response.content_part.added",
+                           {**where, "content_index": 0, "part": {**part, "text": ""}}))
+            events.extend(("response.output_text.delta", {**where, "content_index": 0, "delta": piece, "logprobs": []})
+                          for piece in text_pieces(text))
+            events.append(("response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": []}))
+            events.append(("response.content_part.done", {**where, "content_index": 0, "part": part}))
+        else:
+            events.append(("response.output_item.added",
+                           {"output_index": index, "item": {**item, "status": "in_progress", "arguments": ""}}))
+            events.append(("response.function_call_arguments.delta", {**where, "delta": item["arguments"]}))
+            events.append(("response.function_call_arguments.done",
+                           {**where, "arguments": item["arguments"], "name": item["name"]}))
+        events.append(("response.output_item.done", {"output_index": index, "item": item}))
+    events.append(("response.completed", {"response": final}))
+    for sequence, (kind, fields) in enumerate(events):
+        yield {"type": kind, "sequence_number": sequence, **fields}
+
+
+async def sse(events: Iterable[dict[str, Any]], *, done: bool = True, named: bool = False) -> AsyncIterator[bytes]:
+    """``events`` as the body of a server-sent event stream (for Starlette's ``StreamingResponse``): ``data: <json>``
+    each (after ``event: <type>`` when ``named``), then ``data: [DONE]`` when ``done`` (chat and completions streams
+    end so; Responses streams do not)."""
+    for event in events:
+        yield (f"event: {event['type']}\n" if named else "").encode() + f"data: {json.dumps(event)}\n\n".encode()
+    if done:
+        yield b"data: [DONE]\n\n"

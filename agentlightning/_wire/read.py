@@ -1,0 +1,272 @@
+"""Reading a call off the wire: the request as sent and the response (or stream) as received, into ``Call`` fields.
+
+Capture (``adapters/openai.py``) and the server's proxy record a call the same way: :func:`request_fields` when the
+request is sent, :func:`fill_answer` with what :func:`read_response` or a :class:`StreamFold` read from the answer,
+then :func:`build_call`. Responses may be parsed ``openai`` objects or their JSON dicts. Token ids are read where vLLM
+puts them with ``return_token_ids``: ``prompt_token_ids`` at the top level (or on the choice, legacy completions),
+``choices[i].token_ids`` (per chunk when streamed) and ``output_token_ids`` (Responses); sampling logprobs from
+``choices[i].logprobs`` (and the Responses API's output text parts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pydantic
+import pydantic_core
+
+from agentlightning._wire.messages import responses_input_to_messages
+from agentlightning.types import Call, TokenSource
+
+logger = logging.getLogger(__name__)
+
+# The endpoints of the API (path under /v1) by the name recorded for them; ``*.parse`` calls read as ``create``.
+ENDPOINTS: dict[str, str] = {"chat/completions": "chat.completions", "completions": "completions",
+                             "responses": "responses"}
+# Request fields that are not sampling parameters (all others are recorded in metadata["sampling"]).
+_NOT_SAMPLING = frozenset({"model", "messages", "prompt", "input", "instructions", "tools", "stream"})
+_TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+_FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+def json_text(value: Any) -> str:
+    """``value`` (made of JSON types) as JSON text; strings with lone surrogates, which pydantic-core refuses, are
+    written by ``json``."""
+    try:
+        return pydantic_core.to_json(value).decode()
+    except ValueError:
+        return json.dumps(value)
+
+
+def request_fields(api: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The ``Call`` fields a request body (plain JSON data, as sent) gives: model name, input, tools offered, and
+    ``metadata`` with ``stream`` and ``sampling`` (every field but the input, model, tools and stream flag)."""
+    model, tools = request.get("model"), request.get("tools")
+    if api.startswith("chat"):
+        input_ = request.get("messages")
+    elif api.startswith("responses"):
+        input_ = responses_input_to_messages(request.get("input"), request.get("instructions"))
+    else:
+        input_ = request.get("prompt")
+    return {
+        "name": model if isinstance(model, str) else None,
+        "input": input_,
+        "tools": tools if isinstance(tools, list) and all(isinstance(tool, dict) for tool in tools) else None,
+        "metadata": {"stream": bool(request.get("stream")),
+                     "sampling": {key: value for key, value in request.items() if key not in _NOT_SAMPLING}},
+    }
+
+
+def fill_answer(fields: dict[str, Any], answer: dict[str, Any], token_source: TokenSource) -> None:
+    """Add what :func:`read_response` (or :meth:`StreamFold.answer`) read to the ``Call`` fields of a request;
+    token ids mark the call's ``token_source``."""
+    response_id = answer.get("response_id")
+    fields["output"] = answer["output"]
+    fields["response_id"] = response_id if isinstance(response_id, str) else None
+    for key in _TOKEN_FIELDS:
+        fields[key] = answer.get(key)
+    if answer.get("prompt_token_ids") is not None or answer.get("completion_token_ids") is not None:
+        fields["token_source"] = token_source
+    metadata = fields["metadata"]
+    usage = _view(answer.get("usage"))
+    if usage:  # the token counts (nested details left out)
+        metadata["usage"] = {key: value for key, value in usage.items() if type(value) is int}
+    if isinstance(answer.get("model"), str):
+        metadata["response_model"] = answer["model"]
+    if answer.get("choices", 1) > 1:
+        metadata["choices"] = answer["choices"]
+
+
+def build_call(fields: dict[str, Any]) -> Call:
+    """The ``Call`` of ``fields``, validated strictly; token fields the backend sent malformed are left out (and
+    named in ``metadata["invalid_token_fields"]``) rather than losing the call."""
+    try:
+        return Call.model_validate(fields, strict=True)
+    except pydantic.ValidationError as exc:
+        bad = sorted({str(error["loc"][0]) for error in exc.errors()}.intersection(_TOKEN_FIELDS))
+        if not bad:
+            raise
+        logger.warning("the backend sent malformed %s; the call is recorded without token ids: %s", ", ".join(bad), exc)
+        fields = {**fields, "token_source": None, "metadata": {**fields["metadata"], "invalid_token_fields": bad}}
+        fields.update(dict.fromkeys(_TOKEN_FIELDS))
+        return Call.model_validate(fields, strict=True)
+
+
+# -- reading responses and streams ---------------------------------------------------------------------------------
+
+
+def _view(obj: Any) -> dict[str, Any]:
+    """The fields of a response object (declared ones and extras such as vLLM's ``token_ids``) or its JSON dict."""
+    if obj is None:
+        return {}
+    if isinstance(obj, dict):
+        return obj
+    if isinstance(obj, pydantic.BaseModel):
+        extra = obj.model_extra
+        return {**vars(obj), **extra} if extra else vars(obj)
+    return {}
+
+
+def _logprob(entry: Any) -> Any:
+    return entry.get("logprob") if isinstance(entry, dict) else getattr(entry, "logprob", None)
+
+
+def _logprobs(value: Any) -> list[Any] | None:
+    """The sampled tokens' logprobs of a chat (``content``) or legacy completions (``token_logprobs``) choice."""
+    view = _view(value)
+    if view.get("content") is not None:
+        return [_logprob(entry) for entry in view["content"]]
+    if view.get("token_logprobs") is not None:
+        return list(view["token_logprobs"])
+    return None
+
+
+def _tool_call(tool_call: Any) -> dict[str, Any]:
+    view = _view(tool_call)
+    function = _view(view.get("function"))
+    return {"id": view.get("id"), "type": view.get("type") or "function",
+            "function": {"name": function.get("name"), "arguments": function.get("arguments")}}
+
+
+def _either(first: Any, second: Any) -> Any:
+    return first if first is not None else second
+
+
+def read_response(api: str, response: Any) -> dict[str, Any]:
+    """What a finished response (parsed object or JSON dict) answered: ``output`` (content, tool calls, finish
+    reason of the first choice), ``response_id``, token ids and logprobs as the backend sent them, ``usage``,
+    ``model`` and the number of ``choices``."""
+    body = _view(response)
+    if api.startswith("responses"):
+        return _read_responses(body)
+    choices = body.get("choices") or []
+    choice = _view(choices[0]) if choices else {}
+    if api == "completions":
+        output = {"content": choice.get("text"), "tool_calls": [], "finish_reason": choice.get("finish_reason")}
+    else:
+        message = _view(choice.get("message"))
+        output = {"content": message.get("content"),
+                  "tool_calls": [_tool_call(tool_call) for tool_call in message.get("tool_calls") or []],
+                  "finish_reason": choice.get("finish_reason")}
+        if message.get("refusal"):
+            output["refusal"] = message["refusal"]
+    return {"output": output, "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
+            "choices": len(choices),
+            "prompt_token_ids": _either(body.get("prompt_token_ids"), choice.get("prompt_token_ids")),
+            "completion_token_ids": choice.get("token_ids"), "completion_logprobs": _logprobs(choice.get("logprobs"))}
+
+
+def _read_responses(body: dict[str, Any]) -> dict[str, Any]:
+    texts: list[str] = []
+    tool_calls: list[dict[str, Any]] = []
+    logprobs: list[Any] = []
+    for item in map(_view, body.get("output") or []):
+        if item.get("type") == "message":
+            for part in map(_view, item.get("content") or []):
+                if part.get("type") == "output_text":
+                    texts.append(part.get("text") or "")
+                    logprobs.extend(_logprob(entry) for entry in part.get("logprobs") or [])
+        elif item.get("type") == "function_call":
+            tool_calls.append({"id": item.get("call_id"), "type": "function",
+                               "function": {"name": item.get("name"), "arguments": item.get("arguments")}})
+    return {"output": {"content": "".join(texts) if texts else None, "tool_calls": tool_calls,
+                       "finish_reason": _responses_finish(body, tool_calls)},
+            "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
+            "prompt_token_ids": body.get("prompt_token_ids"), "completion_token_ids": body.get("output_token_ids"),
+            "completion_logprobs": logprobs or None}
+
+
+def _responses_finish(body: dict[str, Any], tool_calls: list[Any]) -> str:
+    """A Responses API status as a chat finish reason: 'length' (or the reason given) when incomplete."""
+    if body.get("status") == "incomplete":
+        reason = _view(body.get("incomplete_details")).get("reason") or "incomplete"
+        return "length" if reason == "max_output_tokens" else reason
+    return "tool_calls" if tool_calls else "stop"
+
+
+class StreamFold:
+    """Folds the chunks (chat, completions) or events (Responses) of a stream, objects or dicts, into what
+    :func:`read_response` gives for a finished response. Only the first choice is kept."""
+
+    def __init__(self, api: str) -> None:
+        self.api = api
+        self.texts: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.usage: Any = None
+        self.prompt_ids: list[int] | None = None
+        self.completion_ids: list[Any] | None = None
+        self.logprobs: list[Any] | None = None
+        self.final_response: Any = None  # the Responses API's last event carries the whole response
+        self._pending = b""
+
+    def feed(self, data: bytes) -> None:
+        """Add the server-sent events in ``data``, raw bytes of the stream as they arrive (a malformed event is
+        logged and skipped)."""
+        lines = (self._pending + data).split(b"\n")
+        self._pending = lines.pop()
+        for line in lines:
+            line = line.strip()
+            if line.startswith(b"data:") and line[5:].strip() not in (b"", b"[DONE]"):
+                try:
+                    self.add(json.loads(line[5:]))
+                except Exception:  # noqa: BLE001 - a malformed event is skipped, the stream goes on
+                    logger.warning("could not read a stream event: %.200r", line, exc_info=True)
+
+    def add(self, chunk: Any) -> None:
+        """Add one parsed chunk or event."""
+        body = _view(chunk)
+        if self.api.startswith("responses"):
+            if body.get("type") in _FINAL_EVENTS:
+                self.final_response = body.get("response")
+            elif body.get("type") == "response.output_text.delta":
+                self.texts.append(body.get("delta") or "")
+            return
+        self.response_id = self.response_id or body.get("id")
+        self.model = self.model or body.get("model")
+        self.usage = body.get("usage") or self.usage
+        for choice in map(_view, body.get("choices") or []):
+            if choice.get("index"):
+                continue
+            self._choice(choice, _either(body.get("prompt_token_ids"), choice.get("prompt_token_ids")))
+
+    def _choice(self, choice: dict[str, Any], prompt_ids: Any) -> None:
+        if self.prompt_ids is None and prompt_ids is not None:
+            self.prompt_ids = prompt_ids
+        if choice.get("token_ids") is not None:
+            self.completion_ids = (self.completion_ids or []) + list(choice["token_ids"])
+        logprobs = _logprobs(choice.get("logprobs"))
+        if logprobs:
+            self.logprobs = (self.logprobs or []) + logprobs
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        if self.api == "completions":
+            self.texts.append(choice.get("text") or "")
+            return
+        delta = _view(choice.get("delta"))
+        if delta.get("content"):
+            self.texts.append(delta["content"])
+        for tool_call in map(_view, delta.get("tool_calls") or []):
+            slot = self.tool_calls.setdefault(tool_call.get("index") or 0, {
+                "id": None, "type": "function", "function": {"name": None, "arguments": ""}})
+            function = _view(tool_call.get("function"))
+            slot["id"] = tool_call.get("id") or slot["id"]
+            slot["function"]["name"] = function.get("name") or slot["function"]["name"]
+            slot["function"]["arguments"] += function.get("arguments") or ""
+
+    def answer(self, complete: bool = True) -> dict[str, Any]:
+        """What the stream answered, as :func:`read_response` gives it; ``complete=False`` for a stream left before
+        its end (finish reason 'incomplete_stream' unless one was seen)."""
+        if self.final_response is not None:
+            return read_response("responses", self.final_response)
+        text = "".join(self.texts)
+        output = {"content": text if text or not self.tool_calls else None,
+                  "tool_calls": [self.tool_calls[index] for index in sorted(self.tool_calls)],
+                  "finish_reason": self.finish_reason or (None if complete else "incomplete_stream")}
+        return {"output": output, "response_id": self.response_id, "model": self.model, "usage": self.usage,
+                "prompt_token_ids": self.prompt_ids, "completion_token_ids": self.completion_ids,
+                "completion_logprobs": self.logprobs}
+
