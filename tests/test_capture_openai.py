@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import multiprocessing
 import multiprocessing.queues
@@ -139,8 +138,6 @@ def test_stream_closed_early_is_recorded_once(server: MockLLMServer) -> None:
         with sync_client(server).chat.completions.create(model="m", messages=MESSAGES, stream=True) as stream:
             next(iter(stream))
             next(iter(stream))
-        del stream
-        gc.collect()
     call = only_call(recorder)
     assert call.output["content"] == "a" and call.output["finish_reason"] == "incomplete_stream"
 
@@ -580,7 +577,10 @@ def test_capture_and_proxy_read_the_same_call_alike(tmp_path: Path, api: str) ->
                                                 temperature=0.5)
             if stream:
                 list(reply)
-        server.store.flush()
+        # the proxy records a call right after the agent got its answer: wait for that record
+        deadline = time.monotonic() + 10
+        while not server.store.proxy_calls(rollout_id) and time.monotonic() < deadline:
+            time.sleep(0.01)
         [proxied] = server.store.proxy_calls(rollout_id)
     captured = only_call(recorder)
     assert captured.completion_token_ids and (captured.completion_logprobs or api.startswith("responses"))
