@@ -179,6 +179,11 @@ class TrainConfig:
 def load_config(path: str | Path | None = None, sets: Sequence[str] = ()) -> TrainConfig:
     """A :class:`TrainConfig` from a JSON or YAML file (``.yaml``/``.yml`` need PyYAML) of field names, then
     ``sets`` (``"group_size=8"``, ``"vllm.sync=disk"``; values are read as JSON, else kept as text)."""
+    return TrainConfig.from_options(None, config_options(path, sets))
+
+
+def config_options(path: str | Path | None = None, sets: Sequence[str] = ()) -> dict[str, Any]:
+    """The field values of :func:`load_config`, not yet checked (to lay over another config)."""
     options: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -208,7 +213,7 @@ def load_config(path: str | Path | None = None, sets: Sequence[str] = ()) -> Tra
             target[group] = asdict(current) if isinstance(current, VLLMOptions) else dict(current or {})
             target = target[group]
         target[name] = value
-    return TrainConfig.from_options(None, options)
+    return options
 
 
 @dataclass
