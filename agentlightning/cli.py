@@ -1,4 +1,8 @@
-"""The ``agl`` command: ``agl server``, ``agl client``, ``agl rollouts list|show``.
+"""The ``agl`` command: ``agl server``, ``agl client``, ``agl train``, ``agl rollouts list|show``.
+
+``agl train my_pkg.agent:solve --dataset data.jsonl [--val-dataset held_out.jsonl] [--config train.yaml]
+[--set group_size=8 ...]`` runs ``agl.train`` with a :class:`~agentlightning.trainers.config.TrainConfig` read
+from the config file (JSON, or YAML with PyYAML) and the ``--set FIELD=VALUE`` pairs (later ones win).
 
 ``agl server --model NAME ...`` hands over to the trainer: it calls
 ``agentlightning.trainers.serve.serve_training(server, args, extra)`` with the parsed server options (``args``, see
@@ -31,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     add_server_arguments(commands.add_parser("server", parents=[common], help="run the Lightning Server"))
     _client_arguments(commands.add_parser("client", parents=[common], help="serve rollouts of an agent"))
+    _train_arguments(commands.add_parser("train", parents=[common], help="train the LLM inside an agent"))
     rollouts = commands.add_parser("rollouts", help="inspect rollouts").add_subparsers(dest="action", required=True)
     _source_arguments(listing := rollouts.add_parser("list", parents=[common], help="list rollouts, newest first"))
     listing.add_argument("--status", help="only this state (queued, running, succeeded, failed, timeout, cancelled)")
@@ -53,8 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve_training(args, extra) if args.model else _serve(args)
         if args.command == "client":
             return _client(args)
+        if args.command == "train":
+            return _train(args)
         return _rollouts(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
         print(f"agl {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
@@ -166,6 +173,36 @@ def _client(args: argparse.Namespace) -> int:
     client = Client(args.server_url, token=args.token)
     client.train(args.agent, dataset=args.dataset, dataset_id=args.dataset_id, nworkers=args.nworkers,
                  timeout=args.timeout, log_level=logging.getLogger().level)
+    return 0
+
+
+# -- train ----------------------------------------------------------------------------------------------------
+
+
+def _train_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("agent", help="the agent as 'package.module:function'")
+    parser.add_argument("--dataset", required=True, help="JSONL or JSON file of training tasks")
+    parser.add_argument("--val-dataset", help="JSONL or JSON file of held-out tasks")
+    parser.add_argument("--config", help="JSON (or YAML, with PyYAML) file of TrainConfig fields")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a TrainConfig field (value read as JSON, else text), e.g. group_size=8, vllm.sync=disk")
+
+
+def _train(args: argparse.Namespace) -> int:
+    from agentlightning.client.agentref import load_agent
+    from agentlightning.client.client import load_records
+
+    from agentlightning.trainers.config import load_config
+    from agentlightning.training import train
+
+    sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
+    config = load_config(args.config, args.sets)
+    val = load_records(args.val_dataset) if args.val_dataset else None
+    try:
+        result = train(load_agent(args.agent), load_records(args.dataset), val_dataset=val, config=config)
+    except ModuleNotFoundError as exc:
+        raise RuntimeError(f"agl train needs the training extra: pip install 'agentlightning[train]' ({exc})") from None
+    print(result.summary(), flush=True)
     return 0
 
 

@@ -1,16 +1,48 @@
 """``TrainConfig``: every setting of a training run, grouped and documented like TRL's ``GRPOConfig``.
 
-``agl.train(agent, dataset, **fields)``, ``agl server --model`` and :class:`~agentlightning.trainers.loop.TrainingRun`
-all take one of these; no torch is imported here.
+``agl.train(agent, dataset, **fields)``, ``agl train`` (:func:`load_config`: a JSON/YAML file plus ``--set``
+pairs), ``agl server --model`` and :class:`~agentlightning.trainers.loop.TrainingRun` all take one of these; no
+torch is imported here.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+REPORTERS = ("tensorboard", "wandb", "mlflow", "trackio")
+"""``report_to`` values (as in Hugging Face's ``TrainingArguments``; ``"none"`` reports nowhere)."""
+
+
+@dataclass
+class VLLMOptions:
+    """How ``backend="vllm"`` serves the policy (see ``docs/training.md``, "vLLM")."""
+
+    url: str | None = None
+    """A running vLLM server (``http://host:8000``) to use; None starts one on 127.0.0.1 with ``python``."""
+    sync: str | None = None
+    """Weight sync after each update: ``"lora"``, ``"disk"``, ``"nccl"`` or ``"ipc"``; None: ``"lora"`` with
+    ``lora`` set, else ``"disk"`` (works on any hardware; choose ``"nccl"``/``"ipc"`` on GPUs for speed)."""
+    gpu_memory_utilization: float = 0.5
+    """Share of the GPU's memory vLLM takes (leave the rest to the trainer on one GPU)."""
+    max_model_len: int | None = None
+    tensor_parallel_size: int = 1
+    dtype: str = "auto"
+    """``"float32"`` on CPU makes sampler and trainer log-probabilities agree to ~1e-6."""
+    python: str | None = None
+    """Python that runs a server started here (default: the repository's ``.venv-vllm``, else this one)."""
+    max_lora_rank: int = 64
+    extra_args: Sequence[str] = ()
+    """More ``vllm.entrypoints.openai.api_server`` arguments."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment of a server started here (e.g. ``{"VLLM_CPU_KVCACHE_SPACE": "4"}``)."""
+    check_logprobs: bool = True
+    """After each sync, sample a few tokens and record the largest |vLLM - trainer| logprob (``sync/logprob_gap``)."""
+    startup_timeout: float = 600.0
 
 from agentlightning.rl.advantages import ESTIMATORS
 from agentlightning.types import Rollout
@@ -63,10 +95,20 @@ class TrainConfig:
     """Accuracy is ``accuracy(rollout)``, else ``final_reward >= success_threshold``."""
     accuracy: Callable[[Rollout], bool] | None = None
 
+    # -- model backend ----------------------------------------------------------------------------------------
+    backend: Any = "hf"
+    """What serves the policy to the rollouts: ``"hf"`` (in-process Hugging Face generation on the trainer's live
+    weights), ``"vllm"`` (a vLLM server, weights synced after each update; see ``vllm``) or a
+    :class:`~agentlightning.trainers.backend.Backend`. With any backend but ``"hf"``, TRL's importance-sampling
+    correction is on (``trainer_args={"vllm_importance_sampling_correction": False}`` turns it off)."""
+    vllm: Any = field(default_factory=VLLMOptions)
+    """:class:`VLLMOptions` (or a dict of its fields) for ``backend="vllm"``."""
+
     # -- rollouts ---------------------------------------------------------------------------------------------
     use_server: bool = True
     """Rollouts go through a Lightning Server with ``nworkers`` worker processes (the agent must be importable);
-    False runs them in threads of this process."""
+    False runs them in threads of this process (``backend="hf"`` only: the proxy is what asks vLLM for token ids
+    and enforces the training temperature)."""
     nworkers: int = 4
     rollout_timeout: float | None = 300.0
     max_batch_size: int = 64
@@ -80,14 +122,34 @@ class TrainConfig:
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: only at the end)."""
     save_model: bool = True
-    report_to: Sequence[str] = ()
-    """Any of ``"tensorboard"``, ``"wandb"`` (need those packages)."""
+    report_to: str | Sequence[str] = ()
+    """Where per-step metrics also go, as in Hugging Face's ``TrainingArguments``: any of ``"tensorboard"``,
+    ``"wandb"``, ``"mlflow"``, ``"trackio"`` (each needs its package; TensorBoard is in the ``train`` extra), or
+    ``"none"``. ``metrics.jsonl`` is always written."""
     progress: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
-        self.report_to = tuple(self.report_to)
+        names = (self.report_to,) if isinstance(self.report_to, str) else tuple(self.report_to)
+        self.report_to = tuple(name for name in names if name != "none")
+        unknown = [name for name in self.report_to if name not in REPORTERS]
+        if unknown:
+            raise ValueError(f"agl.train(report_to={names!r}): unknown {unknown}; use any of {REPORTERS} or 'none'")
+        if isinstance(self.vllm, dict):
+            known = {f.name for f in fields(VLLMOptions)}
+            if set(self.vllm) - known:
+                raise TypeError(f"agl.train(vllm=...): unknown {sorted(set(self.vllm) - known)}; use {sorted(known)}")
+            self.vllm = VLLMOptions(**self.vllm)
+        if not isinstance(self.vllm, VLLMOptions):
+            raise TypeError(f"agl.train(vllm={self.vllm!r}): use a VLLMOptions or a dict of its fields")
+        if isinstance(self.backend, str) and self.backend not in ("hf", "vllm"):
+            raise ValueError(f"agl.train(backend={self.backend!r}): use 'hf', 'vllm' or a Backend instance")
+        if not self.use_server and self.backend != "hf":
+            raise ValueError(
+                "agl.train(use_server=False) works with backend='hf' only: vLLM returns token ids and uses the "
+                "training temperature only when each request asks, which the Lightning proxy does (use_server=True)"
+            )
         if self.algorithm not in ESTIMATORS:
             raise ValueError(f"agl.train(algorithm={self.algorithm!r}): use one of {list(ESTIMATORS)}")
         for name in ("group_size", "tasks_per_step", "max_steps", "micro_batch_size"):
@@ -112,6 +174,46 @@ class TrainConfig:
             raise TypeError(f"agl.train got unknown option(s) {unknown}; TrainConfig fields are {sorted(names)}")
         base = {f.name: getattr(config, f.name) for f in fields(cls)} if config is not None else {}
         return cls(**{**base, **options})
+
+
+def load_config(path: str | Path | None = None, sets: Sequence[str] = ()) -> TrainConfig:
+    """A :class:`TrainConfig` from a JSON or YAML file (``.yaml``/``.yml`` need PyYAML) of field names, then
+    ``sets`` (``"group_size=8"``, ``"vllm.sync=disk"``; values are read as JSON, else kept as text)."""
+    return TrainConfig.from_options(None, config_options(path, sets))
+
+
+def config_options(path: str | Path | None = None, sets: Sequence[str] = ()) -> dict[str, Any]:
+    """The field values of :func:`load_config`, not yet checked (to lay over another config)."""
+    options: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        text = path.read_text(encoding="utf-8")
+        if path.suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError as exc:
+                raise ImportError(f"{path}: YAML configs need PyYAML (pip install pyyaml), or use JSON") from exc
+            options = yaml.safe_load(text) or {}
+        else:
+            options = json.loads(text)
+        if not isinstance(options, dict):
+            raise ValueError(f"{path}: a training config is a mapping of TrainConfig fields")
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: use FIELD=VALUE (e.g. group_size=8, vllm.sync=disk)")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        *groups, name = key.strip().split(".")
+        target = options
+        for group in groups:
+            current = target.get(group)
+            target[group] = asdict(current) if isinstance(current, VLLMOptions) else dict(current or {})
+            target = target[group]
+        target[name] = value
+    return options
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 :class:`TrainingRun` owns the pieces for the length of one run: the policy model and its
 :class:`~agentlightning.trainers.grpo.LightningGRPOTrainer`, the :class:`~agentlightning.trainers.hf_backend.
-HFBackendServer` serving the live weights, the rollout source (Lightning Server + workers, or in-process), the
+HFBackendServer` serving the live weights or a :class:`~agentlightning.trainers.vllm_backend.VLLMBackend` kept
+in sync with them (:func:`make_backend`, behind the :class:`~agentlightning.trainers.backend.Backend` protocol),
+the rollout source (Lightning Server + workers, or in-process), the
 metrics writer and checkpoints. Model versions are ``v<global step>``: ``v0`` is the initial model, and a call
 recorded with ``v3`` was sampled from the weights after the third update.
 """
@@ -52,11 +54,11 @@ class TrainingRun:
     def run(self) -> TrainResult:
         from agentlightning.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
         from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
-        from agentlightning.trainers.hf_backend import HFBackendServer
         from agentlightning.trainers.reporting import MetricsWriter, plot_curve, read_metrics
 
         self.output_dir.mkdir(parents=True, exist_ok=True)
         model, tokenizer, model_name = self._load_model()
+        base_dir = self._vllm_base_dir(model, tokenizer)
         config = grpo_config(
             str(self.output_dir / "trl"),
             micro_batch_size=self.config.micro_batch_size,
@@ -69,7 +71,7 @@ class TrainingRun:
             max_completion_length=self.config.max_completion_length or 512,
             # The HF backend samples from the very weights being trained, so the sampler/trainer importance ratio
             # is 1 up to float noise and its extra forward pass is skipped; a separate sampler (vLLM) turns it on.
-            **{"vllm_importance_sampling_correction": False, **self.config.trainer_args},
+            **{"vllm_importance_sampling_correction": self.config.backend != "hf", **self.config.trainer_args},
         )
         trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=_lora_config(self.config.lora))
         policy = trainer.model
@@ -83,11 +85,12 @@ class TrainingRun:
         start_step = int(state["step"])
         sampler = _TaskSampler(len(self.dataset), self.config.seed, state.get("order") or None, int(state.get("cursor", 0)))
 
-        backend = HFBackendServer(
-            policy, tokenizer, model_name=model_name, model_version=str(state.get("model_version", "v0")),
-            max_batch_size=self.config.max_batch_size, always_logprobs=True,
-            default_max_tokens=self.config.max_completion_length or 512,
-        ).start()
+        backend = make_backend(self.config, policy, tokenizer, model_name, str(state.get("model_version", "v0")),
+                               base_dir).start()
+        if checkpoint is not None and self.config.backend != "hf":
+            with backend.updating(backend.model_version):
+                pass  # the server started from the initial weights: push the resumed ones
+        backend.sampling_overrides = {"temperature": self.config.temperature}
         writer = MetricsWriter(self.output_dir, self.config.report_to, run_name=self.output_dir.name)
         source = self._rollout_source()
         history = read_metrics(writer.path)
@@ -95,7 +98,7 @@ class TrainingRun:
         final_val: dict[str, float] | None = None
         checkpoint_path: Path | None = None
         try:
-            source.set_model(backend.base_url, model_name, backend.model_version)
+            _serve(source, backend)
             if self.val_dataset and initial_val is None:
                 initial_val = self._validate_policy(source, backend, "initial")
                 logger.info("held-out before training: %s", _fmt(initial_val))
@@ -146,7 +149,6 @@ class TrainingRun:
         started = time.perf_counter()
         indices = sampler.next(self.config.tasks_per_step)
         tasks = [self.dataset[index] for index in indices]
-        backend.sampling_overrides = {"temperature": self.config.temperature}
         served_version = backend.model_version
         rollouts = source.run(tasks, self.config.group_size, f"step{step}", self.config.rollout_timeout)
         rollout_seconds = time.perf_counter() - started
@@ -172,7 +174,11 @@ class TrainingRun:
             return row
         with backend.updating(f"v{trainer.state.global_step + 1}"):
             metrics = trainer.step(batch)
-        source.set_model(backend.base_url, backend.model_name, backend.model_version)
+            synced = time.perf_counter()
+        row["sync_seconds"] = time.perf_counter() - synced  # pushing the weights to the backend (vLLM)
+        if getattr(backend, "last_logprob_gap", None) is not None:
+            row["sync/logprob_gap"] = backend.last_logprob_gap  # largest |sampler - trainer| logprob after the sync
+        _serve(source, backend)
         row.update({f"train/{key}": value for key, value in metrics.items()})
         row.update({f"batch/{key}": value for key, value in batch.stats.as_dict().items()})
         row["model_version_after"] = backend.model_version
@@ -182,10 +188,12 @@ class TrainingRun:
     def _validate_policy(self, source: Any, backend: Any, label: str) -> dict[str, float]:
         assert self.val_dataset is not None
         backend.sampling_overrides = {"temperature": self.config.val_temperature}
+        _serve(source, backend)
         try:
             rollouts = source.run(list(self.val_dataset), 1, f"val-{label.replace(' ', '')}", self.config.rollout_timeout)
         finally:
             backend.sampling_overrides = {"temperature": self.config.temperature}
+            _serve(source, backend)
         metrics = self._rollout_metrics(rollouts, "", backend.model_version)
         return {key: metrics[key] for key in ("reward", "accuracy", "failed") if key in metrics}
 
@@ -219,6 +227,17 @@ class TrainingRun:
         name = getattr(self.config.model.config, "_name_or_path", "") or "policy"
         return self.config.model, self.config.tokenizer, str(name).split("/")[-1] or "policy"
 
+    def _vllm_base_dir(self, model: Any, tokenizer: Any) -> Path | None:
+        """The directory a vLLM server started here loads: ``model`` itself when it is one, else a saved copy."""
+        if self.config.backend != "vllm" or self.config.vllm.url is not None:
+            return None
+        if isinstance(self.config.model, str) and Path(self.config.model).is_dir():
+            return Path(self.config.model)
+        path = self.output_dir / "vllm-base"
+        model.save_pretrained(path)  # before TRL wraps it with a LoRA adapter
+        tokenizer.save_pretrained(path)
+        return path
+
     def _resume_path(self, latest: Callable[[Path], Path | None]) -> Path | None:
         if self.config.resume is False or self.config.resume is None:
             return None
@@ -242,6 +261,45 @@ class TrainingRun:
                 self.agent, self.output_dir / "store.db", self.config.nworkers, rollout_timeout=self.config.rollout_timeout
             )
         return LocalRollouts(self.agent, self.config.nworkers)
+
+
+def make_backend(
+    config: TrainConfig, policy: Any, tokenizer: Any, model_name: str, model_version: str, base_dir: Path | None
+) -> Any:
+    """The :class:`~agentlightning.trainers.backend.Backend` that ``config.backend`` names, serving ``policy`` (not
+    started). ``base_dir`` is the initial model a vLLM server started here loads."""
+    if config.backend == "hf":
+        from agentlightning.trainers.hf_backend import HFBackendServer
+
+        return HFBackendServer(
+            policy, tokenizer, model_name=model_name, model_version=model_version, max_batch_size=config.max_batch_size,
+            always_logprobs=True, default_max_tokens=config.max_completion_length or 512,
+        )
+    if config.backend == "vllm":
+        from agentlightning.trainers.vllm_backend import VLLMBackend
+
+        options = config.vllm
+        return VLLMBackend(
+            None if options.url else base_dir, url=options.url, policy=policy, tokenizer=tokenizer,
+            sync=options.sync or ("lora" if config.lora else "disk"),  # type: ignore[arg-type]
+            model_name=None if options.url else model_name, model_version=model_version, python=options.python,
+            dtype=options.dtype, gpu_memory_utilization=options.gpu_memory_utilization,
+            max_model_len=options.max_model_len, tensor_parallel_size=options.tensor_parallel_size,
+            max_lora_rank=options.max_lora_rank, extra_args=options.extra_args, env=options.env,
+            startup_timeout=options.startup_timeout, check_messages=_CHECK_MESSAGES if options.check_logprobs else None,
+        )
+    if getattr(config.backend, "policy", policy) is None:
+        config.backend.policy = policy  # a Backend instance built before the trainer existed
+    return config.backend
+
+
+_CHECK_MESSAGES = [{"role": "user", "content": "What is 2 + 3? Answer briefly."}]
+"""The conversation whose sampled tokens are scored by both sides after each vLLM sync."""
+
+
+def _serve(source: Any, backend: Any) -> None:
+    """Point the rollouts at what ``backend`` serves now, with its sampling overrides (the proxy enforces them)."""
+    source.set_model(backend.base_url, backend.model_name, backend.model_version, dict(backend.sampling_overrides))
 
 
 class _TaskSampler:

@@ -1,5 +1,5 @@
-"""What a user watches during training: per-step metrics as JSONL (+ TensorBoard / W&B on request) and a
-reward-curve PNG."""
+"""What a user watches during training: per-step metrics as JSONL (+ TensorBoard / W&B / MLflow / Trackio on
+request) and a reward-curve PNG."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentlightning.trainers.config import REPORTERS
+
 logger = logging.getLogger(__name__)
 
-REPORTERS = ("tensorboard", "wandb")
-
-
 class MetricsWriter:
-    """Appends one JSON object per step to ``metrics.jsonl`` and forwards scalars to the requested reporters."""
+    """Appends one JSON object per step to ``metrics.jsonl`` and forwards scalars to the requested reporters
+    (``report_to``: any of :data:`~agentlightning.trainers.config.REPORTERS`)."""
 
     def __init__(self, output_dir: Path, report_to: Sequence[str] = (), run_name: str | None = None) -> None:
         unknown = [name for name in report_to if name not in REPORTERS]
@@ -25,38 +25,58 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tensorboard: Any = None
         self._wandb: Any = None
+        self._mlflow: Any = None
+        self._trackio: Any = None
         if "tensorboard" in report_to:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError as exc:
-                raise ImportError(
-                    "report_to=['tensorboard'] needs the tensorboard package: pip install tensorboard"
-                ) from exc
+            _require("tensorboard")
+            from torch.utils.tensorboard import SummaryWriter
+
             self._tensorboard = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
         if "wandb" in report_to:
-            try:
-                import wandb
-            except ImportError as exc:
-                raise ImportError("report_to=['wandb'] needs the wandb package: pip install wandb") from exc
-            self._wandb = wandb.init(project="agentlightning", name=run_name, dir=str(output_dir), resume="allow")
+            self._wandb = _require("wandb").init(project="agentlightning", name=run_name, dir=str(output_dir),
+                                                 resume="allow")
+        if "mlflow" in report_to:
+            self._mlflow = _require("mlflow")
+            self._mlflow.start_run(run_name=run_name)
+        if "trackio" in report_to:
+            self._trackio = _require("trackio")
+            self._trackio.init(project="agentlightning", name=run_name)
 
     def write(self, row: dict[str, Any]) -> None:
         """Record the metrics of one step (``row['step']`` is the x axis)."""
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(row, default=_plain) + "\n")
         scalars = {key: float(value) for key, value in row.items() if _is_number(value) and key != "step"}
+        step = int(row["step"])
         if self._tensorboard is not None:
             for key, value in scalars.items():
-                self._tensorboard.add_scalar(key, value, row["step"])
+                self._tensorboard.add_scalar(key, value, step)
             self._tensorboard.flush()
         if self._wandb is not None:
-            self._wandb.log(scalars, step=int(row["step"]))
+            self._wandb.log(scalars, step=step)
+        if self._mlflow is not None:
+            self._mlflow.log_metrics(scalars, step=step)
+        if self._trackio is not None:
+            self._trackio.log(scalars, step=step)
 
     def close(self) -> None:
         if self._tensorboard is not None:
             self._tensorboard.close()
         if self._wandb is not None:
             self._wandb.finish()
+        if self._mlflow is not None:
+            self._mlflow.end_run()
+        if self._trackio is not None:
+            self._trackio.finish()
+
+
+def _require(package: str) -> Any:
+    import importlib
+
+    try:
+        return importlib.import_module(package)
+    except ImportError as exc:
+        raise ImportError(f"report_to=[{package!r}] needs the {package} package: pip install {package}") from exc
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

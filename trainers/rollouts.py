@@ -4,7 +4,9 @@
   proxy forwards to the model backend and records exact token ids per call (``token_source='server'``), and a
   pool of worker processes running the agent (``agentlightning.client.start_workers``).
 - :class:`LocalRollouts`: the agent runs in threads of this process with ``agl.run`` against the backend directly
-  (token ids from the responses, ``token_source='response'``); no server, no extra processes.
+  (token ids from the responses, ``token_source='response'``); no server, no extra processes. Only the HF backend
+  can be served this way: it returns token ids and applies the sampling overrides unasked, which vLLM does only
+  when the request says so (the proxy's job).
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ class RolloutSource(Protocol):
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
         ...
 
-    def set_model(self, base_url: str, model_name: str, model_version: str) -> None:
+    def set_model(
+        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None
+    ) -> None:
+        """Serve ``model_name`` at ``base_url`` as ``model_version``, forcing ``sampling_overrides`` on requests."""
         ...
 
     def close(self) -> None:
@@ -59,8 +64,11 @@ class ServerRollouts:
             self.server.stop()
             raise
 
-    def set_model(self, base_url: str, model_name: str, model_version: str) -> None:
-        self.server.set_upstream(base_url, model_name, model_version, logprobs=self._logprobs)
+    def set_model(
+        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None
+    ) -> None:
+        self.server.set_upstream(base_url, model_name, model_version, logprobs=self._logprobs,
+                                 sampling_overrides=sampling_overrides or {})
 
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
         ids = self.server.enqueue(list(tasks), group_size=group_size, group_id=group_prefix)
@@ -100,7 +108,10 @@ class LocalRollouts:
         self.nworkers = max(1, nworkers)
         self.llm: LLM | None = None
 
-    def set_model(self, base_url: str, model_name: str, model_version: str) -> None:
+    def set_model(
+        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None
+    ) -> None:
+        # Only the HF backend is served this way (TrainConfig refuses another): it applies the overrides itself.
         self.llm = LLM(base_url=base_url, model=model_name, model_version=model_version)
 
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from agentlightning.server import LightningServer
-from agentlightning.trainers.config import TrainConfig
+from agentlightning.trainers.config import TrainConfig, config_options
 from agentlightning.trainers.loop import TrainingRun
 from agentlightning.trainers.rollouts import RemoteRollouts
 
@@ -21,7 +21,8 @@ def serve_training(server: LightningServer, args: argparse.Namespace, extra: Seq
     a dataset (``agl.Client().train(agent, dataset=...)``), then runs the ``agl.train`` loop with that dataset,
     the rollouts being run by the clients. Trainer options (``extra``): ``--max-steps``, ``--group-size``,
     ``--tasks-per-step``, ``--learning-rate``, ``--lora-rank`` (0 = full fine-tuning), ``--temperature``,
-    ``--max-completion-length``, ``--output-dir``, ``--resume``, ``--val-fraction``, ``--val-every``.
+    ``--max-completion-length``, ``--output-dir``, ``--resume``, ``--val-fraction``, ``--val-every``, and any
+    :class:`TrainConfig` field through ``--config FILE`` / ``--set FIELD=VALUE`` (as ``agl train``; they win).
     """
     parser = argparse.ArgumentParser(prog="agl server --model NAME", description="trainer options")
     parser.add_argument("--max-steps", type=int, default=100)
@@ -35,7 +36,10 @@ def serve_training(server: LightningServer, args: argparse.Namespace, extra: Seq
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     parser.add_argument("--val-fraction", type=float, default=0.0, help="hold out this share of the dataset")
     parser.add_argument("--val-every", type=int, default=10)
+    parser.add_argument("--config", help="JSON (or YAML) file of TrainConfig fields")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE")
     options = parser.parse_args(list(extra))
+    overrides = config_options(options.config, options.sets)  # a bad file fails now, not once a client attaches
     if not 0 <= options.val_fraction < 1:
         parser.error(f"--val-fraction must be in [0, 1), got {options.val_fraction}")
 
@@ -58,6 +62,7 @@ def serve_training(server: LightningServer, args: argparse.Namespace, extra: Seq
             val_every=options.val_every, output_dir=options.output_dir, resume=options.resume, checkpoint_every=10,
             nworkers=0, rollout_timeout=args.timeout,
         )
+        config = TrainConfig.from_options(config, overrides)
         run = TrainingRun(None, train_tasks, config, val_dataset=val, source=RemoteRollouts(server, logprobs=True))
         print(run.run().summary(), flush=True)
     finally:

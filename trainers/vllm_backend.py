@@ -185,10 +185,18 @@ class VLLMBackend:
         return self
 
     def stop(self) -> None:
-        """Close the weight-transfer channel, stop a server started here, remove temporary files (idempotent)."""
+        """Close the weight-transfer channel, unload the LoRA adapter from a server used by URL, stop a server
+        started here, remove temporary files (idempotent)."""
         if self.sync_mode == "nccl" and self._transfer is not None:
             self._transfer.close_communicator()
         self._transfer = None
+        if self._http is not None and self._process is None and self._adapter is not None:
+            # A server someone else runs keeps running: take back the adapter loaded here (its name may be reused).
+            try:
+                self._http.post("/v1/unload_lora_adapter", json={"lora_name": self._adapter}).raise_for_status()
+            except httpx.HTTPError as exc:
+                logger.warning("could not unload LoRA adapter %s: %s", self._adapter, exc)
+        self._adapter = None
         if self._http is not None:
             self._http.close()
             self._http = None

@@ -110,10 +110,13 @@ class LightningServer:
         *,
         api_key: str | None = None,
         logprobs: bool | None = None,
+        sampling_overrides: dict[str, Any] | None = None,
     ) -> ModelVersion:
         """Forward the proxy to ``url`` serving ``model_name``; calls recorded from now on carry ``model_version``
         (default: ``model_name``). ``logprobs=True`` asks the upstream for sampling logprobs on every call;
-        ``api_key`` and ``logprobs`` default to the previous upstream's, then to the constructor's."""
+        ``sampling_overrides`` (e.g. ``{"temperature": 1.0}``) replace those fields of every forwarded request.
+        ``api_key``, ``logprobs`` and ``sampling_overrides`` default to the previous upstream's, then to the
+        constructor's (none)."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"upstream url must start with http:// or https://, got {url!r}")
         current = self.runtime.upstream
@@ -124,6 +127,8 @@ class LightningServer:
             model_version=version,
             api_key=api_key if api_key is not None else (current.api_key if current else self._upstream_api_key),
             logprobs=logprobs if logprobs is not None else (current.logprobs if current else self._logprobs),
+            sampling_overrides=dict(sampling_overrides if sampling_overrides is not None
+                                    else (current.sampling_overrides if current else {})),
         )
         return self.store.set_model_version(version, model_name or "", url)
 

@@ -207,11 +207,13 @@ def router(proxy: Proxy) -> APIRouter:
 
 
 def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream) -> dict[str, Any]:
-    """The request as sent upstream: served model name, token ids requested, logprobs when training wants them."""
+    """The request as sent upstream: served model name, token ids requested, sampling overrides, logprobs when
+    training wants them."""
     payload = dict(body)
     if upstream.model_name:
         payload["model"] = upstream.model_name
     payload["return_token_ids"] = True
+    payload.update(upstream.sampling_overrides)
     if upstream.logprobs:
         if endpoint == "chat.completions":
             payload["logprobs"] = True

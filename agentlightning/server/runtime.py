@@ -24,6 +24,9 @@ class Upstream:
     model_version: str | None = None
     api_key: str | None = None
     logprobs: bool = False
+    sampling_overrides: dict[str, Any] = field(default_factory=dict)
+    """Request fields forced on every forwarded call (the training temperature, for a backend like vLLM that
+    cannot enforce it itself)."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,7 @@
-"""VLLMBackend against a real vLLM server (the CPU build in .venv-vllm, `make vllm-venv`), one server per module.
+"""VLLMBackend against a real vLLM server (the ``served`` fixture of conftest.py: one server per session).
 
-The policy is a tiny random Llama with tied embeddings (head size 64, which vLLM's CPU attention supports), saved
-with the trainer tokenizer. Tests run in file order: token ids and LoRA sync first, then the full-weight reload
-from disk (which changes the base weights the server holds) last.
+Tests run in file order: token ids and LoRA sync first, then the full-weight reload from disk, which changes the
+base weights the server holds and puts the original ones back at the end.
 """
 
 from __future__ import annotations
@@ -28,9 +27,6 @@ from agentlightning.trainers.vllm_backend import VLLMBackend, VLLMUnavailable, d
 logger = logging.getLogger(__name__)
 
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
-needs_vllm = pytest.mark.skipif(
-    not VLLM_PYTHON.exists(), reason=".venv-vllm is absent: `make vllm-venv` installs vLLM's CPU build"
-)
 
 TOLERANCE = 1e-3  # nats; fp32 on both sides, measured gaps are ~1e-6
 TOOLS = [{"type": "function", "function": {
@@ -39,23 +35,6 @@ TOOLS = [{"type": "function", "function": {
 }}]
 QUESTION = [{"role": "user", "content": "What is 1 + 2? Use the calculator tool."}]
 TOOL_CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "1 + 2"}}</tool_call>'
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory):
-    """(backend, base model, tokenizer): a LoRA-sync backend over a started server."""
-    model, tokenizer = tiny_model(hidden_size=256)
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    started = time.perf_counter()
-    backend = VLLMBackend(
-        directory, tokenizer=tokenizer, sync="lora", dtype="float32", max_model_len=512, max_lora_rank=8,
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"}, startup_timeout=400,
-    ).start()
-    logger.warning("vLLM server started in %.1f s", time.perf_counter() - started)
-    yield backend, model, tokenizer
-    backend.stop()
 
 
 def _chat_ids(tokenizer, messages, tools=None) -> list[int]:
@@ -90,7 +69,6 @@ def test_gpu_only_sync_modes_say_so_on_cpu() -> None:
             VLLMBackend(url="http://127.0.0.1:9", sync=mode).start()
 
 
-@needs_vllm
 @pytest.mark.slow
 def test_prompt_token_ids_equal_the_trainer_tokenizer(served) -> None:
     backend, model, tokenizer = served
@@ -115,7 +93,6 @@ def test_prompt_token_ids_equal_the_trainer_tokenizer(served) -> None:
     assert gap < TOLERANCE
 
 
-@needs_vllm
 @pytest.mark.slow
 def test_lora_sync_serves_the_peft_model(served) -> None:
     backend, model, tokenizer = served
@@ -149,7 +126,6 @@ def _sampled_and_base(backend, model) -> tuple[list[float], list[float]]:
     return [entry["logprob"] for entry in choice["logprobs"]["content"]], base.tolist()
 
 
-@needs_vllm
 @pytest.mark.slow
 def test_hermes_tool_calls_are_parsed_with_token_ids(served) -> None:
     backend, model, tokenizer = served
@@ -165,7 +141,6 @@ def test_hermes_tool_calls_are_parsed_with_token_ids(served) -> None:
     assert response["prompt_token_ids"] == _chat_ids(tokenizer, QUESTION, TOOLS)
 
 
-@needs_vllm
 @pytest.mark.slow
 def test_disk_reload_updates_a_tied_lm_head(served, tmp_path) -> None:
     """Full weights through disk; the same weights through vLLM's own reload_weights first show the bug."""
@@ -187,10 +162,14 @@ def test_disk_reload_updates_a_tied_lm_head(served, tmp_path) -> None:
         with disk.updating("v1"):
             pass  # the weights were changed above
         synced = time.perf_counter() - started
+        version = disk.model_version
         gap = disk.logprob_gap(QUESTION)
     finally:
+        disk.policy = model  # the session's server serves the original weights again
+        with disk.updating("v0"):
+            pass
         disk.stop()
     logger.warning("disk sync %.2f s: logprob gap %.2e nats (vLLM's own reload: %.2f nats)", synced, gap, stock_gap)
-    assert disk.model_version == "v1"
+    assert version == "v1"
     assert gap < TOLERANCE
     assert stock_gap > 100 * TOLERANCE, "vLLM's reload_weights now updates a tied lm_head: the re-tie may go"

@@ -16,3 +16,13 @@ def echo_length_agent(task: dict, llm: agl.LLM) -> float:
     )
     text = reply.choices[0].message.content or ""
     return float(len(text) % 3) / 2.0
+
+
+@agl.rollout
+def reply_length_agent(task: dict, llm: agl.LLM) -> float:
+    """One chat call rewarded by the reply's length: sampled replies of a group almost never tie."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    reply = client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=8
+    )
+    return len(reply.choices[0].message.content or "") / 50.0

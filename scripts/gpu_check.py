@@ -1,0 +1,236 @@
+"""The prepared GPU check: generation tokens/s and one update's time on the HF backend, against the GPU's limits.
+
+Runs where a GPU machine has torch, transformers, peft and accelerate but no trl, no vllm and no network: the
+model is built from a config with random weights (speed does not depend on the values), the prompts are random
+token ids, and the repository is not installed (the HF backend's batched decoder, trainers/generation.py, is
+loaded from its file). Measured, in bf16:
+
+- generation through :class:`GenerationEngine` (what ``HFBackendServer`` runs) at several batch sizes, as
+  tokens/s and as a share of the decode limit (weights read once per step from HBM) and of peak compute;
+- one update: forward + backward + AdamW step on ``--update-rows`` x ``--update-len`` tokens (fp32 master weights
+  under bf16 autocast, as TRL's ``bf16=True``), full and LoRA (peft), as time and model-FLOPs utilisation; plus the
+  no-grad forward the importance-sampling correction adds;
+- vLLM's offline engine on the same random model, when ``import vllm`` works.
+
+    python scripts/gpu_check.py                       # Qwen2.5-1.5B shape on cuda, < 8 min on one H200
+    python scripts/gpu_check.py --size tiny --device cpu --dtype float32   # a dry run anywhere
+
+Prints one line per measurement and, with ``--json PATH``, writes them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SIZES = {  # Qwen2 shapes; "tiny" is for a dry run on CPU
+    "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=4096),
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151936),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151936),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064),
+}
+PEAKS = {  # dense bf16 FLOP/s and HBM bytes/s from the vendors' data sheets (SXM parts)
+    "H200": (989e12, 4.8e12), "H100": (989e12, 3.35e12), "A100": (312e12, 2.0e12), "L40S": (362e12, 0.864e12),
+}
+
+
+class _Ids:
+    """Stands in for a tokenizer: the decoder needs pad/eos ids and a decode (no stop strings are used)."""
+
+    pad_token_id = 0
+    eos_token_id = None
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def _generation_module() -> Any:
+    path = Path(__file__).resolve().parents[1] / "trainers" / "generation.py"
+    spec = importlib.util.spec_from_file_location("agl_generation", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _peaks(device: torch.device, dtype: torch.dtype) -> tuple[str, float | None, float | None, float]:
+    """(device name, data-sheet FLOP/s, data-sheet bytes/s, measured matmul FLOP/s)."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    sheet = next((value for key, value in PEAKS.items() if key in name), (None, None))
+    n = 8192 if device.type == "cuda" else 1024
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    started, repeats = time.perf_counter(), 20 if device.type == "cuda" else 5
+    for _ in range(repeats):
+        a @ b
+    _sync(device)
+    return name, sheet[0], sheet[1], 2 * n**3 * repeats / (time.perf_counter() - started)
+
+
+def _generation(model: Any, engine_cls: Any, params_cls: Any, args: argparse.Namespace, report: Any) -> None:
+    device = next(model.parameters()).device
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    engine = engine_cls(model, _Ids(), max_batch_size=max(args.batch), prefix_sharing=False)
+    engine.eos_token_ids = set()  # every row decodes exactly max_tokens
+    engine.start()
+    try:
+        for batch in [1, *args.batch]:  # the first batch of one is the warm-up
+            prompts = torch.randint(1, model.config.vocab_size, (batch, args.prompt_len)).tolist()
+            params = params_cls(max_tokens=args.new_tokens, temperature=1.0)
+            _sync(device)
+            started = time.perf_counter()
+            samples = [f.result() for f in [engine.submit(p, params) for p in prompts]]
+            seconds = time.perf_counter() - started
+            tokens = sum(len(s.token_ids) for s in samples)
+            steps_per_s = args.new_tokens / seconds
+            report(f"generate/batch{batch}", tokens_per_s=tokens / seconds, seconds=seconds, tokens=tokens,
+                   decode_bandwidth_share=steps_per_s * weight_bytes / args.bandwidth if args.bandwidth else None,
+                   compute_share=2 * args.params * tokens / seconds / args.flops)
+    finally:
+        engine.stop()
+
+
+def _update(model: Any, args: argparse.Namespace, report: Any, label: str, trainable: int) -> None:
+    """Model FLOPs: 2P per token forward, 2P backward to activations, 2P to weights (full fine-tuning only)."""
+    device = next(model.parameters()).device
+    ids = torch.randint(1, model.config.vocab_size, (args.update_rows, args.update_len), device=device)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
+    tokens = ids.numel()
+    for attempt in range(2):  # the first builds kernels and optimizer state
+        _sync(device)
+        started = time.perf_counter()
+        for row in range(0, args.update_rows, args.micro_batch):
+            with autocast:
+                logits = model(ids[row : row + args.micro_batch]).logits[:, :-1].float()
+                target = ids[row : row + args.micro_batch, 1:]
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1))
+            loss.backward()
+            del logits
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        _sync(device)
+        seconds = time.perf_counter() - started
+    report(f"update/{label}", seconds=seconds, tokens=tokens, trainable_params=trainable,
+           mfu=(6 if label == "full" else 4) * args.params * tokens / seconds / args.flops)
+    with torch.no_grad(), autocast:
+        for _ in range(2):  # the second is timed
+            _sync(device)
+            started = time.perf_counter()
+            for row in range(0, args.update_rows, args.micro_batch):
+                model(ids[row : row + args.micro_batch]).logits.float().log_softmax(-1)
+            _sync(device)
+    report(f"logprob_forward/{label}", seconds=time.perf_counter() - started, tokens=tokens,
+           mfu=2 * args.params * tokens / (time.perf_counter() - started) / args.flops)
+
+
+def _vllm(model: Any, args: argparse.Namespace, report: Any) -> None:
+    try:
+        from vllm import LLM, SamplingParams
+    except ImportError as exc:
+        report("vllm", skipped=f"vllm not importable ({exc.__class__.__name__})")
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        model.save_pretrained(directory)
+        engine = LLM(model=directory, skip_tokenizer_init=True, dtype=args.dtype,
+                     gpu_memory_utilization=args.vllm_memory, max_model_len=args.prompt_len + args.new_tokens + 8)
+        params = SamplingParams(max_tokens=args.new_tokens, temperature=1.0, ignore_eos=True, detokenize=False)
+        for batch in [1, *args.batch]:
+            prompts = [{"prompt_token_ids": row}
+                       for row in torch.randint(1, model.config.vocab_size, (batch, args.prompt_len)).tolist()]
+            started = time.perf_counter()
+            outputs = engine.generate(prompts, params, use_tqdm=False)
+            seconds = time.perf_counter() - started
+            tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+            report(f"vllm/batch{batch}", tokens_per_s=tokens / seconds, seconds=seconds, tokens=tokens,
+                   compute_share=2 * args.params * tokens / seconds / args.flops)
+        del engine
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="1.5b")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--batch", type=int, nargs="+", default=[8, 64])
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--update-rows", type=int, default=32)
+    parser.add_argument("--update-len", type=int, default=1024)
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--vllm-memory", type=float, default=0.4, help="vLLM's GPU memory share")
+    parser.add_argument("--skip-vllm", action="store_true")
+    parser.add_argument("--json", help="write every measurement to this file")
+    args = parser.parse_args(argv)
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    total_started = time.perf_counter()
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    results: list[dict[str, Any]] = []
+
+    def report(label: str, **values: Any) -> None:
+        results.append({"measurement": label, **values})
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
+                          if v is not None)
+        print(f"{label}: {shown}", flush=True)
+
+    name, sheet_flops, sheet_bytes, measured = _peaks(device, dtype)
+    args.flops, args.bandwidth = sheet_flops or measured, sheet_bytes
+    report("device", name=name, torch=torch.__version__, dtype=args.dtype, datasheet_flops=sheet_flops,
+           datasheet_bandwidth=sheet_bytes, measured_matmul_flops=measured)
+    config = Qwen2Config(**SIZES[args.size], max_position_embeddings=4096, tie_word_embeddings=args.size != "7b")
+    model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    args.params = sum(p.numel() for p in model.parameters())
+    report("model", size=args.size, params=args.params)
+
+    generation = _generation_module()
+    _generation(model, generation.GenerationEngine, generation.SamplingParams, args, report)
+
+    train_model = model.float().train()  # fp32 master weights; bf16 compute under autocast
+    _update(train_model, args, report, "full", args.params)
+    try:
+        import peft
+    except ImportError:
+        report("update/lora", skipped="peft not importable")
+    else:
+        lora = peft.get_peft_model(train_model, peft.LoraConfig(
+            r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                 "down_proj"]))
+        _update(lora, args, report, "lora", sum(p.numel() for p in lora.parameters() if p.requires_grad))
+        train_model = lora.unload()
+    if not args.skip_vllm:
+        train_model = train_model.to(device="cpu", dtype=dtype)  # leave the GPU to vLLM
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        _vllm(train_model, args, report)
+    report("total", seconds=time.perf_counter() - total_started)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return 0 if all(math.isfinite(r.get("seconds", 0.0)) for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
