@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentlightning.context import RolloutRecorder
+from agentlightning.capture import RolloutRecorder
 from agentlightning.types import Call
 
 logger = logging.getLogger(__name__)

@@ -21,11 +21,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import wrapt
+from agentlightning.adapters._tools import error_text, parse_arguments, start_tool
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.teams._group_chat._selector_group_chat import SelectorGroupChatManager
 
-from agentlightning.adapters._tools import error_text, parse_arguments, start_tool
-from agentlightning.context import current_recorder, reset_role, set_role
+from agentlightning.capture import current_recorder, reset_role, set_role
 
 logger = logging.getLogger(__name__)
 

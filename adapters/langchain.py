@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from agentlightning.adapters._tools import PendingTool, error_text, start_tool
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import Runnable
 from langchain_core.tracers import context as tracer_context
 
-from agentlightning.adapters._tools import PendingTool, error_text, start_tool
-from agentlightning.context import RolloutRecorder, current_recorder, current_role, reset_role, set_role
+from agentlightning.capture import RolloutRecorder, current_recorder, current_role, reset_role, set_role
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,6 @@ import importlib
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -28,8 +27,7 @@ import wrapt
 
 from agentlightning._wire.messages import as_plain
 from agentlightning._wire.read import StreamFold, build_call, fill_answer, read_response, request_fields
-from agentlightning.context import RolloutRecorder, _current_recorder, _current_role, rollouts_running
-from agentlightning.telemetry import emit_call_span
+from agentlightning.capture import RolloutRecorder, current_recorder, current_role, emit_call_span, note_stray_call
 from agentlightning.types import new_id
 
 logger = logging.getLogger(__name__)
@@ -55,9 +53,6 @@ _ITERABLE_KEYS = frozenset({"messages", "tools", "input"})
 _lock = threading.Lock()
 _originals: list[tuple[type, str, Any]] = []
 _active = False
-# The latest patched calls made outside any rollout while one was running, as (unix time, base URL): diagnostics
-# uses them to explain rollouts that captured nothing (typically a thread started without copying the context).
-_stray_calls: deque[tuple[float, str | None]] = deque(maxlen=64)
 
 
 # -- install / uninstall -----------------------------------------------------------------------------------------
@@ -99,11 +94,6 @@ def is_installed() -> bool:
     return _active
 
 
-def unattributed_since(start: float) -> list[tuple[float, str | None]]:
-    """(time, base URL) of the recent patched calls made outside any rollout since unix time ``start``."""
-    return [(when, endpoint) for when, endpoint in list(_stray_calls) if when >= start]
-
-
 def _endpoint(resource: Any) -> str | None:
     """The base URL of the client behind an openai resource, without trailing slash."""
     client = getattr(resource, "_client", None)
@@ -115,10 +105,9 @@ def _endpoint(resource: Any) -> str | None:
 
 def _start(api: str, instance: Any, kwargs: dict[str, Any]) -> _Call | None:
     """The recording of a call starting now, or None outside a rollout (or when capture fails to start)."""
-    recorder = _current_recorder.get()
+    recorder = current_recorder()
     if recorder is None or not _active:
-        if rollouts_running():  # some rollout's diagnostics may need to know about this call
-            _stray_calls.append((time.time(), _endpoint(instance)))
+        note_stray_call(_endpoint(instance))  # for the diagnostics of a rollout that captured nothing
         return None
     try:
         return _Call(api, recorder, instance, kwargs)
@@ -185,7 +174,7 @@ class _Call:
         self.api = api
         self.recorder = recorder
         self.fields = request_fields(api, _as_sent(kwargs))
-        self.fields.update(call_id=new_id("call"), rollout_id=recorder.rollout_id, role=_current_role.get(),
+        self.fields.update(call_id=new_id("call"), rollout_id=recorder.rollout_id, role=current_role(),
                            start_time=time.time())
         self.fields["metadata"].update(endpoint=_endpoint(resource), api=api)
         if recorder.model_version is not None:

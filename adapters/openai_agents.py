@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import wrapt
+from agentlightning.adapters._tools import PendingTool, parse_arguments, start_tool
 from agents import add_trace_processor
 from agents.tracing import (
     AgentSpanData,
@@ -40,8 +41,7 @@ from agents.tracing import (
 )
 from agents.tracing.provider import SynchronousMultiTracingProcessor
 
-from agentlightning.adapters._tools import PendingTool, parse_arguments, start_tool
-from agentlightning.context import current_recorder, current_role, reset_role, set_role
+from agentlightning.capture import current_recorder, current_role, reset_role, set_role
 
 logger = logging.getLogger(__name__)
 

@@ -18,26 +18,24 @@ _EXPORTS: dict[str, str] = {
     "Transition": "agentlightning.types",
     "LLM": "agentlightning.types",
     "ErrorInfo": "agentlightning.types",
-    "rollout": "agentlightning.decorator",
-    "RolloutAgent": "agentlightning.decorator",
-    "role": "agentlightning.role",
-    "emit_reward": "agentlightning.reward",
-    "instrument": "agentlightning.instrumentation",
-    "uninstrument": "agentlightning.instrumentation",
-    "run": "agentlightning.runner",
-    "arun": "agentlightning.runner",
+    "rollout": "agentlightning._decorator",
+    "RolloutAgent": "agentlightning._decorator",
+    "role": "agentlightning.capture",
+    "emit_reward": "agentlightning.capture",
+    "instrument": "agentlightning.capture",
+    "uninstrument": "agentlightning.capture",
+    "run": "agentlightning._run",
+    "arun": "agentlightning._run",
     "transitions": "agentlightning.rl.transitions",
-    "train": "agentlightning.training",
+    "train": "agentlightning._train",
     "Client": "agentlightning.client",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from agentlightning.decorator import RolloutAgent, rollout
-    from agentlightning.instrumentation import instrument, uninstrument
-    from agentlightning.reward import emit_reward
-    from agentlightning.role import role
+    from agentlightning._decorator import RolloutAgent, rollout
+    from agentlightning.capture import emit_reward, instrument, role, uninstrument
     from agentlightning.types import LLM, Call, ErrorInfo, Reward, Rollout, Transition
 
 

@@ -18,9 +18,13 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from agentlightning.context import RolloutRecorder, current_recorder, recording
-from agentlightning.diagnostics import explain_rollout
-from agentlightning.instrumentation import enable_auto_instrumentation
+from agentlightning.capture import (
+    RolloutRecorder,
+    current_recorder,
+    enable_auto_instrumentation,
+    explain_rollout,
+    recording,
+)
 from agentlightning.protocol import task_id_for
 from agentlightning.types import LLM, ErrorInfo, Reward, Rollout, RolloutStatus, check_finite, new_id
 

@@ -18,9 +18,9 @@ import pytest
 from pydantic import BaseModel
 
 import agentlightning as agl
-from agentlightning.context import RolloutRecorder, recording
+from agentlightning.capture._context import RolloutRecorder, recording
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
-from agentlightning.testing.tokenizer import render_chat_prompt
+from agentlightning.testing._tokenizer import render_chat_prompt
 
 MESSAGES = [{"role": "system", "content": "You write SQL."}, {"role": "user", "content": "count users"}]
 TOOLS = [{"type": "function", "function": {"name": "run_sql", "parameters": {"type": "object"}}}]
@@ -272,11 +272,11 @@ def test_timeout_recorded_as_error(server: MockLLMServer) -> None:
 
 
 def test_outside_rollout_nothing_recorded_but_remembered_while_one_runs(server: MockLLMServer) -> None:
-    from agentlightning.adapters import openai as adapter
+    from agentlightning.capture import stray_calls_since
 
     start = time.time()
     reply = sync_client(server).chat.completions.create(model="m", messages=MESSAGES)  # no rollout anywhere
-    assert reply.choices[0].message.content == "echo: count users" and adapter.unattributed_since(start) == []
+    assert reply.choices[0].message.content == "echo: count users" and stray_calls_since(start) == []
     recorder = RolloutRecorder("ro")
     with recording(recorder):
         # A thread started without copying the context runs outside the rollout while it is running.
@@ -284,7 +284,7 @@ def test_outside_rollout_nothing_recorded_but_remembered_while_one_runs(server: 
                                   kwargs={"model": "m", "messages": MESSAGES})
         thread.start()
         thread.join()
-    assert recorder.calls == [] and adapter.unattributed_since(start) == [(pytest.approx(time.time(), abs=5),
+    assert recorder.calls == [] and stray_calls_since(start) == [(pytest.approx(time.time(), abs=5),
                                                                            server.base_url)]
 
 
@@ -342,9 +342,8 @@ def test_pydantic_messages_passed_back_are_recorded_as_dicts(server: MockLLMServ
 
 
 def test_install_uninstall_idempotent(server: MockLLMServer) -> None:
-    from openai.resources.chat.completions.completions import Completions
-
     from agentlightning.adapters import openai as adapter
+    from openai.resources.chat.completions.completions import Completions
 
     adapter.install()
     adapter.install()
@@ -368,14 +367,11 @@ def test_otel_span_with_genai_attributes(server: MockLLMServer, monkeypatch: pyt
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from agentlightning import telemetry
-
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
     monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
-    telemetry.refresh()
     server.set_replies(["ok", MockReply(status=500)])
     recorder = RolloutRecorder("ro-otel")
     with recording(recorder), agl.role("writer"), tracer.start_as_current_span("agent"):
@@ -384,7 +380,6 @@ def test_otel_span_with_genai_attributes(server: MockLLMServer, monkeypatch: pyt
         with pytest.raises(openai.InternalServerError):
             client.chat.completions.create(model="qwen", messages=MESSAGES)
     monkeypatch.undo()
-    telemetry.refresh()
     spans = [s for s in exporter.get_finished_spans() if s.name.startswith("chat")]
     assert [s.name for s in spans] == ["chat qwen", "chat qwen"]
     ok, failed = spans
@@ -471,7 +466,8 @@ async def test_async_stream_closed_early_is_recorded_once(server: MockLLMServer)
 
 def test_registry_and_adapter_agree_when_the_adapter_is_used_directly(server: MockLLMServer) -> None:
     from agentlightning.adapters import openai as adapter
-    from agentlightning.instrumentation import installed_adapters
+
+    from agentlightning.capture._instrument import installed_adapters
 
     agl.instrument("openai")
     adapter.uninstall()  # behind the registry's back

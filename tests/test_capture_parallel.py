@@ -102,7 +102,7 @@ def test_agent_threads_with_copied_context_are_attributed() -> None:
 
 
 def test_calls_come_back_in_sequence_order_whatever_order_they_were_attached_in() -> None:
-    from agentlightning.context import RolloutRecorder
+    from agentlightning.capture._context import RolloutRecorder
 
     recorder = RolloutRecorder("ro")
     for sequence in (2, 0, 1):  # as when threads of one rollout race between taking a sequence and attaching
@@ -114,7 +114,7 @@ def test_calls_come_back_in_sequence_order_whatever_order_they_were_attached_in(
 def test_readers_racing_with_calls_all_see_the_same_records() -> None:
     """Reading a rollout's calls takes no lock: readers in other threads build records concurrently, and every
     reader must see the same call ids as the rollout finally keeps (records are built deterministically)."""
-    from agentlightning.context import RolloutRecorder, recording
+    from agentlightning.capture._context import RolloutRecorder, recording
 
     agl.instrument("openai")
     recorder = RolloutRecorder("ro")

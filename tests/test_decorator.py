@@ -12,8 +12,8 @@ import openai
 import pytest
 
 import agentlightning as agl
-from agentlightning.context import current_role
-from agentlightning.decorator import RolloutAgent
+from agentlightning.capture._context import current_role
+from agentlightning._decorator import RolloutAgent
 from agentlightning.testing import MockLLMServer
 
 

@@ -42,7 +42,7 @@ def test_built_wheel_imports_adapters_and_trainers(tmp_path: Path) -> None:
     (wheel,) = dist.glob("agentlightning-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {"agentlightning/adapters/openai.py", "agentlightning/trainers/__init__.py",
-            "agentlightning/testing/server.py"} <= set(names)
+            "agentlightning/testing/_server.py"} <= set(names)
     assert all(n.startswith(("agentlightning/", "agentlightning-")) for n in names), "stray top-level files"
 
     target = tmp_path / "site"

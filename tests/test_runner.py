@@ -300,7 +300,7 @@ def test_handler_sees_request(server: MockLLMServer) -> None:
 
 def test_run_level_warnings_for_empty_capture_and_unused_roles(server: MockLLMServer,
                                                                caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger="agentlightning.runner"):
+    with caplog.at_level("WARNING", logger="agentlightning._run"):
         agl.run(lambda task, llm: 1.0, [1, 2], llm=server.llm())
     assert "none of the 2 rollouts" in caplog.text and "captured an LLM call" in caplog.text
     caplog.clear()
@@ -311,7 +311,7 @@ def test_run_level_warnings_for_empty_capture_and_unused_roles(server: MockLLMSe
             ask(llm, "x")
         return 1.0
 
-    with caplog.at_level("WARNING", logger="agentlightning.runner"):
+    with caplog.at_level("WARNING", logger="agentlightning._run"):
         agl.run(agent, [1, 2], llm=server.llm())
     assert "roles ['judge']" in caplog.text and "matched no LLM call in any of the 2 rollouts" in caplog.text
     assert "['writer']" in caplog.text

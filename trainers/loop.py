@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentlightning.decorator import RolloutAgent
+from agentlightning._decorator import RolloutAgent
 from agentlightning.rl.advantages import compute_advantages
 from agentlightning.rl.batch import pack
 from agentlightning.rl.transitions import extract_transitions

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from agentlightning.decorator import RolloutAgent
+from agentlightning._decorator import RolloutAgent
 from agentlightning.types import LLM, Rollout
 
 logger = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class ServerRollouts:
         rollout_timeout: float | None,
         logprobs: bool = True,
     ) -> None:
-        from agentlightning.client.pool import start_workers
+        from agentlightning.client._pool import start_workers
         from agentlightning.server import LightningServer, Settings
 
         settings = Settings(rollout_timeout=rollout_timeout) if rollout_timeout is not None else Settings()
@@ -115,7 +115,7 @@ class LocalRollouts:
         self.llm = LLM(base_url=base_url, model=model_name, model_version=model_version)
 
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
-        from agentlightning.runner import run
+        from agentlightning._run import run
 
         if self.llm is None:
             raise RuntimeError("LocalRollouts.set_model() must be called before run()")

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentlightning.roles import role_matches
+from agentlightning.capture import role_matches
 from agentlightning.types import Call, Reward, Rollout, check_finite
 
 logger = logging.getLogger(__name__)

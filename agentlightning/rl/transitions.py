@@ -39,7 +39,7 @@ from agentlightning.rl.tokens import (
     retokenize_completion,
     retokenize_prompt,
 )
-from agentlightning.roles import role_matches, unmatched_patterns
+from agentlightning.capture import role_matches, unmatched_patterns
 from agentlightning.types import Call, Rollout, Transition, check_finite
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from agentlightning.server.states import InvalidTransition
+from agentlightning.server._states import InvalidTransition
 from agentlightning.server.store import Conflict, NotFound, StoreError
 
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from agentlightning.protocol import DatasetInfo
 from agentlightning.server._errors import store_error
-from agentlightning.server.runtime import Runtime
+from agentlightning.server._runtime import Runtime
 from agentlightning.server.store import StoreError
 
 

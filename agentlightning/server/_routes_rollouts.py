@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 from agentlightning.protocol import AttemptInfo, RolloutSummary
 from agentlightning.server._errors import store_error
-from agentlightning.server.runtime import Runtime
+from agentlightning.server._runtime import Runtime
 from agentlightning.server.store import StoreError
 
 

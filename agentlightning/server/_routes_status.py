@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import PlainTextResponse
 
 from agentlightning.protocol import ModelVersion
-from agentlightning.server.runtime import Runtime
+from agentlightning.server._runtime import Runtime
 
 
 def health_router(runtime: Runtime) -> APIRouter:

@@ -20,8 +20,8 @@ from pydantic import BaseModel, Field
 
 from agentlightning.protocol import Lease
 from agentlightning.server._errors import store_error
-from agentlightning.server.runtime import Runtime
-from agentlightning.server.states import InvalidTransition
+from agentlightning.server._runtime import Runtime
+from agentlightning.server._states import InvalidTransition
 from agentlightning.server.store import StoreError
 from agentlightning.types import LLM, Rollout
 

@@ -3,9 +3,9 @@
     from agentlightning.testing import MockLLMServer, MockReply, MockToolCall, MockRequest
 """
 
-from agentlightning.testing.replies import MockReply, MockRequest, MockToolCall
-from agentlightning.testing.server import MockLLMServer, echo_handler
-from agentlightning.testing.tokenizer import MockTokenizer, render_chat_prompt
+from agentlightning.testing._replies import MockReply, MockRequest, MockToolCall
+from agentlightning.testing._server import MockLLMServer, echo_handler
+from agentlightning.testing._tokenizer import MockTokenizer, render_chat_prompt
 
 __all__ = [
     "MockLLMServer",

@@ -6,7 +6,7 @@ import argparse
 import logging
 import threading
 
-from agentlightning.testing.server import MockLLMServer
+from agentlightning.testing._server import MockLLMServer
 
 
 def main(argv: list[str] | None = None) -> None:

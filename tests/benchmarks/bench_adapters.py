@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import agentlightning as agl
-from agentlightning.instrumentation import ADAPTERS
+from agentlightning.capture._instrument import ADAPTERS
 from agentlightning.testing import MockLLMServer, MockReply, MockRequest, MockToolCall
 
 ROUNDS = 15

@@ -35,7 +35,7 @@ import httpx2
 import openai
 
 from agentlightning.adapters import openai as adapter
-from agentlightning.context import RolloutRecorder, recording
+from agentlightning.capture._context import RolloutRecorder, recording
 
 MESSAGES = [{"role": "system", "content": "You are a SQL expert."}, {"role": "user", "content": "How many users?"}]
 CONTENT = "SELECT count(*) FROM users;"

@@ -48,7 +48,7 @@ def measure_ours(mock_url: str, mock_pid: int, workers: int, rollouts: int, call
     server_url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="agl-bench-ref-") as tmp:
         server = subprocess.Popen(
-            [sys.executable, "-m", "agentlightning.cli", "server", "--port", str(port), "--store", f"{tmp}/bench.db",
+            [sys.executable, "-m", "agentlightning._cli", "server", "--port", str(port), "--store", f"{tmp}/bench.db",
              "--upstream", mock_url, "--model-name", "mock-model", "--log-level", "WARNING"], env=env)
         try:
             _wait_healthy(server_url)

@@ -229,7 +229,7 @@ def run(
     server_url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp:
         server = subprocess.Popen(
-            [sys.executable, "-m", "agentlightning.cli", "server", "--port", str(port), "--store", f"{tmp}/bench.db",
+            [sys.executable, "-m", "agentlightning._cli", "server", "--port", str(port), "--store", f"{tmp}/bench.db",
              "--upstream", mock_url, "--model-name", "mock-model", "--log-level", "WARNING"], env=env)
         try:
             _wait_healthy(server_url)

@@ -28,7 +28,7 @@ def capture_work(calls: int, token_ids: bool) -> None:
     import bench_capture
 
     from agentlightning.adapters import openai as adapter
-    from agentlightning.context import RolloutRecorder
+    from agentlightning.capture._context import RolloutRecorder
 
     kwargs = {"model": "bench-model", "messages": bench_capture.MESSAGES, "temperature": 0.7, "max_tokens": 128}
     client = bench_capture._client(bench_capture._completion(token_ids))

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from rl_records import llm, rollout
 
 from agentlightning.rl import compute_advantages, extract_transitions, pack
-from agentlightning.roles import role_matches
+from agentlightning.capture import role_matches
 from agentlightning.types import Transition
 
 FAST = settings(max_examples=60, deadline=None)

@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentlightning.client.api import ServerAPI, Unreachable, resolve_server_url
-from agentlightning.client.client import load_records
-from agentlightning.client.worker import WorkerConfig, resend_spooled, upload
+from agentlightning.client._api import ServerAPI, Unreachable, resolve_server_url
+from agentlightning.client._client import load_records
+from agentlightning.client._worker import WorkerConfig, resend_spooled, upload
 from agentlightning.server import LightningServer
 from agentlightning.types import Rollout
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from agentlightning.client import start_workers
-from agentlightning.client.pool import WorkerPool
+from agentlightning.client._pool import WorkerPool
 from agentlightning.server import LightningServer, Settings
 from agentlightning.testing import MockLLMServer, MockReply
 
@@ -109,7 +109,7 @@ def _free_port() -> int:
 
 def _agl(*args: str, **kwargs) -> subprocess.Popen:  # noqa: ANN003
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen([sys.executable, "-m", "agentlightning.cli", *args], env=env, start_new_session=True,
+    return subprocess.Popen([sys.executable, "-m", "agentlightning._cli", *args], env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
 
 

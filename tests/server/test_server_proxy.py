@@ -24,8 +24,8 @@ import agentlightning as agl
 from agentlightning._uvicorn import BackgroundServer
 from agentlightning.server import LightningServer, Settings
 from agentlightning._wire.read import json_text
-from agentlightning.server.proxy import _upstream_body
-from agentlightning.server.runtime import Upstream
+from agentlightning.server._proxy import _upstream_body
+from agentlightning.server._runtime import Upstream
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
 from agentlightning.types import Rollout
 

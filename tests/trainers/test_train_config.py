@@ -9,7 +9,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from agentlightning.cli import main
+from agentlightning._cli import main
 from agentlightning.server import LightningServer
 from agentlightning.testing import MockLLMServer
 from agentlightning.trainers.config import TrainConfig, VLLMOptions, load_config

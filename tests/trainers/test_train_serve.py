@@ -10,7 +10,7 @@ import threading
 from train_agents import echo_length_agent
 
 import agentlightning as agl
-from agentlightning.cli import add_server_arguments, server_from_args
+from agentlightning._cli import add_server_arguments, server_from_args
 from agentlightning.trainers.serve import serve_training
 from agentlightning.trainers.models import tiny_model
 

@@ -22,8 +22,8 @@ from agentlightning.protocol import (
     AttemptInfo, DatasetInfo, Lease, ModelVersion, ResultOutcome, RolloutSummary, Task, dataset_id_for, task_id_for,
 )
 from agentlightning._wire.read import json_text
-from agentlightning.server.join import join_calls, join_late_call
-from agentlightning.server.states import Decision, decide, event_for_status
+from agentlightning.server._join import join_calls, join_late_call
+from agentlightning.server._states import Decision, decide, event_for_status
 from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError
 from agentlightning.server.store._schema import open_database
 from agentlightning.types import FINISHED_STATUSES, Call, ErrorInfo, Reward, Rollout, new_id

@@ -10,10 +10,12 @@ import contextlib
 import itertools
 import operator
 import threading
+import time
+from collections import deque
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
 
-from agentlightning.telemetry import tracing_enabled
+from agentlightning.capture._telemetry import tracing_enabled
 from agentlightning.types import Call, Reward
 
 
@@ -112,9 +114,20 @@ _open_recordings = 0  # recording() blocks open in this process, in any thread o
 _open_recordings_lock = threading.Lock()
 
 
-def rollouts_running() -> bool:
-    """Whether a rollout is being recorded anywhere in this process (in any thread or task)."""
-    return _open_recordings > 0
+# The latest LLM calls made outside any rollout while one was running, as (unix time, base URL): diagnostics uses
+# them to explain rollouts that captured nothing (typically a thread started without copying the context).
+_stray_calls: deque[tuple[float, str | None]] = deque(maxlen=64)
+
+
+def note_stray_call(endpoint: str | None) -> None:
+    """Tell capture that an LLM call was made outside every rollout (kept only while some rollout is running)."""
+    if _open_recordings > 0:
+        _stray_calls.append((time.time(), endpoint))
+
+
+def stray_calls_since(start: float) -> list[tuple[float, str | None]]:
+    """(time, base URL) of the recent LLM calls made outside any rollout since unix time ``start``."""
+    return [(when, endpoint) for when, endpoint in list(_stray_calls) if when >= start]
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from agentlightning.decorator import RolloutAgent
+from agentlightning._decorator import RolloutAgent
 
 
 def agent_ref(agent: RolloutAgent | Callable[..., Any] | str) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentlightning._wire.messages import message_text, responses_input_to_messages
-from agentlightning.testing.tokenizer import render_tool_calls
+from agentlightning.testing._tokenizer import render_tool_calls
 
 
 @dataclass

@@ -11,9 +11,9 @@ from typing import Any
 
 from agentlightning._uvicorn import BackgroundServer
 from agentlightning.protocol import ModelVersion
-from agentlightning.server.app import create_app
-from agentlightning.server.auth import check_bind
-from agentlightning.server.runtime import Runtime, Settings, Upstream
+from agentlightning.server._app import create_app
+from agentlightning.server._auth import check_bind
+from agentlightning.server._runtime import Runtime, Settings, Upstream
 from agentlightning.server.store import SQLiteStore, Store
 from agentlightning.types import Rollout
 

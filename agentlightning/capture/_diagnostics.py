@@ -9,11 +9,10 @@ excluded by ``roles=``.
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from agentlightning.context import RolloutRecorder
-from agentlightning.instrumentation import installed_adapters
-from agentlightning.roles import role_matches, unmatched_patterns
+from agentlightning.capture._role import role_matches, unmatched_patterns
+from agentlightning.capture._context import RolloutRecorder, stray_calls_since
+from agentlightning.capture._instrument import installed_adapters
 from agentlightning.types import Rollout
 
 
@@ -71,8 +70,7 @@ def _patch_state() -> str:
 
 def _calls_outside_context(rollout: Rollout) -> tuple[int, str | None] | None:
     """(count, endpoint of the last one) of patched openai calls made outside any rollout during this rollout."""
-    adapter = sys.modules.get("agentlightning.adapters.openai")
-    stray: list[tuple[float, Any]] = adapter.unattributed_since(rollout.timings["start"]) if adapter else []
+    stray = stray_calls_since(rollout.timings["start"])
     return (len(stray), stray[-1][1]) if stray else None
 
 

@@ -23,7 +23,7 @@ from starlette.background import BackgroundTask
 
 from agentlightning.server._errors import openai_error
 from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
-from agentlightning.server.runtime import Runtime, Upstream
+from agentlightning.server._runtime import Runtime, Upstream
 from agentlightning.types import new_id
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from agentlightning._attempt import Attempt, preview
-from agentlightning.decorator import RolloutAgent
-from agentlightning.roles import unmatched_patterns
+from agentlightning._decorator import RolloutAgent
+from agentlightning.capture import unmatched_patterns
 from agentlightning.types import LLM, Rollout
 
 logger = logging.getLogger(__name__)

@@ -1,15 +1,16 @@
-"""``agl.role``: name the component that is speaking, for hand-written agents."""
+"""Roles: ``agl.role`` names the component that is speaking; ``role_matches`` selects roles by name or glob."""
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar, Token
+from fnmatch import fnmatchcase
 from types import TracebackType
 from typing import Any, TypeVar
 
-from agentlightning.context import reset_role, set_role
+from agentlightning.capture._context import reset_role, set_role
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,3 +76,18 @@ class role:  # noqa: N801 - used like a function: `with agl.role("writer"):`
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+def role_matches(role: str | None, patterns: Sequence[str] | None) -> bool:
+    """Whether ``role`` is selected by ``patterns`` (None selects every role, including unnamed calls)."""
+    if patterns is None:
+        return True
+    if role is None:
+        return False
+    return any(role == pattern or fnmatchcase(role, pattern) for pattern in patterns)
+
+
+def unmatched_patterns(patterns: Sequence[str], roles_seen: Iterable[str | None]) -> list[str]:
+    """The patterns that select none of ``roles_seen``."""
+    seen = [role for role in roles_seen if role is not None]
+    return [pattern for pattern in patterns if not any(role_matches(role, [pattern]) for role in seen)]

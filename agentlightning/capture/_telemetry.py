@@ -7,7 +7,6 @@ otherwise :func:`emit_call_span` returns after one cheap check. Traces then show
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -34,34 +33,17 @@ _REQUEST_ATTRIBUTES = {
     "n": "gen_ai.request.choice.count",
 }
 
-_RECHECK_SECONDS = 1.0
-_cached: tuple[float, trace.Tracer | None] = (0.0, None)  # (monotonic time of the next check, tracer)
-
-
-def refresh() -> None:
-    """Look up the global tracer provider again on the next call (it is otherwise re-read once a second)."""
-    global _cached
-    _cached = (0.0, None)
-
-
 def _tracer() -> trace.Tracer | None:
-    """A tracer when an SDK provider is configured, else None (re-checked at most once a second)."""
-    global _cached
-    now = time.monotonic()
-    if now < _cached[0]:
-        return _cached[1]
+    """A tracer when an SDK provider is configured, else None."""
     provider = trace.get_tracer_provider()
-    tracer: trace.Tracer | None = None
-    if not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
-        tracer = provider.get_tracer("agentlightning", __version__)
-    _cached = (now + _RECHECK_SECONDS, tracer)
-    return tracer
+    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None
+    return provider.get_tracer("agentlightning", __version__)
 
 
 def tracing_enabled() -> bool:
     """Whether an OTel SDK provider is configured (spans of calls are emitted)."""
-    next_check, tracer = _cached
-    return tracer is not None if time.monotonic() < next_check else _tracer() is not None
+    return _tracer() is not None
 
 
 def call_attributes(call: Call) -> dict[str, Any]:

@@ -26,11 +26,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from agentlightning._attempt import Attempt
-from agentlightning.client.agentref import load_agent
-from agentlightning.client.api import ServerAPI
-from agentlightning.context import current_recorder
-from agentlightning.decorator import RolloutAgent
-from agentlightning.instrumentation import enable_auto_instrumentation
+from agentlightning._decorator import RolloutAgent
+from agentlightning.capture import current_recorder, enable_auto_instrumentation
+from agentlightning.client._agentref import load_agent
+from agentlightning.client._api import ServerAPI
 from agentlightning.protocol import Lease, ServerError, Unreachable
 from agentlightning.types import Rollout
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentlightning.protocol import Task, task_id_for
-from agentlightning.server.metrics import Metrics
+from agentlightning.server._metrics import Metrics
 from agentlightning.server.store import Store, StoreError
 
 

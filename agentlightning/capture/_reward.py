@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from agentlightning.context import current_recorder
+from agentlightning.capture._context import current_recorder
 from agentlightning.types import Reward, check_finite
 
 logger = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentlightning.client.agentref import agent_ref
-from agentlightning.client.api import ServerAPI
-from agentlightning.client.worker import EXIT_ABANDONED, WorkerConfig, WorkerSlot, resend_spooled, worker_main
+from agentlightning.client._agentref import agent_ref
+from agentlightning.client._api import ServerAPI
+from agentlightning.client._worker import EXIT_ABANDONED, WorkerConfig, WorkerSlot, resend_spooled, worker_main
 from agentlightning.protocol import ProtocolError
 from agentlightning.types import ErrorInfo, Rollout, new_id
 

@@ -1,6 +1,6 @@
 """``agl.train``: train the LLM inside an agent with GRPO, on one machine (server, backend and workers in-process).
 
-(The module is ``agentlightning.training`` so that importing it never shadows the function ``agl.train``.)
+(The module is ``agentlightning._train`` so that importing it never shadows the function ``agl.train``.)
 
     result = agl.train(agent, dataset, model="smollm2", group_size=4, max_steps=20, val_dataset=held_out)
     print(result.summary())

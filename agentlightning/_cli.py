@@ -189,11 +189,11 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from agentlightning.client.agentref import load_agent
-    from agentlightning.client.client import load_records
+    from agentlightning.client._agentref import load_agent
+    from agentlightning.client._client import load_records
 
     from agentlightning.trainers.config import load_config
-    from agentlightning.training import train
+    from agentlightning._train import train
 
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
     config = load_config(args.config, args.sets)
@@ -273,7 +273,7 @@ def _open_store(path: str) -> Any:
 
 
 def _api(args: argparse.Namespace) -> Any:
-    from agentlightning.client.api import ServerAPI, resolve_token
+    from agentlightning.client._api import ServerAPI, resolve_token
 
     return ServerAPI(args.server_url, resolve_token(args.token))
 

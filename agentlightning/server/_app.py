@@ -11,11 +11,11 @@ from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI
 
-from agentlightning.server import _routes_datasets, _routes_rollouts, _routes_status, _routes_workers, proxy
+from agentlightning.server import _proxy, _routes_datasets, _routes_rollouts, _routes_status, _routes_workers
+from agentlightning.server._auth import bearer_token
 from agentlightning.server._errors import add_error_handlers
-from agentlightning.server.auth import bearer_token
-from agentlightning.server.limits import BodyLimitMiddleware
-from agentlightning.server.runtime import Runtime
+from agentlightning.server._limits import BodyLimitMiddleware
+from agentlightning.server._runtime import Runtime
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         runtime.bind_loop(asyncio.get_running_loop())
         jobs = [asyncio.create_task(_reap_leases(runtime)), asyncio.create_task(_flush_periodically(runtime))]
         try:
-            async with proxy.upstream_client(runtime.settings.upstream_timeout) as upstream:
+            async with _proxy.upstream_client(runtime.settings.upstream_timeout) as upstream:
                 yield {"upstream": upstream}  # request.state.upstream
         finally:
             for job in jobs:
@@ -42,7 +42,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     auth = [Depends(bearer_token(runtime.token))] if runtime.token else []
     app.include_router(_routes_status.health_router(runtime))
     # The busiest routes first: a request is matched against the routes in order.
-    for router in (proxy.router(proxy.Proxy(runtime)), _routes_workers.router(runtime), _routes_rollouts.router(runtime),
+    for router in (_proxy.router(_proxy.Proxy(runtime)), _routes_workers.router(runtime), _routes_rollouts.router(runtime),
                    _routes_datasets.router(runtime), _routes_status.router(runtime)):
         app.include_router(router, dependencies=auth)
     return app

@@ -1,0 +1,42 @@
+"""Capture: the current rollout's recorder and role, ``agl.role``, ``agl.emit_reward``, the adapter registry,
+diagnostics and OpenTelemetry spans.
+
+Framework adapters (``agentlightning.adapters``) use only the names exported here.
+"""
+
+from agentlightning.capture._context import (
+    RolloutRecorder,
+    current_recorder,
+    current_role,
+    note_stray_call,
+    recording,
+    reset_role,
+    set_role,
+    stray_calls_since,
+)
+from agentlightning.capture._diagnostics import explain_rollout
+from agentlightning.capture._instrument import enable_auto_instrumentation, installed_adapters, instrument, uninstrument
+from agentlightning.capture._reward import emit_reward
+from agentlightning.capture._role import role, role_matches, unmatched_patterns
+from agentlightning.capture._telemetry import emit_call_span
+
+__all__ = [
+    "RolloutRecorder",
+    "current_recorder",
+    "current_role",
+    "emit_call_span",
+    "emit_reward",
+    "enable_auto_instrumentation",
+    "explain_rollout",
+    "installed_adapters",
+    "instrument",
+    "note_stray_call",
+    "recording",
+    "reset_role",
+    "role",
+    "role_matches",
+    "set_role",
+    "stray_calls_since",
+    "uninstrument",
+    "unmatched_patterns",
+]
