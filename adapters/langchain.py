@@ -10,7 +10,6 @@ name (``ChatOpenAI(name="judge")``) is used. Tool runs become ``kind="tool"`` ca
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import threading
@@ -251,9 +250,7 @@ def uninstall() -> None:
         if _hook_var is None:
             return
         hooks = tracer_context._configure_hooks  # noqa: SLF001 - LangChain has no public unregister
-        for entry in [entry for entry in hooks if entry[0] is _hook_var]:
-            with contextlib.suppress(ValueError):
-                hooks.remove(entry)
+        hooks[:] = [entry for entry in hooks if entry[0] is not _hook_var]
         _hook_var = None
 
 
