@@ -1,5 +1,5 @@
-"""Shared by the framework adapters: recording a tool execution as a ``Call`` and finding the LLM call that asked
-for it."""
+"""Shared by the framework adapters: a tool execution recorded as a ``Call``, linked to the LLM call that asked for
+it."""
 
 from __future__ import annotations
 
@@ -17,16 +17,19 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class PendingTool:
-    """A tool execution that has started: its position in the rollout is fixed when it starts."""
+    """A tool execution that has started: its sequence number is reserved now (calls are ordered by start)."""
 
     recorder: RolloutRecorder
     name: str
     arguments: Any
     role: str | None
-    sequence: int
+    adapter: str
     tool_call_id: str | None = None
-    adapter: str = ""
     start_time: float = field(default_factory=time.time)
+    sequence: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sequence = self.recorder.next_sequence()
 
     def finish(self, output: Any = None, error: str | None = None) -> Call | None:
         """Record the tool call as finished: ``error`` (type and message) marks it failed.
@@ -68,27 +71,6 @@ def jsonable(value: Any) -> Any:
     except (TypeError, ValueError):
         return str(value)
     return value
-
-
-def start_tool(
-    recorder: RolloutRecorder,
-    *,
-    name: str,
-    arguments: Any,
-    role: str | None,
-    adapter: str,
-    tool_call_id: str | None = None,
-) -> PendingTool:
-    """Reserve the tool call's sequence number now (calls are ordered by start)."""
-    return PendingTool(
-        recorder=recorder,
-        name=name,
-        arguments=arguments,
-        role=role,
-        sequence=recorder.next_sequence(),
-        tool_call_id=tool_call_id,
-        adapter=adapter,
-    )
 
 
 def error_text(error: BaseException) -> str:

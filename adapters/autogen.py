@@ -1,15 +1,9 @@
 """AutoGen AgentChat adapter: each model call is attributed to the agent making it, tool executions are recorded.
 
-Patched (with ``wrapt``, restored by :func:`uninstall`):
-
-- ``AssistantAgent._call_llm`` and ``AssistantAgent._reflect_on_tool_use_flow``: the agent's ``name`` is the current
-  role while the model client runs (streaming or not), whichever team or runtime drives the agent;
-- ``AssistantAgent._execute_tool_call``: every tool execution (``FunctionTool``, MCP tools from ``autogen-ext``,
-  any workbench, handoffs) becomes a ``kind="tool"`` call with status, result, and the LLM call that requested it;
-- ``SelectorGroupChatManager._select_speaker``: the speaker-selection model calls of a ``SelectorGroupChat`` carry
-  the team's name as their role.
-
-Custom ``BaseChatAgent`` subclasses that call a model client themselves can name their role with ``agl.role``.
+``AssistantAgent._call_llm`` and ``_reflect_on_tool_use_flow`` run with the agent's name as the current role;
+``AssistantAgent._execute_tool_call`` (any tool or workbench, handoffs included) becomes a ``kind="tool"`` call with
+status; ``SelectorGroupChatManager._select_speaker`` runs with the team's name as role. Patched with ``wrapt``, undone
+by :func:`uninstall`. Custom agents that call a model client themselves can name their role with ``agl.role``.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import wrapt
-from agentlightning.adapters._tools import error_text, parse_arguments, start_tool
+from agentlightning.adapters._tools import PendingTool, error_text, parse_arguments
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.teams._group_chat._selector_group_chat import SelectorGroupChatManager
 
@@ -86,7 +80,7 @@ def _tool_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
             return await wrapped(*args, **kwargs)
         try:
             tool_call = tool_call_of(args, kwargs)
-            pending = start_tool(
+            pending = PendingTool(
                 recorder,
                 name=tool_call.name,
                 arguments=parse_arguments(tool_call.arguments),

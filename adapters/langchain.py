@@ -1,25 +1,15 @@
 """LangChain adapter: who is speaking (the nearest named runnable) and what the tools did.
 
-A callback handler is registered globally through ``register_configure_hook``, so every runnable gets it without a
-``callbacks=`` argument. It keeps a small run tree (run id -> parent, role hints, rollout recorder) and, while a
-chat model or LLM run executes, makes the role of its nearest named ancestor current. The openai-client capture
-reads that role when it records the call. Role hints, nearest first, on the model run and then each ancestor:
-
-- metadata ``{"agl_role": "writer"}`` set on that runnable,
-- a tag ``"agl_role:writer"`` set on that runnable,
-- a name the user gave: ``run_name`` / ``with_config(run_name=...)``, a ``RunnableLambda``/``@chain`` function's
-  name, a LangGraph node name. LangChain's own class names (``RunnableSequence``, ``ChatOpenAI``...) are skipped.
-
-When nothing names a role (and no ``agl.role`` is active), a model given a name of its own
-(``ChatOpenAI(name="judge")``) speaks under that name.
-
-A role set with ``agl.role`` inside a named runnable (around the model call) wins over the runnable's name.
-Tool runs become ``kind="tool"`` calls with status, error, and the LLM call that requested them.
+A callback handler registered globally (``register_configure_hook``) keeps the run tree and, while a model run
+executes, makes the role of its nearest named ancestor current, for the openai-client capture to record. Role
+hints, nearest first: metadata ``{"agl_role": "writer"}``, a tag ``"agl_role:writer"``, or a name the user gave
+(``run_name``, a ``RunnableLambda``/``@chain`` function's name, a LangGraph node); LangChain's own class names are
+skipped. An ``agl.role`` entered inside a named runnable wins over its name; with no role at all, a model's own
+name (``ChatOpenAI(name="judge")``) is used. Tool runs become ``kind="tool"`` calls with status and error.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import sys
 import threading
@@ -28,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from agentlightning.adapters._tools import PendingTool, error_text, start_tool
+from agentlightning.adapters._tools import PendingTool, error_text
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import Runnable
@@ -105,29 +95,15 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             self._framework_names = (modules, names)
         return name.split("<", 1)[0] in names
 
-    def _role_of(self, run: _Run | None) -> tuple[_Run, str] | None:
-        """The nearest run (``run`` itself or an ancestor) naming a role, with that role."""
-        seen = 0
-        while run is not None and seen < 1000:
-            if run.hint is not None:
-                return run, run.hint
-            run = self._runs.get(run.parent_id) if run.parent_id is not None else None
-            seen += 1
-        return None
-
     def _speaking(self, run: _Run | None) -> str | None:
         """The role of the nearest named run from ``run`` up; an ``agl.role`` entered inside that run wins."""
-        found = self._role_of(run)
+        owner = run
+        while owner is not None and owner.hint is None:
+            owner = self._runs.get(owner.parent_id) if owner.parent_id is not None else None
         now = current_role()
-        if found is None:
+        if owner is None or (now is not None and now != owner.role_at_start and owner is not run):
             return now
-        owner, role = found
-        if now is not None and now != owner.role_at_start and owner is not run:
-            return now
-        return role
-
-    def _forget(self, run_id: UUID) -> _Run | None:
-        return self._runs.pop(run_id, None)
+        return owner.hint
 
     # -- chains ---------------------------------------------------------------------------------------------
 
@@ -145,10 +121,9 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         self._remember(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._forget(run_id)
+        self._runs.pop(run_id, None)
 
-    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._forget(run_id)
+    on_chain_error = on_chain_end  # (error, run_id=...): the same shape
 
     # -- models ---------------------------------------------------------------------------------------------
 
@@ -163,39 +138,25 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        self._model_start(run_id, parent_run_id, kwargs.get("name"), (serialized or {}).get("name"), tags, metadata)
-
-    # Completion-style models (prompts instead of messages): LangChain passes both positionally, so one body serves.
-    on_llm_start = on_chat_model_start
-
-    def _model_start(
-        self,
-        run_id: UUID,
-        parent_run_id: UUID | None,
-        run_name: str | None,
-        model_name: str | None,
-        tags: list[str] | None,
-        metadata: dict[str, Any] | None,
-    ) -> None:
         # A model run's `name` is only ever an explicit run_name (LangChain passes None otherwise). The model
         # instance's own name (`ChatOpenAI(name="writer")`) is the fallback when nothing around it names a role.
-        run = self._remember(run_id, parent_run_id, run_name, tags, metadata)
+        run = self._remember(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
         role = self._speaking(run)
+        model_name = (serialized or {}).get("name")
         if role is None and isinstance(model_name, str) and model_name and not self._is_generic(model_name):
             role = model_name
         if role is not None and role != current_role():  # prompts of one generate() share the role: set it once
             run.role_token = set_role(role)
 
+    # Completion-style models (prompts instead of messages): LangChain passes both positionally, so one body serves.
+    on_llm_start = on_chat_model_start
+
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._model_end(run_id)
-
-    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._model_end(run_id)
-
-    def _model_end(self, run_id: UUID) -> None:
-        run = self._forget(run_id)
+        run = self._runs.pop(run_id, None)
         if run is not None and run.role_token is not None:
             reset_role(run.role_token)
+
+    on_llm_error = on_llm_end
 
     # -- tools ----------------------------------------------------------------------------------------------
 
@@ -216,7 +177,7 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             return
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         name = kwargs.get("name") or (serialized or {}).get("name") or "tool"
-        run.tool = start_tool(
+        run.tool = PendingTool(
             run.recorder,
             name=name,
             arguments=inputs if inputs is not None else input_str,
@@ -226,7 +187,7 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         )
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        run = self._forget(run_id)
+        run = self._runs.pop(run_id, None)
         if run is None or run.tool is None:
             return
         if isinstance(output, ToolMessage):
@@ -237,7 +198,7 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             run.tool.finish(output)
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        run = self._forget(run_id)
+        run = self._runs.pop(run_id, None)
         if run is not None and run.tool is not None:
             run.tool.finish(None, error=error_text(error))
 
@@ -289,9 +250,7 @@ def uninstall() -> None:
         if _hook_var is None:
             return
         hooks = tracer_context._configure_hooks  # noqa: SLF001 - LangChain has no public unregister
-        for entry in [entry for entry in hooks if entry[0] is _hook_var]:
-            with contextlib.suppress(ValueError):
-                hooks.remove(entry)
+        hooks[:] = [entry for entry in hooks if entry[0] is not _hook_var]
         _hook_var = None
 
 

@@ -1,20 +1,11 @@
 """OpenAI Agents SDK adapter: a tracing processor that names the speaking agent and records function tools.
 
-The SDK opens an agent span per agent turn sequence, a generation span (Chat Completions model) or response span
-(Responses model) around each model request, and a function span around each tool execution. The processor keeps
-the span tree of running spans and:
-
-- while a generation / response span is open, makes the name of the agent span above it the current role, so the
-  openai-client capture records the call under that agent (handoffs and ``agent.as_tool`` included: the nearest
-  agent span is the agent that made the request);
-- turns each function span into a ``kind="tool"`` call: name, arguments, output, ``status="error"`` when the SDK
-  recorded an error on the span (a tool that raised), and the LLM call that requested it.
-
-The processor is added next to the SDK's own processors (``agents.add_trace_processor``) and stays registered when
-the user replaces them with ``agents.set_trace_processors([...])`` (the usual way to stop exporting traces to
-OpenAI). It only sees spans while tracing is on: ``set_tracing_disabled(True)``, ``OPENAI_AGENTS_DISABLE_TRACING=1``
-or ``RunConfig(tracing_disabled=True)`` also switch this capture off (the LLM calls are still recorded, without agent
-names, and a warning is logged when the environment variable is set).
+While a generation or response span is open, the name of the nearest agent span above it is the current role (so
+handoffs and ``agent.as_tool`` are attributed to the agent that made the request); each function span becomes a
+``kind="tool"`` call, ``status="error"`` when the SDK recorded an error on it. The processor stays registered when
+the user replaces the SDK's processors with ``agents.set_trace_processors([...])``. It sees nothing while tracing is
+disabled (``set_tracing_disabled``, ``OPENAI_AGENTS_DISABLE_TRACING=1``, ``RunConfig(tracing_disabled=True)``): LLM
+calls are then recorded without agent names.
 """
 
 from __future__ import annotations
@@ -27,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import wrapt
-from agentlightning.adapters._tools import PendingTool, parse_arguments, start_tool
+from agentlightning.adapters._tools import PendingTool, parse_arguments
 from agents import add_trace_processor
 from agents.tracing import (
     AgentSpanData,
@@ -62,16 +53,10 @@ class AgentLightningTracingProcessor(TracingProcessor):
         self._spans: dict[str, _OpenSpan] = {}
 
     def _agent_above(self, span_id: str | None) -> str | None:
-        hops = 0
-        while span_id is not None and hops < 1000:
-            open_span = self._spans.get(span_id)
-            if open_span is None:
-                return None
-            if open_span.agent is not None:
-                return open_span.agent
-            span_id = open_span.parent_id
-            hops += 1
-        return None
+        open_span = self._spans.get(span_id) if span_id is not None else None
+        while open_span is not None and open_span.agent is None:
+            open_span = self._spans.get(open_span.parent_id) if open_span.parent_id is not None else None
+        return open_span.agent if open_span is not None else None
 
     def on_trace_start(self, trace: Trace) -> None:
         return None
@@ -79,9 +64,8 @@ class AgentLightningTracingProcessor(TracingProcessor):
     def on_trace_end(self, trace: Trace) -> None:
         # Spans of a finished trace that never ended (a cancelled run) are dropped.
         for span_id, open_span in list(self._spans.items()):  # a C-level copy: safe while other threads add spans
-            if open_span.trace_id != trace.trace_id:
-                continue
-            self._spans.pop(span_id, None)
+            if open_span.trace_id == trace.trace_id:
+                self._spans.pop(span_id, None)
 
     def on_span_start(self, span: Span[Any]) -> None:
         data = span.span_data
@@ -96,7 +80,7 @@ class AgentLightningTracingProcessor(TracingProcessor):
         elif isinstance(data, FunctionSpanData):
             recorder = current_recorder()
             if recorder is not None:
-                open_span.tool = start_tool(
+                open_span.tool = PendingTool(
                     recorder,
                     name=data.name,
                     arguments=None,  # the SDK fills the span's input after it starts

@@ -1,14 +1,7 @@
 """The ``agl`` command: ``agl server``, ``agl client``, ``agl train``, ``agl rollouts list|show``.
 
-``agl train my_pkg.agent:solve --dataset data.jsonl [--val-dataset held_out.jsonl] [--config train.yaml]
-[--set group_size=8 ...]`` runs ``agl.train`` with a :class:`~agentlightning.trainers.config.TrainConfig` read
-from the config file (JSON, or YAML with PyYAML) and the ``--set FIELD=VALUE`` pairs (later ones win).
-
-``agl server --model NAME ...`` hands over to the trainer: it calls
-``agentlightning.trainers.serve.serve_training(server, args, extra)`` with the parsed server options (``args``, see
-:func:`add_server_arguments`; :func:`server_from_args` builds the matching :class:`LightningServer`) and the
-command-line words this parser did not know (``extra``, the trainer's own options), and exits with its return
-code. Without ``--model`` the server only dispatches rollouts and proxies an existing ``--upstream`` endpoint.
+``agl server --model NAME`` hands over to ``agentlightning.trainers.serve.serve_training(server, args, extra)``
+with the parsed server options and the words this parser did not know (the trainer's own options).
 """
 
 from __future__ import annotations

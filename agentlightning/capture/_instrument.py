@@ -1,12 +1,9 @@
 """Which capture adapters exist, and installing them when their framework is (or gets) imported.
 
-Each adapter module in ``agentlightning.adapters`` exposes ``install()``, ``uninstall()`` (both idempotent) and
-``is_installed()``. The adapter is the only record of whether it is installed: the registry asks it, so calling an
-adapter's ``install`` / ``uninstall`` directly and going through :func:`instrument` never disagree.
-``enable_auto_instrumentation()`` runs when a rollout starts: it installs every adapter whose framework is
-already imported, and registers a post-import hook for the others so that a framework imported later (for
-example inside the agent function) is instrumented the moment it is imported. Importing Agent Lightning never
-imports a framework by itself.
+Each adapter module ``agentlightning.adapters.<name>`` exposes idempotent ``install()`` / ``uninstall()`` and
+``is_installed()`` (the only record of whether it is installed). ``enable_auto_instrumentation()``, run when a
+rollout starts, installs the adapters of frameworks already imported and hooks the others' import. Importing Agent
+Lightning never imports a framework by itself.
 """
 
 from __future__ import annotations
@@ -15,38 +12,25 @@ import importlib
 import logging
 import sys
 import threading
-from dataclasses import dataclass
 from types import ModuleType
 
 import wrapt
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class AdapterSpec:
-    """An adapter: the framework module that triggers it and the module implementing it."""
-
-    name: str
-    trigger_module: str
-    adapter_module: str
-
-
-ADAPTERS: dict[str, AdapterSpec] = {
-    spec.name: spec
-    for spec in (
-        AdapterSpec("openai", "openai", "agentlightning.adapters.openai"),
-        AdapterSpec("langchain", "langchain_core", "agentlightning.adapters.langchain"),
-        AdapterSpec("openai_agents", "agents", "agentlightning.adapters.openai_agents"),
-        AdapterSpec("autogen", "autogen_agentchat", "agentlightning.adapters.autogen"),
-    )
+# adapter name (its module in agentlightning.adapters) -> the framework module that triggers it
+ADAPTERS: dict[str, str] = {
+    "openai": "openai",
+    "langchain": "langchain_core",
+    "openai_agents": "agents",
+    "autogen": "autogen_agentchat",
 }
 
 _lock = threading.RLock()
 _hooks_registered = False
 
 
-def _spec(name: str) -> AdapterSpec:
+def _trigger(name: str) -> str:
     try:
         return ADAPTERS[name]
     except KeyError:
@@ -58,37 +42,36 @@ def instrument(name: str) -> None:
 
     Raises ``ImportError`` with the extra to install when its framework is missing. Installing twice is harmless.
     """
-    spec = _spec(name)
+    trigger = _trigger(name)
     with _lock:
         try:
-            importlib.import_module(spec.trigger_module)
+            importlib.import_module(trigger)
         except ImportError as exc:
             extra = {"openai_agents": "openai-agents"}.get(name, name)
-            raise ImportError(
-                f"agl.instrument({name!r}) needs {spec.trigger_module!r}: pip install 'agentlightning[{extra}]'"
-            ) from exc
-        importlib.import_module(spec.adapter_module).install()
+            message = f"agl.instrument({name!r}) needs {trigger!r}: pip install 'agentlightning[{extra}]'"
+            raise ImportError(message) from exc
+        importlib.import_module(f"agentlightning.adapters.{name}").install()
         logger.debug("installed capture adapter %s", name)
 
 
-def _adapter(spec: AdapterSpec) -> ModuleType | None:
+def _adapter(name: str) -> ModuleType | None:
     """The adapter module, or None while its framework is not imported (then it cannot be installed)."""
-    if spec.trigger_module not in sys.modules:
+    if _trigger(name) not in sys.modules:
         return None
-    return importlib.import_module(spec.adapter_module)
+    return importlib.import_module(f"agentlightning.adapters.{name}")
 
 
 def uninstrument(name: str) -> None:
     """Remove the adapter ``name`` and restore the framework's original behaviour."""
     with _lock:
-        adapter = _adapter(_spec(name))
+        adapter = _adapter(name)
         if adapter is not None:
             adapter.uninstall()
 
 
 def installed_adapters() -> list[str]:
     """Names of the adapters installed now."""
-    return sorted(name for name, spec in ADAPTERS.items() if (adapter := _adapter(spec)) and adapter.is_installed())
+    return sorted(name for name in ADAPTERS if (adapter := _adapter(name)) and adapter.is_installed())
 
 
 def _install_on_import(name: str) -> None:
@@ -98,7 +81,7 @@ def _install_on_import(name: str) -> None:
         except Exception:  # capture must never break the user's import
             logger.exception("could not install the %s capture adapter; its calls will not be attributed", name)
 
-    wrapt.register_post_import_hook(hook, ADAPTERS[name].trigger_module)
+    wrapt.register_post_import_hook(hook, ADAPTERS[name])
 
 
 def enable_auto_instrumentation() -> None:
