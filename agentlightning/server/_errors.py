@@ -11,10 +11,8 @@ from agentlightning.server._states import InvalidTransition
 from agentlightning.server.store import Conflict, NotFound, StoreError
 
 
-def openai_error(
-    status: int, message: str, code: str | int, kind: str = "invalid_request_error",
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
+def openai_error(status: int, message: str, code: str | int, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> JSONResponse:
     """An error answer in the OpenAI format."""
     error = {"message": message, "type": kind, "param": None, "code": code}
     return JSONResponse({"error": error}, status_code=status, headers=headers)

@@ -146,7 +146,9 @@ class Proxy:
         except ValueError:
             data = None
         if status >= 400:
-            self._record(call, attempt, f"upstream HTTP {status}: {_error_message(data, content)}")
+            error = data.get("error") if isinstance(data, dict) else None
+            message = str(error.get("message")) if isinstance(error, dict) else content[:500].decode(errors="replace")
+            self._record(call, attempt, f"upstream HTTP {status}: {message}")
             return
         if isinstance(data, dict):
             fill_answer(call, read_response(call["metadata"]["endpoint"], data), "server")
@@ -215,9 +217,3 @@ def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream) -> d
         elif endpoint == "completions" and not payload.get("logprobs"):
             payload["logprobs"] = 1
     return payload
-
-
-def _error_message(data: Any, content: bytes) -> str:
-    if isinstance(data, dict) and isinstance(data.get("error"), dict):
-        return str(data["error"].get("message"))
-    return content[:500].decode(errors="replace")

@@ -1,4 +1,4 @@
-"""The worker protocol: ``POST /workers/{id}/dequeue`` (long poll), ``/rollouts/{id}/heartbeat``, ``/rollouts/{id}/result``.
+"""The worker protocol: ``POST /workers/{id}/dequeue`` (long poll), ``/rollouts/{id}/heartbeat`` and ``/result``.
 
 A result upload is idempotent; with ``?next=1`` its answer also carries the worker's next lease (``"next"``). A
 re-sent result (its answer was lost) gets the same lease again while the worker still holds it."""
