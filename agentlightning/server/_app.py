@@ -1,6 +1,5 @@
-"""The Lightning Server's HTTP API: ``create_app`` assembles one FastAPI router per resource (datasets, rollouts,
-the worker protocol, the proxy, status; each module's docstring lists its routes), the bearer-token dependency
-(every route but ``/health`` when a token is set), the body-size limit and the background jobs."""
+"""The Lightning Server's HTTP API: one FastAPI router per resource, bearer-token auth (every route but
+``/health``, when a token is set), the body-size limit and the background jobs."""
 
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ def create_app(runtime: Runtime) -> FastAPI:
     auth = [Depends(bearer_token(runtime.token))] if runtime.token else []
     app.include_router(_routes_status.health_router(runtime))
     # The busiest routes first: a request is matched against the routes in order.
-    for router in (_proxy.router(_proxy.Proxy(runtime)), _routes_workers.router(runtime), _routes_rollouts.router(runtime),
-                   _routes_datasets.router(runtime), _routes_status.router(runtime)):
-        app.include_router(router, dependencies=auth)
+    for module in (_proxy, _routes_workers, _routes_rollouts, _routes_datasets, _routes_status):
+        app.include_router(module.router(runtime), dependencies=auth)
     return app
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 from collections.abc import Callable
@@ -15,23 +16,17 @@ class AuthError(RuntimeError):
     """The server was asked to listen publicly without a token."""
 
 
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only accepts connections from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_bind(host: str, token: str | None) -> None:
     """Refuse to serve on a non-loopback ``host`` without a token."""
-    if not is_loopback(host) and not token:
-        raise AuthError(
-            f"refusing to listen on {host!r} without a token: anyone who can reach it could read your data and use "
-            "your model. Pass --token (or set AGL_SERVER_TOKEN), or bind to 127.0.0.1."
-        )
+    if token or host == "localhost":
+        return
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    raise AuthError(
+        f"refusing to listen on {host!r} without a token: anyone who can reach it could read your data and use "
+        "your model. Pass --token (or set AGL_SERVER_TOKEN), or bind to 127.0.0.1."
+    )
 
 
 def bearer_token(token: str) -> Callable[[Request], None]:

@@ -1,13 +1,5 @@
-"""Joining the calls a client captured with the calls the server's proxy recorded for the same rollout.
-
-The proxy knows the exact token ids (from the serving backend); the client knows roles, tools and rewards.
-Calls are matched by response id first, then in order among the remaining LLM calls that went through the
-proxy; a matched pair becomes the client's call completed by :func:`~agentlightning.rl.tokens.merge_records` (the
-rule LightningRL applies to duplicates too). Proxy calls that no client call claims (an agent that could not be
-instrumented) are added as calls of their own, placed by start time. A client call already joined with a proxy
-call (``metadata["proxy_call_id"]``) is not matched again, so a proxy call that lands after its rollout was stored
-joins the stored calls the same way (:func:`join_late_call`).
-"""
+"""Joining the calls a client captured (roles, tools, rewards) with those the proxy recorded for the same rollout
+(exact token ids): matched by response id, then in order; unclaimed proxy calls are added by start time."""
 
 from __future__ import annotations
 
@@ -16,7 +8,8 @@ from agentlightning.types import Call
 
 
 def join_calls(rollout_id: str, client_calls: list[Call], proxy_calls: list[Call]) -> list[Call]:
-    """Merge ``proxy_calls`` (in proxy order) into ``client_calls``; returns the calls renumbered in order."""
+    """Merge ``proxy_calls`` (in proxy order) into ``client_calls``; returns the calls renumbered in order. A client
+    call already joined (``metadata["proxy_call_id"]``) is not matched again."""
     calls = sorted(client_calls, key=lambda call: call.sequence)
     remaining = list(proxy_calls)
     by_response = {call.response_id: call for call in remaining if call.response_id}
@@ -36,7 +29,10 @@ def join_calls(rollout_id: str, client_calls: list[Call], proxy_calls: list[Call
         if proxy is not None:
             remaining.remove(proxy)
             _merge(call, proxy)
-    merged = _insert_by_time(calls, remaining)
+    merged = list(calls)
+    for proxy in sorted(remaining, key=lambda call: call.start_time):  # calls of their own, placed by start time
+        position = next((i for i, call in enumerate(merged) if call.start_time > proxy.start_time), len(merged))
+        merged.insert(position, proxy)
     for sequence, call in enumerate(merged):
         call.sequence = sequence
         call.rollout_id = rollout_id
@@ -62,11 +58,3 @@ def _went_through_proxy(call: Call, rollout_id: str) -> bool:
     """Whether a client call could have been served by this rollout's proxy (unknown endpoints count)."""
     endpoint = call.metadata.get("base_url") or call.metadata.get("endpoint")
     return not isinstance(endpoint, str) or "://" not in endpoint or f"/rollouts/{rollout_id}/" in endpoint + "/"
-
-
-def _insert_by_time(calls: list[Call], extra: list[Call]) -> list[Call]:
-    merged = list(calls)
-    for proxy in sorted(extra, key=lambda call: call.start_time):
-        position = next((i for i, call in enumerate(merged) if call.start_time > proxy.start_time), len(merged))
-        merged.insert(position, proxy)
-    return merged

@@ -6,7 +6,6 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from agentlightning._uvicorn import BackgroundServer
@@ -52,8 +51,7 @@ class LightningServer:
         self.host = host
         self._public_url = public_url
         self.runtime = Runtime(store=store or SQLiteStore(store_path), settings=settings or Settings(), token=token)
-        self._upstream_api_key = upstream_api_key
-        self._logprobs = logprobs
+        self._defaults = Upstream(url="", api_key=upstream_api_key, logprobs=logprobs)  # before any set_upstream
         if upstream_url is not None:
             self.set_upstream(upstream_url, model_name, model_version, api_key=upstream_api_key, logprobs=logprobs)
         self._http = BackgroundServer(
@@ -61,14 +59,10 @@ class LightningServer:
             backlog=4096, timeout_keep_alive=75, proxy_headers=False, server_header=False,
         )
 
-    # -- lifecycle ------------------------------------------------------------------------------------------------
-
     @property
     def url(self) -> str:
         """``http://host:port`` of the running server (the address clients use unless ``public_url`` was given)."""
-        if self._public_url:
-            return self._public_url.rstrip("/")
-        return self._http.url
+        return (self._public_url or self._http.url).rstrip("/")
 
     @property
     def port(self) -> int:
@@ -95,57 +89,36 @@ class LightningServer:
     def __enter__(self) -> LightningServer:
         return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    # -- model ------------------------------------------------------------------------------------------------
-
     def set_upstream(
-        self,
-        url: str,
-        model_name: str | None = None,
-        model_version: str | None = None,
-        *,
-        api_key: str | None = None,
-        logprobs: bool | None = None,
-        sampling_overrides: dict[str, Any] | None = None,
+        self, url: str, model_name: str | None = None, model_version: str | None = None, *,
+        api_key: str | None = None, logprobs: bool | None = None, sampling_overrides: dict[str, Any] | None = None,
     ) -> ModelVersion:
         """Forward the proxy to ``url`` serving ``model_name``; calls recorded from now on carry ``model_version``
-        (default: ``model_name``). ``logprobs=True`` asks the upstream for sampling logprobs on every call;
-        ``sampling_overrides`` (e.g. ``{"temperature": 1.0}``) replace those fields of every forwarded request.
-        ``api_key``, ``logprobs`` and ``sampling_overrides`` default to the previous upstream's, then to the
-        constructor's (none)."""
+        (default: ``model_name``). ``logprobs=True`` asks for sampling logprobs on every call; ``sampling_overrides``
+        (e.g. ``{"temperature": 1.0}``) replace those fields of every forwarded request. Unset arguments keep the
+        previous upstream's (else the constructor's) value."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"upstream url must start with http:// or https://, got {url!r}")
-        current = self.runtime.upstream
+        current = self.runtime.upstream or self._defaults
         version = model_version or model_name or "unversioned"
         self.runtime.upstream = Upstream(
-            url=url.rstrip("/"),
-            model_name=model_name,
-            model_version=version,
-            api_key=api_key if api_key is not None else (current.api_key if current else self._upstream_api_key),
-            logprobs=logprobs if logprobs is not None else (current.logprobs if current else self._logprobs),
-            sampling_overrides=dict(sampling_overrides if sampling_overrides is not None
-                                    else (current.sampling_overrides if current else {})),
+            url=url.rstrip("/"), model_name=model_name, model_version=version,
+            api_key=api_key if api_key is not None else current.api_key,
+            logprobs=logprobs if logprobs is not None else current.logprobs,
+            sampling_overrides=dict(current.sampling_overrides if sampling_overrides is None else sampling_overrides),
         )
         return self.store.set_model_version(version, model_name or "", url)
-
-    # -- data and rollouts --------------------------------------------------------------------------------------
 
     def add_dataset(self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None) -> str:
         """Store tasks and return the dataset id (content-derived unless given; re-adding is a no-op)."""
         return self.store.add_dataset(records, dataset_id=dataset_id, name=name).dataset_id
 
     def enqueue(
-        self,
-        tasks_or_dataset_id: str | Sequence[Any],
-        group_size: int = 1,
-        group_id: str | None = None,
-        *,
-        timeout: float | None = None,
-        max_attempts: int | None = None,
+        self, tasks_or_dataset_id: str | Sequence[Any], group_size: int = 1, group_id: str | None = None, *,
+        timeout: float | None = None, max_attempts: int | None = None,
     ) -> list[str]:
         """Queue ``group_size`` rollouts for each task (a dataset id, or task payloads). Rollouts of one task share
         the group id ``f"{group_id}:{task_id}"`` (``group_id`` defaults to a fresh id)."""

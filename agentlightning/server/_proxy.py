@@ -1,10 +1,8 @@
 """The per-rollout OpenAI-compatible proxy: ``/rollouts/{rollout_id}/v1/{chat/completions,completions,responses}``.
 
-Each request is checked against the rollout's state, forwarded upstream with ``return_token_ids`` (and logprobs
-when the server trains with them) over the server's one ``httpx.AsyncClient``, and recorded as a ``Call`` of the
-rollout with the exact token ids (``token_source="server"``) and the model version served. Streams are passed
-through chunk by chunk while being recorded. Upstream 5xx/429 answers and connection errors are retried with
-backoff while it is safe (before any byte reached the agent); otherwise the upstream's answer is passed on.
+Each request is forwarded upstream over the server's one ``httpx.AsyncClient`` (retried with backoff on 5xx/429 and
+connection errors until its first byte reached the agent; streams passed through) and recorded as a ``Call`` of the
+rollout with the upstream's token ids and the model version served.
 """
 
 from __future__ import annotations
@@ -80,26 +78,26 @@ class Proxy:
         sent = client.build_request("POST", f"{upstream.url.rstrip('/')}/{path}", headers=headers,
                                     content=json.dumps(_upstream_body(body, endpoint, upstream)).encode())
         stream = bool(body.get("stream"))
-        response, tries = await self._send(client, sent, stream, call, attempt, endpoint)
+        response, tries = await self._send(client, sent, stream, call, attempt)
         if isinstance(response, JSONResponse):  # the upstream could not be reached
             return response
         call["metadata"]["upstream_tries"] = tries
         media_type = response.headers.get("content-type")
         if stream and response.status_code < 400:
-            return StreamingResponse(self._pass_through(response, call, attempt, endpoint), response.status_code,
+            return StreamingResponse(self._pass_through(response, call, attempt), response.status_code,
                                      media_type=media_type or "text/event-stream")
         call["end_time"] = time.time()  # read whole by _send
-        record = BackgroundTask(self._record_answer, call, attempt, endpoint, response.status_code, response.content)
+        record = BackgroundTask(self._record_answer, call, attempt, response.status_code, response.content)
         return Response(response.content, response.status_code, media_type=media_type or "application/json",
                         background=record)
 
     async def _send(
-        self, client: httpx.AsyncClient, request: httpx.Request, stream: bool, call: CallRecord, attempt: int,
-        endpoint: str,
+        self, client: httpx.AsyncClient, request: httpx.Request, stream: bool, call: CallRecord, attempt: int
     ) -> tuple[httpx.Response | JSONResponse, int]:
         """Send ``request``, retrying connection failures and retryable statuses with backoff. Returns the answer to
         pass on (read whole unless it is a stream) or the error to answer with, and the number of tries."""
         settings = self.runtime.settings
+        endpoint = call["metadata"]["endpoint"]
         tries = 0
         while True:
             tries += 1
@@ -111,7 +109,7 @@ class Proxy:
                 if not isinstance(exc, httpx.ConnectTimeout):
                     message = (f"upstream {request.url} did not answer within {settings.upstream_timeout} s "
                                f"({type(exc).__name__})")
-                    return self._failed(call, attempt, endpoint, 504, message, "upstream_timeout"), tries
+                    return self._failed(call, attempt, 504, message, "upstream_timeout"), tries
                 failure: Exception = exc
             except httpx.TransportError as exc:
                 failure = exc
@@ -123,14 +121,12 @@ class Proxy:
                 continue
             if tries > settings.upstream_retries:
                 message = f"upstream {request.url} unreachable after {tries} tries: {type(failure).__name__}: {failure}"
-                return self._failed(call, attempt, endpoint, 502, message, "upstream_unreachable"), tries
+                return self._failed(call, attempt, 502, message, "upstream_unreachable"), tries
             await self._backoff(tries, None, endpoint, type(failure).__name__)
 
-    async def _pass_through(
-        self, response: httpx.Response, call: CallRecord, attempt: int, endpoint: str
-    ) -> AsyncIterator[bytes]:
+    async def _pass_through(self, response: httpx.Response, call: CallRecord, attempt: int) -> AsyncIterator[bytes]:
         """The upstream's stream, chunk by chunk as it arrives; recorded once it ended (or broke off)."""
-        fold = StreamFold(endpoint)
+        fold = StreamFold(call["metadata"]["endpoint"])
         completed = False
         try:
             async for chunk in response.aiter_bytes():
@@ -140,27 +136,27 @@ class Proxy:
         finally:
             call["end_time"] = time.time()
             fill_answer(call, fold.answer(complete=completed), "server")
-            self._record(call, attempt, endpoint, None if completed else "stream interrupted before the upstream finished")
+            self._record(call, attempt, None if completed else "stream interrupted before the upstream finished")
             await response.aclose()
 
-    def _record_answer(self, call: CallRecord, attempt: int, endpoint: str, status: int, content: bytes) -> None:
+    def _record_answer(self, call: CallRecord, attempt: int, status: int, content: bytes) -> None:
         """Record a whole answer (runs right after the agent got it)."""
         try:
             data = json.loads(content)
         except ValueError:
             data = None
         if status >= 400:
-            self._record(call, attempt, endpoint, f"upstream HTTP {status}: {_error_message(data, content)}")
+            error = data.get("error") if isinstance(data, dict) else None
+            message = str(error.get("message")) if isinstance(error, dict) else content[:500].decode(errors="replace")
+            self._record(call, attempt, f"upstream HTTP {status}: {message}")
             return
         if isinstance(data, dict):
-            fill_answer(call, read_response(endpoint, data), "server")
-        self._record(call, attempt, endpoint)
+            fill_answer(call, read_response(call["metadata"]["endpoint"], data), "server")
+        self._record(call, attempt)
 
-    def _failed(
-        self, call: CallRecord, attempt: int, endpoint: str, status: int, message: str, code: str
-    ) -> JSONResponse:
+    def _failed(self, call: CallRecord, attempt: int, status: int, message: str, code: str) -> JSONResponse:
         call["end_time"] = time.time()
-        self._record(call, attempt, endpoint, message)
+        self._record(call, attempt, message)
         logger.warning("proxy for rollout %s: %s", call["rollout_id"], message)
         return openai_error(status, message, code, "upstream_error")
 
@@ -176,10 +172,10 @@ class Proxy:
         logger.info("upstream answered %s on %s; retrying in %.2f s (try %d)", reason, endpoint, delay, tries + 1)
         await asyncio.sleep(delay)
 
-    def _record(self, call: CallRecord, attempt: int, endpoint: str, error: str | None = None) -> None:
+    def _record(self, call: CallRecord, attempt: int, error: str | None = None) -> None:
         if error is not None:
             call["status"], call["error"] = "error", error
-        metrics = self.runtime.metrics
+        metrics, endpoint = self.runtime.metrics, call["metadata"]["endpoint"]
         metrics.inc("agl_proxy_calls_total", endpoint=endpoint, status=call["status"])
         if call.get("end_time") is not None:
             metrics.observe("agl_proxy_call_seconds", call["end_time"] - call["start_time"], endpoint=endpoint)
@@ -189,13 +185,14 @@ class Proxy:
             logger.exception("could not record proxy call of rollout %s", call["rollout_id"])
 
 
-def router(proxy: Proxy) -> APIRouter:
+def router(runtime: Runtime) -> APIRouter:
     """The proxy's routes; the upstream client is the one the server's lifespan opened (``request.state``)."""
     routes = APIRouter(prefix="/rollouts/{rollout_id}/v1", tags=["proxy"])
+    proxy = Proxy(runtime)
 
     @routes.get("/models")
     async def models() -> dict[str, Any]:
-        upstream = proxy.runtime.upstream
+        upstream = runtime.upstream
         name = upstream.model_name if upstream and upstream.model_name else "default"
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "agentlightning"}]}
 
@@ -220,9 +217,3 @@ def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream) -> d
         elif endpoint == "completions" and not payload.get("logprobs"):
             payload["logprobs"] = 1
     return payload
-
-
-def _error_message(data: Any, content: bytes) -> str:
-    if isinstance(data, dict) and isinstance(data.get("error"), dict):
-        return str(data["error"].get("message"))
-    return content[:500].decode(errors="replace")

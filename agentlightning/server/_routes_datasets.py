@@ -9,9 +9,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from agentlightning.protocol import DatasetInfo
-from agentlightning.server._errors import store_error
 from agentlightning.server._runtime import Runtime
-from agentlightning.server.store import StoreError
 
 
 class DatasetUpload(BaseModel):
@@ -48,10 +46,7 @@ def router(runtime: Runtime) -> APIRouter:
     @routes.post("")
     async def upload(request: Request, dataset_id: str | None = None, name: str | None = None) -> Response:
         body = parse_upload(await request.body(), request.headers.get("content-type", ""))
-        try:
-            info = store.add_dataset(body.records, dataset_id=dataset_id or body.dataset_id, name=name or body.name)
-        except StoreError as exc:
-            raise store_error(exc) from None
+        info = store.add_dataset(body.records, dataset_id=dataset_id or body.dataset_id, name=name or body.name)
         return Response(info.model_dump_json(), media_type="application/json")
 
     @routes.get("")
@@ -67,10 +62,7 @@ def router(runtime: Runtime) -> APIRouter:
 
     @routes.get("/{dataset_id}/tasks")
     async def tasks(dataset_id: str) -> list[dict[str, Any]]:
-        try:
-            return [task.model_dump() for task in store.dataset_tasks(dataset_id)]
-        except StoreError as exc:
-            raise store_error(exc) from None
+        return [task.model_dump() for task in store.dataset_tasks(dataset_id)]
 
     @routes.post("/{dataset_id}/attach")
     async def attach(dataset_id: str) -> dict[str, Any]:

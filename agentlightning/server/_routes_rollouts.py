@@ -8,9 +8,7 @@ from fastapi import APIRouter, HTTPException, Response
 from pydantic import BaseModel, Field
 
 from agentlightning.protocol import AttemptInfo, RolloutSummary
-from agentlightning.server._errors import store_error
 from agentlightning.server._runtime import Runtime
-from agentlightning.server.store import StoreError
 
 
 class EnqueueRequest(BaseModel):
@@ -37,11 +35,8 @@ def router(runtime: Runtime) -> APIRouter:
     async def enqueue(body: EnqueueRequest) -> dict[str, list[str]]:
         if (body.dataset_id is None) == (body.tasks is None):
             raise HTTPException(422, "give exactly one of dataset_id or tasks")
-        try:
-            ids = runtime.enqueue(body.dataset_id if body.tasks is None else body.tasks, group_size=body.group_size,
-                                  group_id=body.group_id, timeout=body.timeout, max_attempts=body.max_attempts)
-        except StoreError as exc:
-            raise store_error(exc) from None
+        ids = runtime.enqueue(body.dataset_id if body.tasks is None else body.tasks, group_size=body.group_size,
+                              group_id=body.group_id, timeout=body.timeout, max_attempts=body.max_attempts)
         return {"rollout_ids": ids}
 
     @routes.get("")
@@ -71,9 +66,6 @@ def router(runtime: Runtime) -> APIRouter:
 
     @routes.post("/{rollout_id}/cancel")
     async def cancel(rollout_id: str) -> Response:
-        try:
-            return Response(store.cancel(rollout_id).model_dump_json(), media_type="application/json")
-        except StoreError as exc:
-            raise store_error(exc) from None
+        return Response(store.cancel(rollout_id).model_dump_json(), media_type="application/json")
 
     return routes

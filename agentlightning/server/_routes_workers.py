@@ -1,10 +1,7 @@
-"""The worker protocol: ``POST /workers/{id}/dequeue`` (long poll), ``/rollouts/{id}/heartbeat``, ``/rollouts/{id}/result``.
+"""The worker protocol: ``POST /workers/{id}/dequeue`` (long poll), ``/rollouts/{id}/heartbeat`` and ``/result``.
 
-A result upload is idempotent. ``POST /rollouts/{id}/result?next=1`` also hands the uploading worker its next lease
-(``"next": {"lease", "stop"}`` in the answer, no waiting), saving it a dequeue request per rollout. If that answer is
-lost and the worker re-sends the result, the re-send (a duplicate) gets the same lease again while it is still
-running, so a lost answer does not leave a leased rollout without a worker until its lease expires.
-"""
+A result upload is idempotent; with ``?next=1`` its answer also carries the worker's next lease (``"next"``). A
+re-sent result (its answer was lost) gets the same lease again while the worker still holds it."""
 
 from __future__ import annotations
 
@@ -19,10 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from agentlightning.protocol import Lease
-from agentlightning.server._errors import store_error
 from agentlightning.server._runtime import Runtime
-from agentlightning.server._states import InvalidTransition
-from agentlightning.server.store import StoreError
 from agentlightning.types import LLM, Rollout
 
 _HANDED_MAX = 4096  # workers whose last result-and-lease answer is remembered (for re-sent results)
@@ -83,10 +77,7 @@ def router(runtime: Runtime) -> APIRouter:
 
     @routes.post("/rollouts/{rollout_id}/heartbeat")
     async def heartbeat(rollout_id: str, body: HeartbeatRequest) -> dict[str, Any]:
-        try:
-            verdict = store.heartbeat(rollout_id, body.attempt, body.worker_id, settings.lease_seconds)
-        except StoreError as exc:
-            raise store_error(exc) from None
+        verdict = store.heartbeat(rollout_id, body.attempt, body.worker_id, settings.lease_seconds)
         return {"ok": verdict == "ok", "message": verdict, "stop": runtime.stop_requested}
 
     @routes.post("/rollouts/{rollout_id}/result")
@@ -102,15 +93,12 @@ def router(runtime: Runtime) -> APIRouter:
         previous = handed.get(worker_id) if take_next and worker_id else None
         resent = previous is not None and previous[0] == reported  # the answer to the first upload was lost
         lease = None
-        try:
-            if take_next and worker_id and not resent and not runtime.stop_requested:
-                outcome, lease = store.complete_and_dequeue(rollout_id, body.attempt, worker_id, body.rollout,
-                                                            settings.lease_seconds)
-                lease = leased(lease)
-            else:
-                outcome = store.complete(rollout_id, body.attempt, worker_id, body.rollout)
-        except (StoreError, InvalidTransition) as exc:
-            raise store_error(exc) from None
+        if take_next and worker_id and not resent and not runtime.stop_requested:
+            outcome, lease = store.complete_and_dequeue(rollout_id, body.attempt, worker_id, body.rollout,
+                                                        settings.lease_seconds)
+            lease = leased(lease)
+        else:
+            outcome = store.complete(rollout_id, body.attempt, worker_id, body.rollout)
         if outcome.accepted:
             metrics.inc("agl_results_total", status=body.rollout.status)
         if outcome.retried:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -12,12 +11,13 @@ from typing import Any
 
 from agentlightning.protocol import Task, task_id_for
 from agentlightning.server._metrics import Metrics
-from agentlightning.server.store import Store, StoreError
+from agentlightning.server.store import Store
 
 
 @dataclass(frozen=True)
 class Upstream:
-    """The OpenAI-compatible endpoint the proxy forwards to, and the model version it serves."""
+    """The OpenAI-compatible endpoint the proxy forwards to, and the model version it serves. ``sampling_overrides``
+    are request fields forced on every forwarded call (the training temperature, for a backend like vLLM)."""
 
     url: str
     model_name: str | None = None
@@ -25,8 +25,6 @@ class Upstream:
     api_key: str | None = None
     logprobs: bool = False
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
-    """Request fields forced on every forwarded call (the training temperature, for a backend like vLLM that
-    cannot enforce it itself)."""
 
 
 @dataclass(frozen=True)
@@ -83,13 +81,8 @@ class Runtime:
             self._work = asyncio.Event()
 
     def enqueue(
-        self,
-        tasks_or_dataset: str | Sequence[Any],
-        *,
-        group_size: int = 1,
-        group_id: str | None = None,
-        timeout: float | None = None,
-        max_attempts: int | None = None,
+        self, tasks_or_dataset: str | Sequence[Any], *, group_size: int = 1, group_id: str | None = None,
+        timeout: float | None = None, max_attempts: int | None = None,
     ) -> list[str]:
         """Queue ``group_size`` rollouts per task (a dataset id or a list of task payloads) and wake workers."""
         dataset_id = None
@@ -97,11 +90,6 @@ class Runtime:
             dataset_id = tasks_or_dataset
             tasks = self.store.dataset_tasks(dataset_id)
         else:
-            for index, payload in enumerate(tasks_or_dataset):
-                try:
-                    json.dumps(payload)
-                except (TypeError, ValueError) as exc:
-                    raise StoreError(f"task {index} is not JSON-serialisable: {exc}") from None
             tasks = [Task(task_id=task_id_for(p, "task", i), payload=p) for i, p in enumerate(tasks_or_dataset)]
         ids = self.store.enqueue(
             tasks, group_size=group_size, group_id=group_id, dataset_id=dataset_id,

@@ -1,10 +1,5 @@
-"""The rollout state machine, as plain data and pure functions.
-
-A rollout is ``queued`` until a worker leases it (``running``). An attempt ends with an outcome reported by the
-worker (``succeed``, ``fail``, ``timeout``), by the server when the worker stops heart-beating
-(``lease_expired``), or by a user (``cancel``). Retryable outcomes send the rollout back to ``queued`` with the
-next attempt number while attempts remain; otherwise the outcome's terminal state is final.
-"""
+"""The rollout state machine, as plain data and pure functions: ``queued`` until leased (``running``); retryable
+outcomes send a rollout back to ``queued`` with the next attempt while attempts remain, others are final."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The durable store: datasets, tasks, rollouts, attempts, calls, rewards, model versions and workers. :class:`Store`
-is what the server depends on; :class:`SQLiteStore` the embedded default (one SQLite file: nothing is lost on restart,
-memory stays bounded)."""
+"""The durable store: :class:`Store` is what the server depends on, :class:`SQLiteStore` the embedded default."""
 
 from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError
 from agentlightning.server.store._sqlite import SQLiteStore

@@ -45,8 +45,7 @@ class Store(Protocol):
         """Queue ``group_size`` rollouts per task; returns their ids (grouped per task, in task order)."""
 
     def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
-        """Lease the oldest queued rollout to ``worker_id``, or None when the queue is empty. The rollout's model
-        version is the one current now (:meth:`set_model_version`)."""
+        """Lease the oldest queued rollout to ``worker_id`` on the current model version (None if none is queued)."""
 
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float) -> str:
         """Extend a lease. Returns 'ok', or the reason the worker should abandon the attempt."""
@@ -69,9 +68,8 @@ class Store(Protocol):
         """(state, attempt) of a rollout, or None if unknown. Cheap for running rollouts."""
 
     def record_proxy_call(self, call: dict[str, Any], attempt: int) -> None:
-        """Remember a call the proxy forwarded for ``attempt`` of a rollout: :class:`Call` fields, JSON-ready, with
-        ``call_id``, ``rollout_id`` and ``start_time``, validated when read back; buffered while the attempt runs
-        (:meth:`flush`). One landing after its attempt finished the rollout joins its calls, ``metadata["late"]``."""
+        """Remember a call the proxy forwarded for ``attempt`` of a rollout (JSON-ready :class:`Call` fields, validated
+        when read back). One landing after its attempt finished the rollout joins its calls, ``metadata["late"]``."""
 
     def proxy_calls(self, rollout_id: str, attempt: int | None = None) -> list[Call]:
         """Calls the proxy recorded for a rollout (one attempt, or all), by start time."""

@@ -1,9 +1,5 @@
-"""The embedded store: one SQLite file in WAL mode, one connection serialised by a lock.
-
-Only the ids of running rollouts (for the proxy's checks) and a short buffer of proxy calls are held in RAM. Proxy
-calls, the hot write path, are written in batches: with the next commit, whichever it is (a result, a lease, the
-server's flush timer). Every other change is one short transaction.
-"""
+"""The embedded store: one SQLite file in WAL mode, one connection serialised by a lock. Proxy calls, the hot write
+path, are buffered and written with the next commit (a result, a lease, the flush timer)."""
 
 from __future__ import annotations
 
@@ -54,12 +50,7 @@ class SQLiteStore(Store):
         records = list(records)
         if not records:
             raise StoreError("dataset is empty: upload at least one task")
-        payloads: list[str] = []
-        for index, record in enumerate(records):
-            try:
-                payloads.append(json.dumps(record))
-            except (TypeError, ValueError) as exc:
-                raise StoreError(f"dataset record {index} is not JSON-serialisable: {exc}") from None
+        payloads = [_json_text(record, f"dataset record {index}") for index, record in enumerate(records)]
         digest = dataset_id_for(records)
         dataset_id = dataset_id or digest
         with self._lock:
@@ -105,10 +96,10 @@ class SQLiteStore(Store):
             raise StoreError(f"timeout must be > 0 seconds, got {timeout}")
         prefix = group_id or new_id("g")
         now = time.time()
+        payloads = [_json_text(task.payload, f"task {index}") for index, task in enumerate(tasks)]
         rows = [
-            (new_id("ro"), task.task_id, dataset_id, f"{prefix}:{task.task_id}", json.dumps(task.payload), max_attempts,
-             timeout, now)
-            for task in tasks for _ in range(group_size)
+            (new_id("ro"), task.task_id, dataset_id, f"{prefix}:{task.task_id}", payload, max_attempts, timeout, now)
+            for task, payload in zip(tasks, payloads) for _ in range(group_size)
         ]
         with self._lock, self._transaction():
             self._db.executemany(
@@ -129,8 +120,7 @@ class SQLiteStore(Store):
         return lease
 
     def _lease_oldest(self, worker_id: str, lease_seconds: float, now: float) -> Lease | None:
-        """Lease the oldest queued rollout inside the caller's transaction, on the current model version (the
-        caller marks it running once committed)."""
+        """Lease the oldest queued rollout in the caller's transaction (the caller marks it running once committed)."""
         row = self._one(
             "SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts "
             "WHERE status='queued' ORDER BY seq LIMIT 1"
@@ -169,18 +159,13 @@ class SQLiteStore(Store):
         return "ok"
 
     def complete(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout) -> ResultOutcome:
-        return self._complete(rollout_id, attempt, worker_id, result, None)[0]
+        return self.complete_and_dequeue(rollout_id, attempt, worker_id, result, None)[0]
 
     def complete_and_dequeue(
-        self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
-    ) -> tuple[ResultOutcome, Lease | None]:
-        return self._complete(rollout_id, attempt, worker_id, result, lease_seconds)
-
-    def _complete(
         self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, lease_seconds: float | None
     ) -> tuple[ResultOutcome, Lease | None]:
-        """Store a result; with ``lease_seconds``, also lease the next queued rollout to ``worker_id`` in the same
-        commit."""
+        """Store a result; with ``lease_seconds`` (and a worker), also lease the next queued rollout to ``worker_id``
+        in the same commit."""
         event = event_for_status(result.status)
         lease: Lease | None = None
         with self._lock:
@@ -408,7 +393,10 @@ class SQLiteStore(Store):
 
     def attempts(self, rollout_id: str) -> list[AttemptInfo]:
         rows = self._all("SELECT * FROM attempts WHERE rollout_id=? ORDER BY attempt", rollout_id)
-        return [AttemptInfo(**{**row, "error": _json(row["error"]), "logs": _json(row["logs"]) or []}) for row in rows]
+        return [
+            AttemptInfo(**{**row, "error": json.loads(row["error"] or "null"), "logs": json.loads(row["logs"] or "[]")})
+            for row in rows
+        ]
 
     def counts(self) -> dict[str, int]:
         return dict(self._all("SELECT status, COUNT(*) FROM rollouts GROUP BY status"))
@@ -470,9 +458,12 @@ class SQLiteStore(Store):
         self._proxy_buffer = []
 
 
-def _json(text: str | None) -> Any:
-    """The value of a JSON column (None for NULL)."""
-    return None if text is None else json.loads(text)
+def _json_text(value: Any, what: str) -> str:
+    """``value`` as JSON text, or a :class:`StoreError` naming ``what``."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from None
 
 
 def _calls_from_json(bodies: Iterable[str], rollout_id: str) -> list[Call]:
