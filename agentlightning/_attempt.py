@@ -1,9 +1,5 @@
-"""One attempt: run an agent once on a task with capture on, under a deadline, and finish its rollout.
-
-``agl.run``, ``RolloutAgent.execute``, the client's workers and ``agl.train`` (through both) run every rollout as an
-:class:`Attempt`. It ends 'succeeded' with its reward, 'failed' with the traceback, 'timeout' at the deadline (a hung
-thread is abandoned) or 'cancelled' when the heartbeat says it was taken away, keeping every call and log line.
-"""
+"""One attempt: run an agent once on a task with capture on, under a deadline, and finish its rollout (every
+rollout of ``agl.run``, ``RolloutAgent.execute`` and the client's workers is an :class:`Attempt`)."""
 
 from __future__ import annotations
 
@@ -149,7 +145,7 @@ class Attempt:
         if self.agent.reward is not None or value is None:
             self.rollout.output = _jsonable(self._output)
         if value is not None:
-            self.recorder.add_reward(Reward(value=value, source="final"))
+            self.recorder.rewards.append(Reward(value=value, source="final"))
         return self._close("succeeded")
 
     def _reward_value(self, output: Any) -> float | None:
@@ -172,7 +168,7 @@ class Attempt:
     def _close(self, status: RolloutStatus, error: ErrorInfo | None = None) -> Rollout:
         rollout, recorder = self.rollout, self.recorder
         rollout.status, rollout.error = status, error
-        rollout.calls = recorder.ordered_calls()
+        rollout.calls = recorder.calls
         rollout.rewards = list(recorder.rewards)
         rollout.logs.extend(recorder.logs)
         finals = [reward.value for reward in rollout.rewards if reward.source == "final"]

@@ -52,9 +52,8 @@ class Client:
         self.api = ServerAPI(server_url, self.token)
         self.server_url = self.api.server_url
 
-    def upload_dataset(
-        self, dataset: str | Path | Sequence[Any], dataset_id: str | None = None, name: str | None = None
-    ) -> str:
+    def upload_dataset(self, dataset: str | Path | Sequence[Any], dataset_id: str | None = None,
+                       name: str | None = None) -> str:
         """Upload tasks (a JSONL/JSON file or a list) unless the server already has them; returns the dataset id."""
         if isinstance(dataset, (str, Path)):
             name = name or Path(dataset).name
