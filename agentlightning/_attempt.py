@@ -39,8 +39,7 @@ class Agent(Protocol):
 
 
 class Attempt:
-    """One run of ``agent`` on ``task`` against ``llm``, recorded into :attr:`rollout`; run it once, with
-    :meth:`run` from sync code or :meth:`arun` on an event loop."""
+    """One run of ``agent`` on ``task`` against ``llm``, recorded into :attr:`rollout`: :meth:`run` or :meth:`arun`."""
 
     def __init__(self, agent: Agent, task: Any, llm: LLM, *, rollout_id: str | None = None,
                  task_id: str | None = None, group_id: str | None = None, attempt: int = 1) -> None:
@@ -61,8 +60,7 @@ class Attempt:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        """Check the task and install capture (done by :meth:`run` / :meth:`arun`); raises ``ValueError`` naming
-        the agent for a task that is not JSON-serialisable."""
+        """Check the task (``ValueError`` naming the agent if it is not JSON-serialisable) and install capture."""
         try:
             json.dumps(self.task)
         except (TypeError, ValueError) as exc:
@@ -171,8 +169,7 @@ class Attempt:
         rollout.calls = recorder.calls
         rollout.rewards = list(recorder.rewards)
         rollout.logs.extend(recorder.logs)
-        finals = [reward.value for reward in rollout.rewards if reward.source == "final"]
-        rollout.final_reward = finals[-1] if finals else None
+        rollout.final_reward = next((r.value for r in reversed(rollout.rewards) if r.source == "final"), None)
         rollout.timings["end"] = time.time()
         rollout.timings["duration"] = rollout.timings["end"] - rollout.timings["start"]
         rollout.diagnostics = explain_rollout(rollout, recorder, self.llm.base_url)

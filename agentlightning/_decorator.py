@@ -45,9 +45,8 @@ class RolloutAgent:
         return self.func(*arguments, rollout=rollout) if self._rollout_keyword else self.func(*arguments)
 
     def execute(self, task: Any, llm: LLM, *, timeout: float | None = None, **rollout_fields: Any) -> Rollout:
-        """Run the agent once on ``task`` with capture and return the finished rollout (agent errors are recorded
-        in it, never raised); ``timeout`` (seconds) marks it 'timeout' and abandons the agent. ``rollout_fields``:
-        rollout_id, task_id, group_id, attempt."""
+        """Run the agent once on ``task`` with capture and return the finished rollout (agent errors are recorded in
+        it, never raised; 'timeout' at ``timeout`` s). ``rollout_fields``: rollout_id, task_id, group_id, attempt."""
         return Attempt(self, task, llm, **rollout_fields).run(timeout)
 
     async def aexecute(self, task: Any, llm: LLM, *, timeout: float | None = None, **rollout_fields: Any) -> Rollout:
@@ -67,9 +66,8 @@ def rollout(func: Callable[..., Any] | None = None, *, roles: Sequence[str] | No
 
     The result is a :class:`RolloutAgent`, still callable exactly like the original function.
     """
-    if func is not None:
-        return RolloutAgent(func, roles=roles, reward=reward, name=name)
-    return lambda f: RolloutAgent(f, roles=roles, reward=reward, name=name)
+    decorate = functools.partial(RolloutAgent, roles=roles, reward=reward, name=name)
+    return decorate if func is None else decorate(func)
 
 
 def _agent_parameters(func: Callable[..., Any]) -> tuple[list[str], bool]:

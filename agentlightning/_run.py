@@ -25,8 +25,7 @@ def run(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], llm: LLM
         n_workers: int = 4, timeout: float | None = None) -> list[Rollout]:
     """Run ``agent`` once per task with capture and return the finished rollouts in task order.
 
-    - ``agent``: an ``@agl.rollout`` function, or a plain ``(task, llm[, rollout])`` function (wrapped as if
-      decorated bare);
+    - ``agent``: an ``@agl.rollout`` function, or a plain ``(task, llm[, rollout])`` function (as if decorated);
     - ``tasks``: a list (or other iterable) of JSON-serialisable tasks;
     - ``llm``: the OpenAI-compatible endpoint the agent should call (``agl.LLM`` or a dict of its fields);
     - ``n_workers``: rollouts running at the same time;

@@ -62,7 +62,6 @@ class RolloutRecorder:
             return {endpoint or "an unknown endpoint" for endpoint in self._unfinished.values()}
 
 
-
 _current_recorder: ContextVar[RolloutRecorder | None] = ContextVar("agl_current_recorder", default=None)
 _current_role: ContextVar[str | None] = ContextVar("agl_current_role", default=None)
 

@@ -35,7 +35,15 @@ def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder, expected: str) -> 
     if endpoints:
         parts.append(f"Calls to {', '.join(endpoints)} started but never finished (a stream that was never "
                      "consumed, or a call still running when the rollout ended).")
-    parts.append(_patch_state())
+    adapters = installed_adapters()
+    if "openai" in adapters:
+        parts.append(f"The openai client is patched (installed capture adapters: {', '.join(adapters)}).")
+    elif "openai" not in sys.modules:
+        parts.append("The openai client was never imported in this process, so it is not patched; an agent using "
+                     "another HTTP client is only captured through the server's proxy.")
+    else:
+        parts.append("The openai client is NOT patched (agl.uninstrument('openai') was called, or patching failed: "
+                     "see logs).")
     stray = stray_calls_since(rollout.timings["start"])
     if stray:
         endpoint = stray[-1][1]
@@ -50,24 +58,13 @@ def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder, expected: str) -> 
     return " ".join(parts)
 
 
-def _patch_state() -> str:
-    adapters = installed_adapters()
-    if "openai" in adapters:
-        return f"The openai client is patched (installed capture adapters: {', '.join(adapters)})."
-    if "openai" not in sys.modules:
-        return ("The openai client was never imported in this process, so it is not patched; an agent using another "
-                "HTTP client is only captured through the server's proxy.")
-    return "The openai client is NOT patched (agl.uninstrument('openai') was called, or patching failed: see logs)."
-
-
 def _role_notes(rollout: Rollout) -> list[str]:
     llm_calls = rollout.llm_calls
     if not llm_calls or rollout.trainable_roles is None:
         return []
     roles_seen = sorted({call.role for call in llm_calls if call.role is not None})
     unnamed = sum(1 for call in llm_calls if call.role is None)
-    selected = [call for call in llm_calls if role_matches(call.role, rollout.trainable_roles)]
-    if not selected:
+    if not any(role_matches(call.role, rollout.trainable_roles) for call in llm_calls):
         note = (f"roles={rollout.trainable_roles} selected none of the {len(llm_calls)} LLM calls, so this rollout "
                 f"gives no transitions; role names seen: {roles_seen or 'none'}")
         if unnamed:

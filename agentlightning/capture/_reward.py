@@ -19,10 +19,7 @@ def emit_reward(value: float, final: bool = False, name: str | None = None) -> R
     if recorder is None:
         logger.warning("agl.emit_reward(%r) called outside a rollout; the reward is dropped", value)
         return None
-    if final:
-        reward = Reward(value=number, call_id=None, source="final", name=name)
-    else:
-        last_llm_call = next((call.call_id for call in reversed(recorder.calls) if call.kind == "llm"), None)
-        reward = Reward(value=number, call_id=last_llm_call, source="emitted", name=name)
+    call_id = None if final else next((call.call_id for call in reversed(recorder.calls) if call.kind == "llm"), None)
+    reward = Reward(value=number, call_id=call_id, source="final" if final else "emitted", name=name)
     recorder.rewards.append(reward)
     return reward

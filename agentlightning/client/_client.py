@@ -40,12 +40,9 @@ def load_records(path: str | Path) -> list[Any]:
 
 
 class Client:
-    """A Lightning Client. The server URL comes from ``server_url``, else ``$AGL_SERVER_URL`` (or
-    ``$AgentLightningServerUrl``); the token from ``token``, else ``$AGL_SERVER_TOKEN``.
-
-        client = agl.Client()
-        client.train(agent_run, dataset="data/train.jsonl", nworkers=-1)
-    """
+    """A Lightning Client, e.g. ``agl.Client().train(agent_run, dataset="data/train.jsonl")``. The server URL comes
+    from ``server_url``, else ``$AGL_SERVER_URL`` (or ``$AgentLightningServerUrl``); the token from ``token``, else
+    ``$AGL_SERVER_TOKEN``."""
 
     def __init__(self, server_url: str | None = None, token: str | None = None) -> None:
         self.token = resolve_token(token)

@@ -110,8 +110,7 @@ def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerC
     """Run one leased rollout, heart-beating, and report it, taking the next lease with the report unless ``drain``
     is set. Returns (the agent's thread was left running (hung), the next lease, the server says stop)."""
     timeout = config.timeout if config.timeout is not None else lease.timeout
-    started = time.monotonic()
-    slot.set(lease.rollout_id, lease.attempt, started + timeout if timeout else float("inf"))
+    slot.set(lease.rollout_id, lease.attempt, time.monotonic() + timeout if timeout else float("inf"))
     assert lease.llm is not None  # the server fills it in; addressed through the URL this client reaches it with
     llm = lease.llm.model_copy(update={"base_url": f"{config.server_url.rstrip('/')}/rollouts/{lease.rollout_id}/v1"})
     attempt = Attempt(agent, lease.task, llm, rollout_id=lease.rollout_id, task_id=lease.task_id,
@@ -135,7 +134,6 @@ def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerC
         if attempt.abandoned:
             logger.warning("rollout %s left its agent running; reporting it, then this worker is replaced",
                            lease.rollout_id)
-        result.timings.setdefault("worker_seconds", time.monotonic() - started)
         result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
         following = upload(api, result, lease.attempt, config, take_next=not attempt.abandoned and not drain.is_set())
     slot.clear()
