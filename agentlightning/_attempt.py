@@ -1,9 +1,5 @@
-"""One attempt: run an agent once on a task with capture on, under a deadline, and finish its rollout.
-
-``agl.run``, ``RolloutAgent.execute``, the client's workers and ``agl.train`` (through both) run every rollout as an
-:class:`Attempt`. It ends 'succeeded' with its reward, 'failed' with the traceback, 'timeout' at the deadline (a hung
-thread is abandoned) or 'cancelled' when the heartbeat says it was taken away, keeping every call and log line.
-"""
+"""One attempt: run an agent once on a task with capture on, under a deadline, and finish its rollout (every
+rollout of ``agl.run``, ``RolloutAgent.execute`` and the client's workers is an :class:`Attempt`)."""
 
 from __future__ import annotations
 
@@ -43,8 +39,7 @@ class Agent(Protocol):
 
 
 class Attempt:
-    """One run of ``agent`` on ``task`` against ``llm``, recorded into :attr:`rollout`; run it once, with
-    :meth:`run` from sync code or :meth:`arun` on an event loop."""
+    """One run of ``agent`` on ``task`` against ``llm``, recorded into :attr:`rollout`: :meth:`run` or :meth:`arun`."""
 
     def __init__(self, agent: Agent, task: Any, llm: LLM, *, rollout_id: str | None = None,
                  task_id: str | None = None, group_id: str | None = None, attempt: int = 1) -> None:
@@ -65,8 +60,7 @@ class Attempt:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        """Check the task and install capture (done by :meth:`run` / :meth:`arun`); raises ``ValueError`` naming
-        the agent for a task that is not JSON-serialisable."""
+        """Check the task (``ValueError`` naming the agent if it is not JSON-serialisable) and install capture."""
         try:
             json.dumps(self.task)
         except (TypeError, ValueError) as exc:
@@ -149,7 +143,7 @@ class Attempt:
         if self.agent.reward is not None or value is None:
             self.rollout.output = _jsonable(self._output)
         if value is not None:
-            self.recorder.add_reward(Reward(value=value, source="final"))
+            self.recorder.rewards.append(Reward(value=value, source="final"))
         return self._close("succeeded")
 
     def _reward_value(self, output: Any) -> float | None:
@@ -172,11 +166,10 @@ class Attempt:
     def _close(self, status: RolloutStatus, error: ErrorInfo | None = None) -> Rollout:
         rollout, recorder = self.rollout, self.recorder
         rollout.status, rollout.error = status, error
-        rollout.calls = recorder.ordered_calls()
+        rollout.calls = recorder.calls
         rollout.rewards = list(recorder.rewards)
         rollout.logs.extend(recorder.logs)
-        finals = [reward.value for reward in rollout.rewards if reward.source == "final"]
-        rollout.final_reward = finals[-1] if finals else None
+        rollout.final_reward = next((r.value for r in reversed(rollout.rewards) if r.source == "final"), None)
         rollout.timings["end"] = time.time()
         rollout.timings["duration"] = rollout.timings["end"] - rollout.timings["start"]
         rollout.diagnostics = explain_rollout(rollout, recorder, self.llm.base_url)

@@ -14,20 +14,11 @@ RewardFunction = Callable[[Any, Any], float]
 
 
 class RolloutAgent:
-    """An agent function decorated with ``@agl.rollout``.
+    """An agent function decorated with ``@agl.rollout``: calling it calls the function unchanged; :meth:`execute` /
+    :meth:`aexecute` run it once on a task with capture on and return a finished :class:`~agentlightning.Rollout`."""
 
-    Calling the object calls the original function unchanged. :meth:`execute` / :meth:`aexecute` run it once
-    on a task with capture on and return a finished :class:`~agentlightning.Rollout`.
-    """
-
-    def __init__(
-        self,
-        func: Callable[..., Any],
-        *,
-        roles: Sequence[str] | None = None,
-        reward: RewardFunction | None = None,
-        name: str | None = None,
-    ) -> None:
+    def __init__(self, func: Callable[..., Any], *, roles: Sequence[str] | None = None,
+                 reward: RewardFunction | None = None, name: str | None = None) -> None:
         if not callable(func):
             raise TypeError(f"@agl.rollout must decorate a function, got {type(func).__name__} {preview(func)}")
         if roles is not None and (isinstance(roles, str) or not all(isinstance(r, str) and r for r in roles)):
@@ -54,9 +45,8 @@ class RolloutAgent:
         return self.func(*arguments, rollout=rollout) if self._rollout_keyword else self.func(*arguments)
 
     def execute(self, task: Any, llm: LLM, *, timeout: float | None = None, **rollout_fields: Any) -> Rollout:
-        """Run the agent once on ``task`` with capture and return the finished rollout (agent errors are recorded
-        in it, never raised); ``timeout`` (seconds) marks it 'timeout' and abandons the agent. ``rollout_fields``:
-        rollout_id, task_id, group_id, attempt."""
+        """Run the agent once on ``task`` with capture and return the finished rollout (agent errors are recorded in
+        it, never raised; 'timeout' at ``timeout`` s). ``rollout_fields``: rollout_id, task_id, group_id, attempt."""
         return Attempt(self, task, llm, **rollout_fields).run(timeout)
 
     async def aexecute(self, task: Any, llm: LLM, *, timeout: float | None = None, **rollout_fields: Any) -> Rollout:
@@ -64,13 +54,8 @@ class RolloutAgent:
         return await Attempt(self, task, llm, **rollout_fields).arun(timeout)
 
 
-def rollout(
-    func: Callable[..., Any] | None = None,
-    *,
-    roles: Sequence[str] | None = None,
-    reward: RewardFunction | None = None,
-    name: str | None = None,
-) -> Any:
+def rollout(func: Callable[..., Any] | None = None, *, roles: Sequence[str] | None = None,
+            reward: RewardFunction | None = None, name: str | None = None) -> Any:
     """Mark an agent function ``(task, llm[, rollout]) -> reward`` as trainable.
 
     Use bare (``@agl.rollout``: every role trainable) or with options:
@@ -81,15 +66,13 @@ def rollout(
 
     The result is a :class:`RolloutAgent`, still callable exactly like the original function.
     """
-    if func is not None:
-        return RolloutAgent(func, roles=roles, reward=reward, name=name)
-    return lambda f: RolloutAgent(f, roles=roles, reward=reward, name=name)
+    decorate = functools.partial(RolloutAgent, roles=roles, reward=reward, name=name)
+    return decorate if func is None else decorate(func)
 
 
 def _agent_parameters(func: Callable[..., Any]) -> tuple[list[str], bool]:
-    """Which of task / llm / rollout the function takes, in its positional order, and whether it takes
-    ``rollout`` as a keyword-only parameter. A required parameter beyond those is a ``TypeError`` now, naming it,
-    rather than a failure of every rollout later."""
+    """Which of task / llm / rollout the function takes positionally, in order, and whether it takes ``rollout`` as a
+    keyword; any other required parameter is a ``TypeError`` now rather than a failure of every rollout later."""
     try:
         parameters = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):  # no signature to read: call it as (task, llm)

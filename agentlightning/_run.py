@@ -1,8 +1,5 @@
-"""``agl.run``: run an agent over tasks with capture on, no training, and return the rollouts.
-
-Each task is one :class:`~agentlightning._attempt.Attempt`: sync agents run ``n_workers`` at a time on daemon threads
-(a hung one is abandoned at its timeout and cannot block interpreter exit), async agents as tasks on one event loop.
-"""
+"""``agl.run``: run an agent over tasks with capture on, no training, and return the rollouts (sync agents on
+daemon threads, so a hung one cannot block interpreter exit; async agents as tasks on one event loop)."""
 
 from __future__ import annotations
 
@@ -28,8 +25,7 @@ def run(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], llm: LLM
         n_workers: int = 4, timeout: float | None = None) -> list[Rollout]:
     """Run ``agent`` once per task with capture and return the finished rollouts in task order.
 
-    - ``agent``: an ``@agl.rollout`` function, or a plain ``(task, llm[, rollout])`` function (wrapped as if
-      decorated bare);
+    - ``agent``: an ``@agl.rollout`` function, or a plain ``(task, llm[, rollout])`` function (as if decorated);
     - ``tasks``: a list (or other iterable) of JSON-serialisable tasks;
     - ``llm``: the OpenAI-compatible endpoint the agent should call (``agl.LLM`` or a dict of its fields);
     - ``n_workers``: rollouts running at the same time;
@@ -62,9 +58,8 @@ async def arun(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], l
     return _summarised(agent, rollouts, started)
 
 
-def _check_arguments(
-    agent: Any, tasks: Any, llm: Any, n_workers: Any, timeout: Any
-) -> tuple[RolloutAgent, list[Any], LLM, int, float | None]:
+def _check_arguments(agent: Any, tasks: Any, llm: Any, n_workers: Any, timeout: Any
+                     ) -> tuple[RolloutAgent, list[Any], LLM, int, float | None]:
     if not isinstance(agent, RolloutAgent):
         if not callable(agent):
             raise TypeError(f"agl.run(agent=...) must be an @agl.rollout function or a callable, got {agent!r}")
@@ -88,14 +83,6 @@ def _check_arguments(
     return agent, list(tasks), llm, n_workers, None if timeout is None else float(timeout)
 
 
-def _run_one(agent: RolloutAgent, index: int, task: Any, llm: LLM, timeout: float | None) -> Rollout:
-    attempt = Attempt(agent, task, llm)
-    try:
-        return attempt.run(timeout)
-    except Exception as exc:  # noqa: BLE001 - the attempt could not start: one unusable task never loses the others
-        return attempt.refuse(f"task #{index} could not be started: {exc}", exc)
-
-
 def _run_threads(agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int, timeout: float | None
                  ) -> list[Rollout]:
     """``n_workers`` daemon threads taking the tasks in turn (so a hung agent cannot block interpreter exit)."""
@@ -107,7 +94,11 @@ def _run_threads(agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int
                 index, task = todo.popleft()  # atomic
             except IndexError:
                 return
-            results[index] = _run_one(agent, index, task, llm, timeout)
+            attempt = Attempt(agent, task, llm)
+            try:
+                results[index] = attempt.run(timeout)
+            except Exception as exc:  # noqa: BLE001 - a failed start: one unusable task never loses the others
+                results[index] = attempt.refuse(f"task #{index} could not be started: {exc}", exc)
 
     threads = [threading.Thread(target=contextvars.copy_context().run, args=(work,), name=f"agl-run-{n}", daemon=True)
                for n in range(min(n_workers, len(tasks)))]
@@ -134,8 +125,7 @@ async def _run_async(agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers:
 
 
 def _summarised(agent: RolloutAgent, rollouts: list[Rollout], started: float) -> list[Rollout]:
-    """``rollouts``, after one info line for the run and warnings for problems shared by every rollout (empty
-    capture, unused roles)."""
+    """``rollouts``, after logging a summary and the problems every rollout shares (empty capture, unused roles)."""
     seconds = time.perf_counter() - started
     counts = collections.Counter(rollout.status for rollout in rollouts)
     summary = ", ".join(f"{count} {status}" for status, count in sorted(counts.items()))

@@ -42,7 +42,7 @@ def sync_client(server: MockLLMServer) -> openai.OpenAI:
 
 
 def only_call(recorder: RolloutRecorder) -> agl.Call:
-    calls = recorder.ordered_calls()
+    calls = recorder.calls
     assert len(calls) == 1, [c.metadata["api"] for c in calls]
     return calls[0]
 
@@ -91,7 +91,7 @@ async def test_async_chat_and_responses(server: MockLLMServer) -> None:
         await client.chat.completions.create(model="m", messages=MESSAGES)
         await client.responses.create(model="m", input="hello", instructions="be nice")
     await client.close()
-    chat, response = recorder.ordered_calls()
+    chat, response = recorder.calls
     assert chat.output["content"] == "echo: count users" and chat.sequence == 0
     assert response.metadata["api"] == "responses" and response.sequence == 1
     assert response.input == [{"role": "system", "content": "be nice"}, {"role": "user", "content": "hello"}]
@@ -176,7 +176,7 @@ def test_raw_streaming_and_streaming_response(server: MockLLMServer) -> None:
         text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
         with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES) as response:
             parsed = response.parse()
-    raw_call, streaming_call = recorder.ordered_calls()
+    raw_call, streaming_call = recorder.calls
     assert raw_call.output["content"] == text == "echo: count users" and raw_call.metadata["stream"] is True
     assert streaming_call.output["content"] == parsed.choices[0].message.content
 
@@ -190,7 +190,7 @@ async def test_async_raw_response_recorded_once(server: MockLLMServer) -> None:
         async with client.chat.completions.with_streaming_response.create(model="m", messages=MESSAGES) as resp:
             await resp.parse()
     await client.close()
-    assert [c.output["content"] for c in recorder.ordered_calls()] == ["echo: count users"] * 2
+    assert [c.output["content"] for c in recorder.calls] == ["echo: count users"] * 2
 
 
 class Answer(BaseModel):
@@ -220,7 +220,7 @@ def test_responses_stream_and_tool_calls(server: MockLLMServer) -> None:
             stream.get_final_response()
         client.responses.create(model="m", input=[{"role": "user", "content": "use a tool"}],
                                 tools=[{"type": "function", "name": "run_sql", "parameters": {}}])
-    streamed, tool = recorder.ordered_calls()
+    streamed, tool = recorder.calls
     assert streamed.output["content"] == "streamed answer" and streamed.metadata["stream"] is True
     assert tool.output["tool_calls"] == [{"id": "call_1", "type": "function",
                                           "function": {"name": "run_sql", "arguments": '{"q": "x"}'}}]
@@ -336,7 +336,7 @@ def test_pydantic_messages_passed_back_are_recorded_as_dicts(server: MockLLMServ
         first = client.chat.completions.create(model="m", messages=MESSAGES)
         client.chat.completions.create(model="m", messages=[*MESSAGES, first.choices[0].message,
                                                             {"role": "user", "content": "again"}])
-    second = recorder.ordered_calls()[1]
+    second = recorder.calls[1]
     assert second.input[2]["role"] == "assistant" and second.input[2]["content"] == "echo: count users"
     json.dumps(second.model_dump(mode="json"))
 
@@ -393,7 +393,7 @@ def test_otel_span_with_genai_attributes(server: MockLLMServer, monkeypatch: pyt
     assert failed.status.status_code == trace.StatusCode.ERROR
     assert dict(failed.attributes)["error.type"] == "InternalServerError"
     # The spans describe the very records the rollout keeps.
-    assert [s.attributes["agentlightning.call_id"] for s in spans] == [c.call_id for c in recorder.ordered_calls()]
+    assert [s.attributes["agentlightning.call_id"] for s in spans] == [c.call_id for c in recorder.calls]
 
 
 @pytest.mark.parametrize("options", [{}, {"include_response_headers": True}, {"streaming": True},
@@ -500,7 +500,7 @@ def test_call_ids_are_unique_across_calls_and_forked_children(server: MockLLMSer
     with recording(recorder):
         for _ in range(3):
             sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
-    ids = [call.call_id for call in recorder.ordered_calls()]
+    ids = [call.call_id for call in recorder.calls]
     fork = multiprocessing.get_context("fork")
     out = fork.Queue()
     children = [fork.Process(target=_call_id_in_child, args=(server.base_url, out)) for _ in range(2)]
@@ -531,7 +531,7 @@ def test_token_ids_are_exact_copies_and_malformed_ones_do_not_lose_the_call(
     with recording(recorder):
         reply = backend([7, 8]).chat.completions.create(model="m", messages=MESSAGES)
         backend(malformed).chat.completions.create(model="m", messages=MESSAGES)
-    good, bad = recorder.ordered_calls()
+    good, bad = recorder.calls
     assert good == agl.Call.model_validate(good.model_dump())  # the unvalidated record is what validation gives
     assert (good.prompt_token_ids, good.completion_token_ids, good.token_source) == ([1, 2, 3], [7, 8], "response")
     reply.choices[0].token_ids.append(9)  # the response's own list is not the record's

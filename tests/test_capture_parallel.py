@@ -107,7 +107,7 @@ def test_calls_come_back_in_sequence_order_whatever_order_they_were_attached_in(
     recorder = RolloutRecorder("ro")
     for sequence in (2, 0, 1):  # as when threads of one rollout race between taking a sequence and attaching
         recorder.add_call(agl.Call(sequence=sequence))
-    assert [c.sequence for c in recorder.ordered_calls()] == [0, 1, 2] == [c.sequence for c in recorder.calls]
+    assert [c.sequence for c in recorder.calls] == [0, 1, 2]
     assert {c.rollout_id for c in recorder.calls} == {"ro"}
 
 
@@ -153,6 +153,6 @@ def test_readers_racing_with_calls_all_see_the_same_records() -> None:
         for thread in readers:
             thread.join()
         sys.setswitchinterval(switch_interval)
-    final = recorder.ordered_calls()
+    final = recorder.calls
     assert len(final) == 20 and [call.sequence for call in final] == list(range(20))
     assert set().union(*seen) == {call.call_id for call in final}

@@ -1,8 +1,5 @@
-"""Where captured data goes: the current rollout's recorder and the current role, held in ContextVars.
-
-A ContextVar follows the code that set it into asyncio tasks created under it and into threads started
-with ``contextvars.copy_context()``; parallel rollouts in separate threads, processes or tasks never mix.
-"""
+"""Where captured data goes: the current rollout's recorder and the current role, held in ContextVars (they follow
+the code into asyncio tasks and into threads started with ``contextvars.copy_context()``)."""
 
 from __future__ import annotations
 
@@ -31,21 +28,20 @@ class RolloutRecorder:
         self.logs: list[str] = []
         self._sequence = itertools.count()  # next() on it is atomic
         self._lock = threading.Lock()
-        # Whether the calls of this rollout are emitted as OpenTelemetry spans (decided once, when it starts).
-        self.traced = tracing_enabled()
+        self.traced = tracing_enabled()  # whether its calls are emitted as OpenTelemetry spans (decided at start)
 
     @property
     def calls(self) -> list[Call]:
-        """The calls recorded so far, in sequence order (see :meth:`ordered_calls`)."""
-        return self.ordered_calls()
+        """The calls recorded so far, sorted by sequence (the order they started)."""
+        with self._lock:
+            return sorted(self._calls, key=operator.attrgetter("sequence"))
 
     def next_sequence(self) -> int:
         """Reserve the next call position (calls are ordered by when they start)."""
         return next(self._sequence)
 
     def start_call(self, endpoint: str | None) -> int:
-        """Reserve the position of a call to ``endpoint`` that starts now; it counts as unfinished until
-        :meth:`add_call` records it."""
+        """Reserve the position of a call to ``endpoint`` that starts now (unfinished until :meth:`add_call`)."""
         with self._lock:
             sequence = next(self._sequence)
             self._unfinished[sequence] = endpoint
@@ -53,8 +49,7 @@ class RolloutRecorder:
 
     def add_call(self, call: Call) -> None:
         """Attach a finished (or failed) call to this rollout (its rollout id and model version become this one's)."""
-        if call.rollout_id != self.rollout_id:
-            call.rollout_id = self.rollout_id
+        call.rollout_id = self.rollout_id
         if self.model_version is not None and "model_version" not in call.metadata:
             call.metadata["model_version"] = self.model_version
         with self._lock:
@@ -65,22 +60,6 @@ class RolloutRecorder:
         """Base URLs of the calls started but not recorded (e.g. a stream never consumed)."""
         with self._lock:
             return {endpoint or "an unknown endpoint" for endpoint in self._unfinished.values()}
-
-    def add_reward(self, reward: Reward) -> None:
-        """Record a reward (episode-level or on a call)."""
-        self.rewards.append(reward)
-
-    def last_llm_call_id(self) -> str | None:
-        """Id of the latest finished LLM call (the one started last), if any."""
-        for call in reversed(self.calls):
-            if call.kind == "llm":
-                return call.call_id
-        return None
-
-    def ordered_calls(self) -> list[Call]:
-        """The calls recorded so far, sorted by sequence (the order they started)."""
-        with self._lock:
-            return sorted(self._calls, key=operator.attrgetter("sequence"))
 
 
 _current_recorder: ContextVar[RolloutRecorder | None] = ContextVar("agl_current_recorder", default=None)
@@ -112,10 +91,7 @@ def reset_role(token: Token[str | None]) -> None:
 
 _open_recordings = 0  # recording() blocks open in this process, in any thread or task
 _open_recordings_lock = threading.Lock()
-
-
-# The latest LLM calls made outside any rollout while one was running, as (unix time, base URL): diagnostics uses
-# them to explain rollouts that captured nothing (typically a thread started without copying the context).
+# (unix time, base URL) of the latest LLM calls made outside any rollout while one was running, for diagnostics.
 _stray_calls: deque[tuple[float, str | None]] = deque(maxlen=64)
 
 

@@ -1,10 +1,5 @@
-"""Plain-words explanations for rollouts that captured no LLM call, no usable call, or no reward.
-
-"Empty transitions / reward is None" was the reference project's most common complaint: instead of training on
-nothing, every rollout says what capture saw — which endpoints the agent called compared with ``llm.base_url``,
-whether the openai client was patched, calls made outside the rollout's context, and which roles were seen or
-excluded by ``roles=``.
-"""
+"""Plain-words explanations for rollouts that captured no LLM call, no usable call, or no reward: what capture saw
+(endpoints compared with ``llm.base_url``, the openai patch, calls outside the rollout's context, roles)."""
 
 from __future__ import annotations
 
@@ -16,7 +11,7 @@ from agentlightning.capture._instrument import installed_adapters
 from agentlightning.types import Rollout
 
 
-def explain_rollout(rollout: Rollout, recorder: RolloutRecorder, llm_base_url: str | None) -> list[str]:
+def explain_rollout(rollout: Rollout, recorder: RolloutRecorder, llm_base_url: str) -> list[str]:
     """Diagnostics for a finished rollout: empty capture (compared with ``llm_base_url``, the endpoint the agent
     was given), failed calls, role filters, missing reward."""
     notes: list[str] = []
@@ -34,44 +29,33 @@ def explain_rollout(rollout: Rollout, recorder: RolloutRecorder, llm_base_url: s
     return notes
 
 
-def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder, expected: str | None) -> str:
+def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder, expected: str) -> str:
     parts = ["no LLM call was captured."]
     endpoints = sorted(recorder.unfinished_endpoints())
     if endpoints:
         parts.append(f"Calls to {', '.join(endpoints)} started but never finished (a stream that was never "
                      "consumed, or a call still running when the rollout ended).")
-    parts.append(_patch_state())
-    stray = _calls_outside_context(rollout)
-    if stray is not None:
-        count, endpoint = stray
-        parts.append(f"{count} openai call(s) ran while this rollout was running but outside its context (last one "
-                     f"to {endpoint}): threads started by the agent need contextvars.copy_context().run(...), and "
-                     "clients must be called from the rollout's own task or thread.")
-        if expected and endpoint and endpoint != expected.rstrip("/"):
-            parts.append(f"Note that endpoint differs from llm.base_url={expected}.")
-    elif expected:
-        parts.append(f"The agent was given llm.base_url={expected}; make sure it sends its requests there with the "
-                     "openai client (or a framework built on it), inside the rollout.")
-    else:
-        parts.append("Make sure the agent sends its requests with the openai client (or a framework built on it) to "
-                     "llm.base_url, inside the rollout.")
-    return " ".join(parts)
-
-
-def _patch_state() -> str:
     adapters = installed_adapters()
     if "openai" in adapters:
-        return f"The openai client is patched (installed capture adapters: {', '.join(adapters)})."
-    if "openai" not in sys.modules:
-        return ("The openai client was never imported in this process, so it is not patched; an agent using another "
-                "HTTP client is only captured through the server's proxy.")
-    return "The openai client is NOT patched (agl.uninstrument('openai') was called, or patching failed: see logs)."
-
-
-def _calls_outside_context(rollout: Rollout) -> tuple[int, str | None] | None:
-    """(count, endpoint of the last one) of patched openai calls made outside any rollout during this rollout."""
+        parts.append(f"The openai client is patched (installed capture adapters: {', '.join(adapters)}).")
+    elif "openai" not in sys.modules:
+        parts.append("The openai client was never imported in this process, so it is not patched; an agent using "
+                     "another HTTP client is only captured through the server's proxy.")
+    else:
+        parts.append("The openai client is NOT patched (agl.uninstrument('openai') was called, or patching failed: "
+                     "see logs).")
     stray = stray_calls_since(rollout.timings["start"])
-    return (len(stray), stray[-1][1]) if stray else None
+    if stray:
+        endpoint = stray[-1][1]
+        parts.append(f"{len(stray)} openai call(s) ran while this rollout was running but outside its context (last "
+                     f"one to {endpoint}): threads started by the agent need contextvars.copy_context().run(...), and "
+                     "clients must be called from the rollout's own task or thread.")
+        if endpoint and endpoint != expected.rstrip("/"):
+            parts.append(f"Note that endpoint differs from llm.base_url={expected}.")
+    else:
+        parts.append(f"The agent was given llm.base_url={expected}; make sure it sends its requests there with the "
+                     "openai client (or a framework built on it), inside the rollout.")
+    return " ".join(parts)
 
 
 def _role_notes(rollout: Rollout) -> list[str]:
@@ -80,8 +64,7 @@ def _role_notes(rollout: Rollout) -> list[str]:
         return []
     roles_seen = sorted({call.role for call in llm_calls if call.role is not None})
     unnamed = sum(1 for call in llm_calls if call.role is None)
-    selected = [call for call in llm_calls if role_matches(call.role, rollout.trainable_roles)]
-    if not selected:
+    if not any(role_matches(call.role, rollout.trainable_roles) for call in llm_calls):
         note = (f"roles={rollout.trainable_roles} selected none of the {len(llm_calls)} LLM calls, so this rollout "
                 f"gives no transitions; role names seen: {roles_seen or 'none'}")
         if unnamed:

@@ -1,6 +1,5 @@
-"""Naming an agent so that spawned worker processes can import it: ``"package.module:attribute"``. Define the agent
-at module level of an importable module (a test module collected by pytest works; so does the script run as
-``__main__`` when it guards its entry point with ``if __name__ == "__main__":``)."""
+"""Naming an agent so that spawned worker processes can import it: ``"package.module:attribute"``, defined at module
+level of an importable module (or of the script run as ``__main__``, guarded by ``if __name__ == "__main__":``)."""
 
 from __future__ import annotations
 

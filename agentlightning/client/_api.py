@@ -1,8 +1,5 @@
-"""The client's side of the server protocol: typed calls over one ``httpx.Client``, with retries and backoff.
-
-Connection errors and 502/503/504 answers are retried with exponential backoff and jitter (a restarting server is
-waited for); other error answers raise :class:`~agentlightning.protocol.ServerError` with the server's message.
-"""
+"""The client's side of the server protocol: typed calls over one ``httpx.Client``, retrying connection errors and
+502/503/504 with backoff; other error answers raise :class:`~agentlightning.protocol.ServerError`."""
 
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ from agentlightning.types import Rollout
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUSES = frozenset({502, 503, 504})
-_MAX_DELAY = 2.0
 StopSignal = threading.Event | multiprocessing.synchronize.Event
 
 
@@ -74,24 +70,18 @@ class ServerAPI:
             if (deadline is not None and time.monotonic() + pause > deadline) or (stop is not None and stop.is_set()):
                 raise Unreachable(f"{method} {self.server_url}{path} failed: {problem}")
             logger.info("server %s not answering (%s); retrying in %.2f s", self.server_url, problem, pause)
-            if stop is not None:
-                stop.wait(pause)
-            else:
-                time.sleep(pause)
-            delay = min(delay * 2, _MAX_DELAY)
+            (stop or threading.Event()).wait(pause)  # a sleep that ``stop`` cuts short
+            delay = min(delay * 2, 2.0)
         if response.is_error:
             raise ServerError(response.status_code, _detail(response))
         return response.json()
-
-    # -- protocol --------------------------------------------------------------------------------------------
 
     def health(self, retry_for: float | None = 30.0) -> dict[str, Any]:
         """``GET /health``, waiting up to ``retry_for`` seconds for the server to come up."""
         return self.request("GET", "/health", retry_for=retry_for)
 
-    def dequeue(
-        self, worker_id: str, wait: float, stop: StopSignal | None = None, retry_for: float | None = 600.0
-    ) -> tuple[Lease | None, bool]:
+    def dequeue(self, worker_id: str, wait: float, stop: StopSignal | None = None, retry_for: float | None = 600.0
+                ) -> tuple[Lease | None, bool]:
         """Long-poll for a rollout: returns (lease or None, whether the server says stop). A server that is down
         (restarting) is waited for up to ``retry_for`` seconds, or until ``stop`` is set."""
         body = self.request("POST", f"/workers/{worker_id}/dequeue", params={"wait": wait}, retry_for=retry_for,
@@ -103,15 +93,13 @@ class ServerAPI:
         return self.request("POST", f"/rollouts/{rollout_id}/heartbeat",
                             json={"attempt": attempt, "worker_id": worker_id}, retry_for=5.0)
 
-    def upload_result(
-        self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None = 600.0
-    ) -> ResultOutcome:
+    def upload_result(self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None = 600.0
+                      ) -> ResultOutcome:
         """Report a finished attempt (idempotent: safe to repeat)."""
         return ResultOutcome.model_validate(self._post_result(rollout, attempt, worker_id, retry_for))
 
-    def upload_result_and_lease(
-        self, rollout: Rollout, attempt: int, worker_id: str, retry_for: float | None = 600.0
-    ) -> tuple[ResultOutcome, Lease | None, bool]:
+    def upload_result_and_lease(self, rollout: Rollout, attempt: int, worker_id: str, retry_for: float | None = 600.0
+                                ) -> tuple[ResultOutcome, Lease | None, bool]:
         """Report a finished attempt and take ``worker_id``'s next lease in the same request: returns (what was
         done with the result, the next lease or None when the queue is empty, whether the server says stop)."""
         answer = self._post_result(rollout, attempt, worker_id, retry_for, params={"next": 1})

@@ -40,21 +40,17 @@ def load_records(path: str | Path) -> list[Any]:
 
 
 class Client:
-    """A Lightning Client. The server URL comes from ``server_url``, else ``$AGL_SERVER_URL`` (or
-    ``$AgentLightningServerUrl``); the token from ``token``, else ``$AGL_SERVER_TOKEN``.
-
-        client = agl.Client()
-        client.train(agent_run, dataset="data/train.jsonl", nworkers=-1)
-    """
+    """A Lightning Client, e.g. ``agl.Client().train(agent_run, dataset="data/train.jsonl")``. The server URL comes
+    from ``server_url``, else ``$AGL_SERVER_URL`` (or ``$AgentLightningServerUrl``); the token from ``token``, else
+    ``$AGL_SERVER_TOKEN``."""
 
     def __init__(self, server_url: str | None = None, token: str | None = None) -> None:
         self.token = resolve_token(token)
         self.api = ServerAPI(server_url, self.token)
         self.server_url = self.api.server_url
 
-    def upload_dataset(
-        self, dataset: str | Path | Sequence[Any], dataset_id: str | None = None, name: str | None = None
-    ) -> str:
+    def upload_dataset(self, dataset: str | Path | Sequence[Any], dataset_id: str | None = None,
+                       name: str | None = None) -> str:
         """Upload tasks (a JSONL/JSON file or a list) unless the server already has them; returns the dataset id."""
         if isinstance(dataset, (str, Path)):
             name = name or Path(dataset).name

@@ -16,13 +16,13 @@ from typing import Any
 
 from agentlightning.client._agentref import agent_ref
 from agentlightning.client._api import ServerAPI
-from agentlightning.client._worker import EXIT_ABANDONED, WorkerConfig, WorkerSlot, resend_spooled, worker_main
+from agentlightning.client._worker import (EXIT_ABANDONED, EXIT_AUTH, WorkerConfig, WorkerSlot, resend_spooled,
+                                           worker_main)
 from agentlightning.protocol import ProtocolError
 from agentlightning.types import ErrorInfo, Rollout, new_id
 
 logger = logging.getLogger(__name__)
 
-EXIT_AUTH = 2  # a worker's exit code when the server refused its token
 CRASH_LOOP_LIMIT = 5
 
 
@@ -34,13 +34,9 @@ class _Worker:
 
 
 class WorkerPool:
-    """``nworkers`` processes (``-1``: one per core) serving rollouts of ``agent`` from the server at ``server_url``.
-
-    :meth:`start` (or :func:`start_workers`, or ``with``) starts them; :meth:`wait` returns when every worker has
-    exited (the server said stop), :meth:`drain` lets running rollouts finish and stops, :meth:`stop` drains with a
-    deadline and then kills. Results that cannot be uploaded are spooled to ``spool_dir`` (``$AGL_SPOOL_DIR``, else
-    ``~/.cache/agentlightning/spool``) and re-sent at the next start.
-    """
+    """``nworkers`` processes (``-1``: one per core) serving rollouts of ``agent`` from the server at ``server_url``,
+    started by :meth:`start` (or :func:`start_workers`, or ``with``). Results that cannot be uploaded are spooled to
+    ``spool_dir`` (``$AGL_SPOOL_DIR``, else ``~/.cache/agentlightning/spool``) and re-sent at the next start."""
 
     def __init__(self, agent: Any, server_url: str, nworkers: int = -1, *, token: str | None = None,
                  timeout: float | None = None, kill_grace: float = 5.0, spool_dir: str | None = None,
@@ -98,8 +94,7 @@ class WorkerPool:
         """Kill every worker now (their attempts are reported failed and retried by the server)."""
         self._drain.set()
         for worker in list(self._workers.values()):
-            if worker.process.is_alive():
-                worker.process.kill()
+            worker.process.kill()  # a no-op for a process that has exited
 
     def __enter__(self) -> WorkerPool:
         return self.start()
@@ -112,16 +107,10 @@ class WorkerPool:
         """Process ids of the live workers."""
         return [w.process.pid for w in self._workers.values() if w.process.is_alive()]
 
-    # -- supervision -------------------------------------------------------------------------------------------
-
     def _spawn(self, index: int) -> None:
         self._generation += 1
         config = dataclasses.replace(self._config, worker_id=f"{self.client_id}-w{index}.{self._generation}")
-        slot = WorkerSlot(
-            deadline=self._ctx.RawValue("d", 0.0),  # type: ignore[arg-type]
-            attempt=self._ctx.RawValue("i", 0),  # type: ignore[arg-type]
-            rollout_id=self._ctx.RawArray("c", 64),  # type: ignore[arg-type]
-        )
+        slot = WorkerSlot(self._ctx.RawValue("d", 0.0), self._ctx.RawValue("i", 0), self._ctx.RawArray("c", 64))
         process = self._ctx.Process(target=worker_main, args=(config, slot, self._drain), name=config.worker_id,
                                     daemon=True)
         process.start()

@@ -1,13 +1,6 @@
-"""A worker process: lease a rollout, run the agent on it, report the result; repeat until told to stop.
-
-The report takes the worker's next lease in the same request (one request per rollout while there is work); a
-worker that found the queue empty long-polls ``dequeue``.
-
-Each rollout is an :class:`~agentlightning._attempt.Attempt`, heart-beating while its agent runs. At the timeout the
-worker reports it as 'timeout' with every call and log captured so far, then exits (a stuck thread cannot be killed
-any other way) and the pool starts a fresh worker; a worker that stops responding is killed by the pool. Results
-that cannot be uploaded are spooled to disk and re-sent later.
-"""
+"""A worker process: lease a rollout, run the agent on it heart-beating, report the result (taking the next lease
+with the report); repeat until told to stop. A worker that leaves a hung agent behind exits after reporting it and
+is replaced by the pool; results that cannot be uploaded are spooled to disk and re-sent later."""
 
 from __future__ import annotations
 
@@ -21,7 +14,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from multiprocessing.sharedctypes import Synchronized, SynchronizedArray
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -36,6 +28,7 @@ from agentlightning.types import Rollout
 logger = logging.getLogger(__name__)
 
 EXIT_ABANDONED = 75  # the worker left a stuck agent thread behind and must be replaced
+EXIT_AUTH = 2  # the server refused the token
 DEQUEUE_WAIT = 2.0
 
 
@@ -56,18 +49,16 @@ class WorkerConfig:
 
 @dataclass
 class WorkerSlot:
-    """Shared memory the pool reads to know what a worker is doing (no locks: one writer, one reader)."""
+    """Shared memory (ctypes values) the pool reads to know what a worker is doing: one writer, one reader."""
 
-    deadline: Synchronized  # monotonic-clock deadline of the running rollout, 0.0 when idle
-    attempt: Synchronized
-    rollout_id: SynchronizedArray
+    deadline: Any  # monotonic-clock deadline of the running rollout, 0.0 when idle
+    attempt: Any
+    rollout_id: Any
 
     def running(self) -> tuple[str, int, float] | None:
         """(rollout id, attempt, deadline) of the rollout being run, or None."""
         deadline = self.deadline.value
-        if deadline == 0.0:
-            return None
-        return self.rollout_id.value.decode(), self.attempt.value, deadline
+        return None if deadline == 0.0 else (self.rollout_id.value.decode(), self.attempt.value, deadline)
 
     def set(self, rollout_id: str, attempt: int, deadline: float) -> None:
         self.rollout_id.value = rollout_id.encode()[:63]
@@ -85,7 +76,8 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.s
                         format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "httpcore"):  # a line per request would flood the logs and every rollout's logs
         logging.getLogger(noisy).setLevel(max(config.log_level, logging.WARNING))
-    _capture_output()
+    sys.stdout = _TeeToRollout(sys.stdout, "stdout")  # type: ignore[assignment]
+    sys.stderr = _TeeToRollout(sys.stderr, "stderr")  # type: ignore[assignment]
     agent = load_agent(config.agent_ref)
     enable_auto_instrumentation()  # pay adapter set-up now, not inside the first lease
     api = ServerAPI(config.server_url, config.token)
@@ -106,22 +98,19 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.s
         except ServerError as exc:
             logger.error("the server refused to hand out work: %s", exc.message)
             if exc.status in (401, 403):
-                sys.exit(2)
+                sys.exit(EXIT_AUTH)
             time.sleep(1.0)
     if server_stop:
         logger.info("server says stop; worker exits")
     api.close()
 
 
-def run_lease(
-    agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerConfig, slot: WorkerSlot,
-    drain: multiprocessing.synchronize.Event,
-) -> tuple[bool, Lease | None, bool]:
+def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerConfig, slot: WorkerSlot,
+              drain: multiprocessing.synchronize.Event) -> tuple[bool, Lease | None, bool]:
     """Run one leased rollout, heart-beating, and report it, taking the next lease with the report unless ``drain``
     is set. Returns (the agent's thread was left running (hung), the next lease, the server says stop)."""
     timeout = config.timeout if config.timeout is not None else lease.timeout
-    started = time.monotonic()
-    slot.set(lease.rollout_id, lease.attempt, started + timeout if timeout else float("inf"))
+    slot.set(lease.rollout_id, lease.attempt, time.monotonic() + timeout if timeout else float("inf"))
     assert lease.llm is not None  # the server fills it in; addressed through the URL this client reaches it with
     llm = lease.llm.model_copy(update={"base_url": f"{config.server_url.rstrip('/')}/rollouts/{lease.rollout_id}/v1"})
     attempt = Attempt(agent, lease.task, llm, rollout_id=lease.rollout_id, task_id=lease.task_id,
@@ -145,16 +134,14 @@ def run_lease(
         if attempt.abandoned:
             logger.warning("rollout %s left its agent running; reporting it, then this worker is replaced",
                            lease.rollout_id)
-        result.timings.setdefault("worker_seconds", time.monotonic() - started)
         result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
         following = upload(api, result, lease.attempt, config, take_next=not attempt.abandoned and not drain.is_set())
     slot.clear()
     return (attempt.abandoned, *following)
 
 
-def upload(
-    api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig, take_next: bool = False
-) -> tuple[Lease | None, bool]:
+def upload(api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig, take_next: bool = False
+           ) -> tuple[Lease | None, bool]:
     """Report ``result``; if the server stays unreachable, spool it to disk for a later client to send. With
     ``take_next``, the worker's next lease comes with the answer. Returns (that lease or None, the server says stop)."""
     worker_id, retry_for = config.worker_id, config.upload_retry_seconds
@@ -189,11 +176,8 @@ def spool(result: Rollout, attempt: int, config: WorkerConfig) -> Path:
 
 def resend_spooled(api: ServerAPI, spool_dir: str) -> int:
     """Upload results spooled by an earlier run; returns how many were delivered."""
-    directory = Path(spool_dir)
-    if not directory.is_dir():
-        return 0
     sent = 0
-    for path in sorted(directory.glob("*.json")):
+    for path in sorted(Path(spool_dir).glob("*.json")):  # none when the directory does not exist
         entry = json.loads(path.read_text())
         try:
             api.upload_result(Rollout.model_validate(entry["rollout"]), entry["attempt"], entry["worker_id"],
@@ -223,8 +207,3 @@ class _TeeToRollout:
 
     def __getattr__(self, name: str) -> Any:  # flush, fileno, encoding, isatty...: the wrapped stream's
         return getattr(self._stream, name)
-
-
-def _capture_output() -> None:
-    sys.stdout = _TeeToRollout(sys.stdout, "stdout")  # type: ignore[assignment]
-    sys.stderr = _TeeToRollout(sys.stderr, "stderr")  # type: ignore[assignment]

@@ -124,7 +124,7 @@ def _captured(call: Callable[[], object], calls: int = 1) -> Callable[[], float]
             started = time.thread_time()
             for _ in range(calls):
                 call()
-            built = recorder.ordered_calls()
+            built = recorder.calls
             elapsed = time.thread_time() - started
         assert len(built) == calls, f"{len(built)} of {calls} calls recorded"
         return elapsed
@@ -224,7 +224,7 @@ def capture_work(n: int = 5000) -> dict[str, float]:
         def call() -> object:
             recorder = RolloutRecorder("ro-bench")
             adapter._Call("chat.completions", recorder, resource, dict(kwargs)).handle(response)
-            return recorder.ordered_calls()
+            return recorder.calls
 
         result[label] = _per_call(call, n)
     client = _client(_stream_body(), "text/event-stream")
@@ -235,7 +235,7 @@ def capture_work(n: int = 5000) -> dict[str, float]:
         recorder = RolloutRecorder("ro-bench")
         call = adapter._Call("chat.completions", recorder, resource, {**kwargs, "stream": True})
         list(adapter._observed(iter(chunks), call))
-        return recorder.ordered_calls()
+        return recorder.calls
 
     result["capture work, stream"] = _per_call(stream, n)
     return result

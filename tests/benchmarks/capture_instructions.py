@@ -40,7 +40,7 @@ def capture_work(calls: int, token_ids: bool) -> None:
             recorder = RolloutRecorder("ro-count")
             for _ in range(ROLLOUT_CALLS):
                 adapter._Call("chat.completions", recorder, resource, kwargs).handle(response)
-            assert len(recorder.ordered_calls()) == ROLLOUT_CALLS
+            assert len(recorder.calls) == ROLLOUT_CALLS
 
     run(600)
     run(calls)
