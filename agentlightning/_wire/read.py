@@ -1,11 +1,6 @@
-"""Reading a call off the wire: the request as sent and the response (or stream) as received, into ``Call`` fields.
-
-Capture (``adapters/openai.py``) and the server's proxy record a call the same way: :func:`request_fields` when the
-request is sent, :func:`fill_answer` with what :func:`read_response` or a :class:`StreamFold` read from the answer,
-then :func:`build_call`. Responses may be parsed ``openai`` objects or their JSON dicts. Token ids are read where vLLM
-puts them with ``return_token_ids``: ``prompt_token_ids`` at the top level (or on the choice, legacy completions),
-``choices[i].token_ids`` (per chunk when streamed) and ``output_token_ids`` (Responses); sampling logprobs from
-``choices[i].logprobs`` (and the Responses API's output text parts).
+"""Reading a call off the wire into ``Call`` fields: :func:`request_fields` from the request as sent,
+:func:`fill_answer` with what :func:`read_response` (parsed ``openai`` objects or JSON dicts) or a :class:`StreamFold`
+read, then :func:`build_call`. Token ids are read where vLLM puts them with ``return_token_ids``.
 """
 
 from __future__ import annotations
@@ -94,13 +89,8 @@ def build_call(fields: dict[str, Any]) -> Call:
         return Call.model_validate(fields, strict=True)
 
 
-# -- reading responses and streams ---------------------------------------------------------------------------------
-
-
 def _view(obj: Any) -> dict[str, Any]:
     """The fields of a response object (declared ones and extras such as vLLM's ``token_ids``) or its JSON dict."""
-    if obj is None:
-        return {}
     if isinstance(obj, dict):
         return obj
     if isinstance(obj, pydantic.BaseModel):
@@ -123,15 +113,16 @@ def _logprobs(value: Any) -> list[Any] | None:
     return None
 
 
+def _prompt_ids(body: dict[str, Any], choice: dict[str, Any]) -> Any:
+    """Prompt token ids at the top level, or on the choice (vLLM's legacy completions)."""
+    return body["prompt_token_ids"] if body.get("prompt_token_ids") is not None else choice.get("prompt_token_ids")
+
+
 def _tool_call(tool_call: Any) -> dict[str, Any]:
     view = _view(tool_call)
     function = _view(view.get("function"))
     return {"id": view.get("id"), "type": view.get("type") or "function",
             "function": {"name": function.get("name"), "arguments": function.get("arguments")}}
-
-
-def _either(first: Any, second: Any) -> Any:
-    return first if first is not None else second
 
 
 def read_response(api: str, response: Any) -> dict[str, Any]:
@@ -154,7 +145,7 @@ def read_response(api: str, response: Any) -> dict[str, Any]:
             output["refusal"] = message["refusal"]
     return {"output": output, "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
             "choices": len(choices),
-            "prompt_token_ids": _either(body.get("prompt_token_ids"), choice.get("prompt_token_ids")),
+            "prompt_token_ids": _prompt_ids(body, choice),
             "completion_token_ids": choice.get("token_ids"), "completion_logprobs": _logprobs(choice.get("logprobs"))}
 
 
@@ -232,7 +223,7 @@ class StreamFold:
         for choice in map(_view, body.get("choices") or []):
             if choice.get("index"):
                 continue
-            self._choice(choice, _either(body.get("prompt_token_ids"), choice.get("prompt_token_ids")))
+            self._choice(choice, _prompt_ids(body, choice))
 
     def _choice(self, choice: dict[str, Any], prompt_ids: Any) -> None:
         if self.prompt_ids is None and prompt_ids is not None:

@@ -1,7 +1,4 @@
-"""A local OpenAI-compatible mock server for testing agents without a model.
-
-    from agentlightning.testing import MockLLMServer, MockReply, MockToolCall, MockRequest
-"""
+"""A local OpenAI-compatible mock server for testing agents without a model."""
 
 from agentlightning.testing._replies import MockReply, MockRequest, MockToolCall
 from agentlightning.testing._server import MockLLMServer, echo_handler

@@ -1,9 +1,5 @@
-"""A deterministic byte-level tokenizer and the prompt template of the mock server.
-
-Every UTF-8 byte is one token (id = byte + 3; ids 0-2 are pad, bos, eos), so ``decode(encode(text)) == text``,
-concatenating the ids of two strings gives the ids of their concatenation, and tests can predict exactly which
-token ids the mock server returns.
-"""
+"""The mock server's deterministic byte-level tokenizer (one token per UTF-8 byte, id = byte + 3; ids 0-2 are pad,
+bos, eos: tests can predict every token id) and its prompt template."""
 
 from __future__ import annotations
 
@@ -55,11 +51,8 @@ def render_tool_calls(tool_calls: Sequence[dict[str, Any]]) -> str:
     rendered = []
     for call in tool_calls:
         function = call.get("function", call)
-        rendered.append(
-            "<tool_call>"
-            + json.dumps({"name": function.get("name"), "arguments": function.get("arguments")}, sort_keys=True)
-            + "</tool_call>"
-        )
+        payload = json.dumps({"name": function.get("name"), "arguments": function.get("arguments")}, sort_keys=True)
+        rendered.append(f"<tool_call>{payload}</tool_call>")
     return "".join(rendered)
 
 
