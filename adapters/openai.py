@@ -197,17 +197,13 @@ class _Call:
                 fields.update(status="error", error=f"{type(error).__name__}: {error}")
                 fields["metadata"]["error_type"] = type(error).__name__
                 if getattr(error, "status_code", None):
-                    fields["metadata"]["http_status"] = error.status_code
+                    fields["metadata"]["http_status"] = error.status_code  # type: ignore[attr-defined]
             call = build_call(fields)
             self.recorder.add_call(call)
-        except Exception:  # noqa: BLE001
-            logger.warning("openai capture failed to record a %s call; the agent continues", self.api, exc_info=True)
-            return
-        if self.recorder.traced:  # the span goes out now, under the agent's current trace context
-            try:
+            if self.recorder.traced:  # the span goes out now, under the agent's current trace context
                 emit_call_span(call)
-            except Exception:  # noqa: BLE001
-                logger.warning("could not emit the OpenTelemetry span of a %s call", self.api, exc_info=True)
+        except Exception:  # noqa: BLE001
+            logger.warning("openai capture failed on a %s call; the agent continues", self.api, exc_info=True)
 
 
 class _StreamEnd:

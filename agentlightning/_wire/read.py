@@ -162,19 +162,15 @@ def _read_responses(body: dict[str, Any]) -> dict[str, Any]:
         elif item.get("type") == "function_call":
             tool_calls.append({"id": item.get("call_id"), "type": "function",
                                "function": {"name": item.get("name"), "arguments": item.get("arguments")}})
+    finish_reason = "tool_calls" if tool_calls else "stop"
+    if body.get("status") == "incomplete":  # as a chat finish reason: 'length', or the reason given
+        reason = _view(body.get("incomplete_details")).get("reason") or "incomplete"
+        finish_reason = "length" if reason == "max_output_tokens" else reason
     return {"output": {"content": "".join(texts) if texts else None, "tool_calls": tool_calls,
-                       "finish_reason": _responses_finish(body, tool_calls)},
+                       "finish_reason": finish_reason},
             "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
             "prompt_token_ids": body.get("prompt_token_ids"), "completion_token_ids": body.get("output_token_ids"),
             "completion_logprobs": logprobs or None}
-
-
-def _responses_finish(body: dict[str, Any], tool_calls: list[Any]) -> str:
-    """A Responses API status as a chat finish reason: 'length' (or the reason given) when incomplete."""
-    if body.get("status") == "incomplete":
-        reason = _view(body.get("incomplete_details")).get("reason") or "incomplete"
-        return "length" if reason == "max_output_tokens" else reason
-    return "tool_calls" if tool_calls else "stop"
 
 
 class StreamFold:
@@ -220,14 +216,11 @@ class StreamFold:
         self.response_id = self.response_id or body.get("id")
         self.model = self.model or body.get("model")
         self.usage = body.get("usage") or self.usage
-        for choice in map(_view, body.get("choices") or []):
-            if choice.get("index"):
-                continue
-            self._choice(choice, _prompt_ids(body, choice))
-
-    def _choice(self, choice: dict[str, Any], prompt_ids: Any) -> None:
-        if self.prompt_ids is None and prompt_ids is not None:
-            self.prompt_ids = prompt_ids
+        choice = next((choice for choice in map(_view, body.get("choices") or []) if not choice.get("index")), None)
+        if choice is None:
+            return
+        if self.prompt_ids is None:
+            self.prompt_ids = _prompt_ids(body, choice)
         if choice.get("token_ids") is not None:
             self.completion_ids = (self.completion_ids or []) + list(choice["token_ids"])
         logprobs = _logprobs(choice.get("logprobs"))

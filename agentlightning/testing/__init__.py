@@ -4,12 +4,5 @@ from agentlightning.testing._replies import MockReply, MockRequest, MockToolCall
 from agentlightning.testing._server import MockLLMServer, echo_handler
 from agentlightning.testing._tokenizer import MockTokenizer, render_chat_prompt
 
-__all__ = [
-    "MockLLMServer",
-    "MockReply",
-    "MockRequest",
-    "MockTokenizer",
-    "MockToolCall",
-    "echo_handler",
-    "render_chat_prompt",
-]
+__all__ = ["MockLLMServer", "MockReply", "MockRequest", "MockTokenizer", "MockToolCall", "echo_handler",
+           "render_chat_prompt"]

@@ -14,7 +14,6 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 from starlette.applications import Starlette
@@ -67,7 +66,7 @@ class MockLLMServer:
         self.token_ids = token_ids
         self.models = list(models)
         self.host = host
-        self._port = port
+        self.port = port  # the port listened on (known once started)
         self._lock = threading.Lock()
         self._requests: list[MockRequest] = []
         self._handler: Handler = echo_handler
@@ -100,14 +99,9 @@ class MockLLMServer:
             return list(self._requests)
 
     @property
-    def port(self) -> int:
-        """The port listened on (known once started)."""
-        return self._port
-
-    @property
     def url(self) -> str:
         """``http://host:port`` (no ``/v1``)."""
-        return f"http://{self.host}:{self._port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -122,9 +116,9 @@ class MockLLMServer:
         """Start listening (returns once the server accepts connections)."""
         if self._http is None:
             self._stopping = asyncio.Event()
-            self._http = BackgroundServer(self._app(), self.host, self._port, name="MockLLMServer",
+            self._http = BackgroundServer(self._app(), self.host, self.port, name="MockLLMServer",
                                           timeout_graceful_shutdown=2).start()
-            self._port = self._http.port
+            self.port = self._http.port
         return self
 
     def stop(self) -> None:
@@ -132,8 +126,8 @@ class MockLLMServer:
         if self._http is None:
             return
         loop = self._http.loop
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed already
                 loop.call_soon_threadsafe(self._stopping.set)
         self._http.stop(10)
         self._http = None
@@ -141,9 +135,7 @@ class MockLLMServer:
     def __enter__(self) -> MockLLMServer:
         return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def _app(self) -> Starlette:

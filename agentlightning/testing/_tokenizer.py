@@ -28,13 +28,9 @@ class MockTokenizer:
         """Text of ``ids``; special ids are skipped, broken UTF-8 is replaced."""
         return bytes(i - BYTE_OFFSET for i in ids if i >= BYTE_OFFSET).decode("utf-8", errors="replace")
 
-    def token_bytes(self, token_id: int) -> bytes:
-        """The raw byte a token stands for (empty for special tokens)."""
-        return bytes([token_id - BYTE_OFFSET]) if token_id >= BYTE_OFFSET else b""
-
     def token_text(self, token_id: int) -> str:
         """A printable form of one token: the character, or ``bytes:\\xNN`` for a partial UTF-8 byte (as vLLM)."""
-        raw = self.token_bytes(token_id)
+        raw = bytes([token_id - BYTE_OFFSET]) if token_id >= BYTE_OFFSET else b""  # special tokens: no text
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
