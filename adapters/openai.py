@@ -1,15 +1,9 @@
 """Capture of the ``openai`` client: every chat / completions / responses call becomes a :class:`~agentlightning.Call`.
 
-Patched with wrapt (class attributes, so every client instance, ``with_options`` copy and framework built on the
-client is covered): ``chat.completions.create`` / ``parse``, ``responses.create`` / ``parse``, legacy
-``completions.create``, sync and async. A call is recorded when it ends: a response when it returns, a stream when it
-is consumed, fails or is closed early, a ``with_raw_response`` / ``with_streaming_response`` call when it is read (the
-agent gets a transparent wrapt proxy of the stream or raw response). The record is built by
-:mod:`agentlightning._wire.read` from the request as sent and the response as received.
-
-Outside a rollout a wrapped call costs one ContextVar lookup (and, while another rollout of the process runs, a note
-of its endpoint for diagnostics). A failure of capture itself is logged and the agent's call proceeds unchanged; an
-error raised by the API is recorded (status 'error') and re-raised as is.
+The client classes' methods are patched with wrapt (sync and async, ``parse`` included), so every client instance is
+covered. A call is recorded when it ends: a response when it returns, a stream when it is consumed, fails or is closed
+early, a raw response when it is parsed. Outside a rollout a wrapped call costs one ContextVar lookup; a failure of
+capture itself is logged and never breaks the agent's call.
 """
 
 from __future__ import annotations
@@ -52,18 +46,12 @@ _ITERABLE_KEYS = frozenset({"messages", "tools", "input"})
 
 _lock = threading.Lock()
 _originals: list[tuple[type, str, Any]] = []
-_active = False
-
-
-# -- install / uninstall -----------------------------------------------------------------------------------------
 
 
 def install() -> None:
     """Patch the openai client classes (idempotent)."""
-    global _active
     with _lock:
         if _originals:
-            _active = True
             return
         for module_name, class_name, method, api, is_async in _TARGETS:
             try:
@@ -76,22 +64,19 @@ def install() -> None:
             wrapper = _async_wrapper(api) if is_async else _sync_wrapper(api)
             setattr(cls, method, wrapt.FunctionWrapper(original, wrapper))
             _originals.append((cls, method, original))
-        _active = True
 
 
 def uninstall() -> None:
     """Restore the original openai methods (idempotent)."""
-    global _active
     with _lock:
         for cls, method, original in reversed(_originals):
             setattr(cls, method, original)
         _originals.clear()
-        _active = False
 
 
 def is_installed() -> bool:
     """Whether the openai client is patched now."""
-    return _active
+    return bool(_originals)
 
 
 def _endpoint(resource: Any) -> str | None:
@@ -100,13 +85,10 @@ def _endpoint(resource: Any) -> str | None:
     return None if client is None else str(client.base_url).rstrip("/")
 
 
-# -- the wrappers ------------------------------------------------------------------------------------------------
-
-
 def _start(api: str, instance: Any, kwargs: dict[str, Any]) -> _Call | None:
     """The recording of a call starting now, or None outside a rollout (or when capture fails to start)."""
     recorder = current_recorder()
-    if recorder is None or not _active:
+    if recorder is None or not _originals:
         note_stray_call(_endpoint(instance))  # for the diagnostics of a rollout that captured nothing
         return None
     try:
@@ -124,7 +106,7 @@ def _sync_wrapper(api: str) -> Callable[..., Any]:
         try:
             result = wrapped(*args, **kwargs)
         except BaseException as exc:
-            call.fail(exc)
+            call.finish(None, error=exc)
             raise
         return call.handle(result)
 
@@ -143,12 +125,9 @@ async def _acall(call: _Call, pending: Any) -> Any:
     try:
         result = await pending
     except BaseException as exc:
-        call.fail(exc)
+        call.finish(None, error=exc)
         raise
     return call.handle(result)
-
-
-# -- one call being recorded ---------------------------------------------------------------------------------------
 
 
 def _as_sent(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -203,38 +182,28 @@ class _Call:
             logger.warning("openai capture failed to record a %s call; the agent continues", self.api, exc_info=True)
         return result
 
-    def fail(self, exc: BaseException) -> None:
-        """Record the call as failed by ``exc`` (the caller re-raises it)."""
-        status = getattr(exc, "status_code", None)
-        self.finish(None, error=exc, **({"http_status": status} if status else {}))
-
-    def finish(self, answer: dict[str, Any] | None, error: BaseException | None = None, **metadata: Any) -> None:
-        """Add the call's record to the rollout (once): what the response answered, and ``error`` if it failed."""
+    def finish(self, answer: dict[str, Any] | None, error: BaseException | None = None) -> None:
+        """Add the call's record to the rollout (once): what the response answered, and ``error`` if it failed (the
+        caller re-raises it)."""
         if self.finished:
             return
         self.finished = True
         try:
             fields = self.fields
             fields["end_time"] = time.time()
-            fields["metadata"].update(metadata)
             if answer is not None:
                 fill_answer(fields, answer, "response")
             if error is not None:
                 fields.update(status="error", error=f"{type(error).__name__}: {error}")
                 fields["metadata"]["error_type"] = type(error).__name__
+                if getattr(error, "status_code", None):
+                    fields["metadata"]["http_status"] = error.status_code  # type: ignore[attr-defined]
             call = build_call(fields)
             self.recorder.add_call(call)
-        except Exception:  # noqa: BLE001
-            logger.warning("openai capture failed to record a %s call; the agent continues", self.api, exc_info=True)
-            return
-        if self.recorder.traced:  # the span goes out now, under the agent's current trace context
-            try:
+            if self.recorder.traced:  # the span goes out now, under the agent's current trace context
                 emit_call_span(call)
-            except Exception:  # noqa: BLE001
-                logger.warning("could not emit the OpenTelemetry span of a %s call", self.api, exc_info=True)
-
-
-# -- streams and raw responses -------------------------------------------------------------------------------------
+        except Exception:  # noqa: BLE001
+            logger.warning("openai capture failed on a %s call; the agent continues", self.api, exc_info=True)
 
 
 class _StreamEnd:

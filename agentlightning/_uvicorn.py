@@ -12,16 +12,12 @@ import uvicorn
 
 
 class BackgroundServer:
-    """Serve ``app`` on ``host:port`` (``port=0`` picks a free one) from a daemon thread.
+    """Serve ``app`` on ``host:port`` (``port=0`` picks a free one) from a daemon thread: ``start()`` returns once
+    requests are accepted. Keyword arguments go to :class:`uvicorn.Config` (defaults: warnings only, no access log, no
+    lifespan)."""
 
-        server = BackgroundServer(app).start()   # returns once requests are accepted
-        httpx.get(f"{server.url}/health")
-        server.stop()
-
-    Keyword arguments go to :class:`uvicorn.Config` (defaults: warnings only, no access log, no lifespan).
-    """
-
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, name: str = "server", **config: Any) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, name: str = "server",
+                 **config: Any) -> None:
         self.host = host
         self.port = port
         self.name = name
@@ -29,8 +25,7 @@ class BackgroundServer:
         self._app = app
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
-        """The server's event loop while it runs."""
+        self.loop: asyncio.AbstractEventLoop | None = None  # the server's event loop while it runs
 
     @property
     def url(self) -> str:

@@ -1,6 +1,4 @@
-"""The protocol shared by the Lightning Server and its clients: the records their HTTP API exchanges (besides the core
-``Rollout``/``Call``), how datasets and tasks get their ids, and the errors of a request. The client imports this, never
-the server."""
+"""The records, ids and errors of the Lightning Server's HTTP API, shared by the server and its clients."""
 
 from __future__ import annotations
 
@@ -105,21 +103,13 @@ def dataset_id_for(records: Sequence[Any]) -> str:
     return f"ds-{digest.hexdigest()[:16]}"
 
 
-def own_task_id(task: Any) -> str | None:
-    """The task's own ``task_id`` (else ``id``) field as a string, or None when it has neither."""
+def task_id_for(task: Any, dataset_id: str | None = None, index: int | None = None) -> str:
+    """A task's id: its own ``task_id`` / ``id`` field; else ``<dataset_id>:<index>`` for a row of an uploaded
+    dataset; else a content hash (equal tasks share an id, as GRPO groups need)."""
     if isinstance(task, Mapping):
         for key in ("task_id", "id"):
             if task.get(key) is not None:
                 return str(task[key])
-    return None
-
-
-def task_id_for(task: Any, dataset_id: str | None = None, index: int | None = None) -> str:
-    """A task's id: its own ``task_id`` / ``id`` field; else ``<dataset_id>:<index>`` for a row of an uploaded
-    dataset; else a content hash (equal tasks share an id, as GRPO groups need)."""
-    own = own_task_id(task)
-    if own is not None:
-        return own
     if dataset_id is not None:
         return f"{dataset_id}:{index}"
     digest = hashlib.sha1(json.dumps(task, sort_keys=True, default=repr).encode()).hexdigest()

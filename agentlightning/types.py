@@ -1,8 +1,5 @@
-"""The unified data interface: the records every part of Agent Lightning exchanges.
-
-All records are pydantic v2 models that round-trip through JSON (``model_dump_json`` /
-``model_validate_json``) and carry a ``schema_version`` so stored data can be migrated.
-"""
+"""The records every part of Agent Lightning exchanges: pydantic models that round-trip through JSON and carry a
+``schema_version`` so stored data can be migrated."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ import secrets
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 SCHEMA_VERSION = 1
 
@@ -40,9 +37,7 @@ def check_finite(value: Any, where: str) -> float:
 
 
 class Record(BaseModel):
-    """Base of all records: JSON round-trip and a schema version."""
-
-    model_config = ConfigDict(extra="ignore", validate_assignment=False)
+    """Base of all records: JSON round-trip and a schema version (unknown fields are ignored)."""
 
     schema_version: int = Field(default=SCHEMA_VERSION, description="Version of the record layout.")
 

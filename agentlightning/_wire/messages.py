@@ -10,11 +10,8 @@ import pydantic_core
 def as_plain(value: Any) -> Any:
     """``value`` as plain JSON data (a copy, by pydantic-core): pydantic objects without their None fields, tuples as
     lists, classes by name, other values that JSON cannot hold as their ``repr``."""
-    return pydantic_core.to_jsonable_python(value, exclude_none=True, fallback=_name_or_repr)
-
-
-def _name_or_repr(value: Any) -> str:
-    return value.__name__ if isinstance(value, type) else repr(value)  # e.g. response_format=SomeModel for .parse()
+    return pydantic_core.to_jsonable_python(  # a class: e.g. response_format=SomeModel for .parse()
+        value, exclude_none=True, fallback=lambda other: other.__name__ if isinstance(other, type) else repr(other))
 
 
 def message_text(content: Any) -> str:

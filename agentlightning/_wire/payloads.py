@@ -64,10 +64,6 @@ def text_pieces(text: str) -> list[str]:
     return re.findall(r"\s*\S+|\s+", text)
 
 
-def _chat_logprobs(entries: list[dict[str, Any]] | None) -> dict[str, Any] | None:
-    return None if entries is None else {"content": entries, "refusal": None}
-
-
 def _completion_logprobs(entries: list[dict[str, Any]] | None, offset: int = 0) -> dict[str, Any] | None:
     if entries is None:
         return None
@@ -86,8 +82,8 @@ def chat_completion(reply: Reply) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": choice.content, "refusal": None}
         if choice.tool_calls:
             message["tool_calls"] = choice.tool_calls
-        item = {"index": index, "message": message, "finish_reason": choice.finish_reason,
-                "logprobs": _chat_logprobs(choice.logprobs)}
+        logprobs = None if choice.logprobs is None else {"content": choice.logprobs, "refusal": None}
+        item = {"index": index, "message": message, "finish_reason": choice.finish_reason, "logprobs": logprobs}
         choices.append({**item, "token_ids": choice.token_ids} if reply.token_ids else item)
     body = {**reply.envelope("chat.completion", choices), "usage": reply.usage()}
     return {**body, "prompt_token_ids": reply.prompt_token_ids} if reply.token_ids else body
@@ -106,8 +102,9 @@ def chat_chunks(reply: Reply, include_usage: bool = False) -> Iterator[dict[str,
     """The ``chat.completion.chunk`` objects of a streamed reply (token ids on the chunks, as vLLM sends them)."""
     for index, choice in enumerate(reply.choices):
         def chunk(delta: dict[str, Any], ids: slice = slice(0, 0), finish: str | None = None) -> dict[str, Any]:
-            logprobs = None if choice.logprobs is None else choice.logprobs[ids]  # noqa: B023
-            item = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": _chat_logprobs(logprobs)}
+            entries = choice.logprobs  # noqa: B023
+            logprobs = None if entries is None else {"content": entries[ids], "refusal": None}
+            item = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
             if reply.token_ids:
                 item["token_ids"] = choice.token_ids[ids]  # noqa: B023
             return reply.envelope("chat.completion.chunk", [item])

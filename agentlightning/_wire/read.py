@@ -1,11 +1,6 @@
-"""Reading a call off the wire: the request as sent and the response (or stream) as received, into ``Call`` fields.
-
-Capture (``adapters/openai.py``) and the server's proxy record a call the same way: :func:`request_fields` when the
-request is sent, :func:`fill_answer` with what :func:`read_response` or a :class:`StreamFold` read from the answer,
-then :func:`build_call`. Responses may be parsed ``openai`` objects or their JSON dicts. Token ids are read where vLLM
-puts them with ``return_token_ids``: ``prompt_token_ids`` at the top level (or on the choice, legacy completions),
-``choices[i].token_ids`` (per chunk when streamed) and ``output_token_ids`` (Responses); sampling logprobs from
-``choices[i].logprobs`` (and the Responses API's output text parts).
+"""Reading a call off the wire into ``Call`` fields: :func:`request_fields` from the request as sent,
+:func:`fill_answer` with what :func:`read_response` (parsed ``openai`` objects or JSON dicts) or a :class:`StreamFold`
+read, then :func:`build_call`. Token ids are read where vLLM puts them with ``return_token_ids``.
 """
 
 from __future__ import annotations
@@ -94,13 +89,8 @@ def build_call(fields: dict[str, Any]) -> Call:
         return Call.model_validate(fields, strict=True)
 
 
-# -- reading responses and streams ---------------------------------------------------------------------------------
-
-
 def _view(obj: Any) -> dict[str, Any]:
     """The fields of a response object (declared ones and extras such as vLLM's ``token_ids``) or its JSON dict."""
-    if obj is None:
-        return {}
     if isinstance(obj, dict):
         return obj
     if isinstance(obj, pydantic.BaseModel):
@@ -123,15 +113,16 @@ def _logprobs(value: Any) -> list[Any] | None:
     return None
 
 
+def _prompt_ids(body: dict[str, Any], choice: dict[str, Any]) -> Any:
+    """Prompt token ids at the top level, or on the choice (vLLM's legacy completions)."""
+    return body["prompt_token_ids"] if body.get("prompt_token_ids") is not None else choice.get("prompt_token_ids")
+
+
 def _tool_call(tool_call: Any) -> dict[str, Any]:
     view = _view(tool_call)
     function = _view(view.get("function"))
     return {"id": view.get("id"), "type": view.get("type") or "function",
             "function": {"name": function.get("name"), "arguments": function.get("arguments")}}
-
-
-def _either(first: Any, second: Any) -> Any:
-    return first if first is not None else second
 
 
 def read_response(api: str, response: Any) -> dict[str, Any]:
@@ -154,7 +145,7 @@ def read_response(api: str, response: Any) -> dict[str, Any]:
             output["refusal"] = message["refusal"]
     return {"output": output, "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
             "choices": len(choices),
-            "prompt_token_ids": _either(body.get("prompt_token_ids"), choice.get("prompt_token_ids")),
+            "prompt_token_ids": _prompt_ids(body, choice),
             "completion_token_ids": choice.get("token_ids"), "completion_logprobs": _logprobs(choice.get("logprobs"))}
 
 
@@ -171,19 +162,15 @@ def _read_responses(body: dict[str, Any]) -> dict[str, Any]:
         elif item.get("type") == "function_call":
             tool_calls.append({"id": item.get("call_id"), "type": "function",
                                "function": {"name": item.get("name"), "arguments": item.get("arguments")}})
+    finish_reason = "tool_calls" if tool_calls else "stop"
+    if body.get("status") == "incomplete":  # as a chat finish reason: 'length', or the reason given
+        reason = _view(body.get("incomplete_details")).get("reason") or "incomplete"
+        finish_reason = "length" if reason == "max_output_tokens" else reason
     return {"output": {"content": "".join(texts) if texts else None, "tool_calls": tool_calls,
-                       "finish_reason": _responses_finish(body, tool_calls)},
+                       "finish_reason": finish_reason},
             "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
             "prompt_token_ids": body.get("prompt_token_ids"), "completion_token_ids": body.get("output_token_ids"),
             "completion_logprobs": logprobs or None}
-
-
-def _responses_finish(body: dict[str, Any], tool_calls: list[Any]) -> str:
-    """A Responses API status as a chat finish reason: 'length' (or the reason given) when incomplete."""
-    if body.get("status") == "incomplete":
-        reason = _view(body.get("incomplete_details")).get("reason") or "incomplete"
-        return "length" if reason == "max_output_tokens" else reason
-    return "tool_calls" if tool_calls else "stop"
 
 
 class StreamFold:
@@ -229,14 +216,11 @@ class StreamFold:
         self.response_id = self.response_id or body.get("id")
         self.model = self.model or body.get("model")
         self.usage = body.get("usage") or self.usage
-        for choice in map(_view, body.get("choices") or []):
-            if choice.get("index"):
-                continue
-            self._choice(choice, _either(body.get("prompt_token_ids"), choice.get("prompt_token_ids")))
-
-    def _choice(self, choice: dict[str, Any], prompt_ids: Any) -> None:
-        if self.prompt_ids is None and prompt_ids is not None:
-            self.prompt_ids = prompt_ids
+        choice = next((choice for choice in map(_view, body.get("choices") or []) if not choice.get("index")), None)
+        if choice is None:
+            return
+        if self.prompt_ids is None:
+            self.prompt_ids = _prompt_ids(body, choice)
         if choice.get("token_ids") is not None:
             self.completion_ids = (self.completion_ids or []) + list(choice["token_ids"])
         logprobs = _logprobs(choice.get("logprobs"))

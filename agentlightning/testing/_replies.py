@@ -68,11 +68,7 @@ class MockReply:
 
 @dataclass
 class MockRequest:
-    """One request the mock server received.
-
-    ``messages`` is the chat history: chat messages as sent, Responses ``input`` / ``instructions`` normalised to
-    chat messages, or a single user message holding a legacy completions ``prompt``.
-    """
+    """One request the mock server received."""
 
     path: str
     body: dict[str, Any]
@@ -96,7 +92,8 @@ class MockRequest:
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        """The request's input as chat messages."""
+        """The input as chat messages: chat messages as sent, Responses ``input`` / ``instructions`` converted, or a
+        legacy completions ``prompt`` as one user message."""
         if self.path.endswith("/chat/completions"):
             return list(self.body.get("messages") or [])
         if self.path.endswith("/responses"):

@@ -1,8 +1,5 @@
-"""``MockLLMServer``: a local OpenAI-compatible endpoint with scripted or rule-based replies.
-
-It serves ``/v1/chat/completions`` (streaming and tool calls included), ``/v1/completions``, ``/v1/responses`` and
-``GET /v1/models`` on 127.0.0.1 from a background thread, returns vLLM-style token ids and logprobs on request,
-and can inject latency, HTTP errors and hangs. Test agents with the real ``openai`` client without any model::
+"""``MockLLMServer``: a local OpenAI-compatible endpoint (chat, completions, Responses, models) with scripted or
+rule-based replies, vLLM-style token ids and logprobs on request, and injected latency, HTTP errors and hangs::
 
     with MockLLMServer(replies=[MockReply(content="SELECT 1")]) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="x")
@@ -17,7 +14,6 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 from starlette.applications import Starlette
@@ -70,7 +66,7 @@ class MockLLMServer:
         self.token_ids = token_ids
         self.models = list(models)
         self.host = host
-        self._port = port
+        self.port = port  # the port listened on (known once started)
         self._lock = threading.Lock()
         self._requests: list[MockRequest] = []
         self._handler: Handler = echo_handler
@@ -82,8 +78,6 @@ class MockLLMServer:
             self.set_replies(replies)
         self._http: BackgroundServer | None = None
         self._stopping = asyncio.Event()
-
-    # -- configuration ----------------------------------------------------------------------------------------
 
     def set_handler(self, handler: Handler) -> None:
         """Answer every following request with ``handler(request)``."""
@@ -104,17 +98,10 @@ class MockLLMServer:
         with self._lock:
             return list(self._requests)
 
-    # -- lifecycle ------------------------------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        """The port listened on (known once started)."""
-        return self._port
-
     @property
     def url(self) -> str:
         """``http://host:port`` (no ``/v1``)."""
-        return f"http://{self.host}:{self._port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -129,9 +116,9 @@ class MockLLMServer:
         """Start listening (returns once the server accepts connections)."""
         if self._http is None:
             self._stopping = asyncio.Event()
-            self._http = BackgroundServer(self._app(), self.host, self._port, name="MockLLMServer",
+            self._http = BackgroundServer(self._app(), self.host, self.port, name="MockLLMServer",
                                           timeout_graceful_shutdown=2).start()
-            self._port = self._http.port
+            self.port = self._http.port
         return self
 
     def stop(self) -> None:
@@ -139,8 +126,8 @@ class MockLLMServer:
         if self._http is None:
             return
         loop = self._http.loop
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed already
                 loop.call_soon_threadsafe(self._stopping.set)
         self._http.stop(10)
         self._http = None
@@ -148,15 +135,8 @@ class MockLLMServer:
     def __enter__(self) -> MockLLMServer:
         return self.start()
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-    def __repr__(self) -> str:
-        return f"<MockLLMServer {self.base_url} requests={len(self._requests)}>"
-
-    # -- HTTP --------------------------------------------------------------------------------------------------
 
     def _app(self) -> Starlette:
         return Starlette(routes=[
@@ -182,12 +162,13 @@ class MockLLMServer:
         with self._lock:
             self._requests.append(request)
             index = len(self._requests) - 1
-            scripted: MockReply | None = None
-            if self._script is not None:
-                scripted = self._next_scripted(index)
+            scripted = None if self._script is None else self._next_scripted(index)
             handler = self._handler
         try:
-            reply = scripted if scripted is not None else await self._call_handler(request, handler)
+            reply = scripted
+            if reply is None:
+                result = handler(request)
+                reply = _as_reply(await result if inspect.isawaitable(result) else result, "handler result")
         except Exception as exc:  # a broken handler is reported to the client, not swallowed
             logger.exception("MockLLMServer handler failed on request #%d", index)
             return _error(500, f"MockLLMServer handler raised {type(exc).__name__}: {exc}")
@@ -203,19 +184,10 @@ class MockLLMServer:
     def _next_scripted(self, index: int) -> MockReply:
         assert self._script is not None
         if self._script_position >= len(self._script):
-            return MockReply(status=500, error_message=(
-                f"MockLLMServer: no scripted reply left for request #{index} "
-                f"({len(self._script)} replies were scripted)"
-            ))
+            return MockReply(status=500, error_message=f"MockLLMServer: no scripted reply left for request #{index} "
+                             f"({len(self._script)} replies were scripted)")
         self._script_position += 1
         return self._script[self._script_position - 1]
-
-    @staticmethod
-    async def _call_handler(request: MockRequest, handler: Handler) -> MockReply:
-        result = handler(request)
-        if inspect.isawaitable(result):
-            result = await result
-        return _as_reply(result, "handler result")
 
     def _respond(self, request: MockRequest, reply: MockReply) -> Response:
         body, chat = request.body, request.path.endswith(("/chat/completions", "/responses"))
@@ -223,14 +195,13 @@ class MockLLMServer:
         prompt = render_chat_prompt(request.messages, request.tools) if chat else request.messages[0]["content"]
         content = reply.content if chat else reply.completion_text()
         ids = tokenizer.encode(reply.completion_text())
-        top = body.get("top_logprobs")
-        choice = Choice(
-            content=content, tool_calls=reply.openai_tool_calls() if chat else [],
-            finish_reason=reply.resolved_finish_reason(), token_ids=ids,
-            logprobs=payloads.token_logprobs([tokenizer.token_text(i) for i in ids], [tokenizer.logprob(i) for i in ids],
-                                             top if isinstance(top, int) else 0)
-            if body.get("logprobs") else None,  # chat: true; legacy completions: a count > 0
-            pieces=[(piece, len(tokenizer.encode(piece))) for piece in payloads.text_pieces(content or "")])
+        logprobs, top = None, body.get("top_logprobs")
+        if body.get("logprobs"):  # chat: true; legacy completions: a count > 0
+            logprobs = payloads.token_logprobs([tokenizer.token_text(i) for i in ids],
+                                               [tokenizer.logprob(i) for i in ids], top if isinstance(top, int) else 0)
+        choice = Choice(content=content, tool_calls=reply.openai_tool_calls() if chat else [],
+                        finish_reason=reply.resolved_finish_reason(), token_ids=ids, logprobs=logprobs,
+                        pieces=[(piece, len(tokenizer.encode(piece))) for piece in payloads.text_pieces(content or "")])
         answer = Reply(model=request.model or self.models[0], choices=[choice] * int(body.get("n") or 1),
                        prompt_token_ids=tokenizer.encode(prompt),
                        token_ids=self.token_ids or bool(body.get("return_token_ids")))

@@ -1,9 +1,5 @@
-"""A deterministic byte-level tokenizer and the prompt template of the mock server.
-
-Every UTF-8 byte is one token (id = byte + 3; ids 0-2 are pad, bos, eos), so ``decode(encode(text)) == text``,
-concatenating the ids of two strings gives the ids of their concatenation, and tests can predict exactly which
-token ids the mock server returns.
-"""
+"""The mock server's deterministic byte-level tokenizer (one token per UTF-8 byte, id = byte + 3; ids 0-2 are pad,
+bos, eos: tests can predict every token id) and its prompt template."""
 
 from __future__ import annotations
 
@@ -32,13 +28,9 @@ class MockTokenizer:
         """Text of ``ids``; special ids are skipped, broken UTF-8 is replaced."""
         return bytes(i - BYTE_OFFSET for i in ids if i >= BYTE_OFFSET).decode("utf-8", errors="replace")
 
-    def token_bytes(self, token_id: int) -> bytes:
-        """The raw byte a token stands for (empty for special tokens)."""
-        return bytes([token_id - BYTE_OFFSET]) if token_id >= BYTE_OFFSET else b""
-
     def token_text(self, token_id: int) -> str:
         """A printable form of one token: the character, or ``bytes:\\xNN`` for a partial UTF-8 byte (as vLLM)."""
-        raw = self.token_bytes(token_id)
+        raw = bytes([token_id - BYTE_OFFSET]) if token_id >= BYTE_OFFSET else b""  # special tokens: no text
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -55,11 +47,8 @@ def render_tool_calls(tool_calls: Sequence[dict[str, Any]]) -> str:
     rendered = []
     for call in tool_calls:
         function = call.get("function", call)
-        rendered.append(
-            "<tool_call>"
-            + json.dumps({"name": function.get("name"), "arguments": function.get("arguments")}, sort_keys=True)
-            + "</tool_call>"
-        )
+        payload = json.dumps({"name": function.get("name"), "arguments": function.get("arguments")}, sort_keys=True)
+        rendered.append(f"<tool_call>{payload}</tool_call>")
     return "".join(rendered)
 
 
