@@ -89,7 +89,7 @@ def test_agl_train_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 @pytest.mark.slow
 def test_report_to_tensorboard_writes_event_files(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard", reason="in the [train] extra (tensorboard==2.21.0); reinstall .venv")
+    pytest.importorskip("tensorboard", reason="the [tensorboard] extra (tensorboard==2.21.0), which cannot share a venv with [autogen]")
     import agentlightning as agl
     from agentlightning.trainers.models import tiny_model
     from train_agents import echo_length_agent
