@@ -223,6 +223,39 @@ class _DropFirstConnection:
         self._listener.close()
 
 
+class _ForwardProxy:
+    """A forward HTTP proxy to ``port``: requests arrive with an absolute URL (``POST http://host/path``), and reach
+    the mock in origin form (``POST /path``), as a real proxy would send them on; the absolute URLs are kept."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self._listener = port, socket.create_server(("127.0.0.1", 0))
+        self.targets: list[str] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self._listener.accept()
+                head = b""
+                while b"\r\n" not in head:
+                    head += conn.recv(65536)
+                line, rest = head.split(b"\r\n", 1)
+                method, target, version = line.split(b" ")
+                self.targets.append(target.decode())
+                path = b"/" + target.split(b"://", 1)[1].split(b"/", 1)[1]
+                upstream = socket.create_connection(("127.0.0.1", self.port))
+                upstream.sendall(b" ".join((method, path, version)) + b"\r\n" + rest)
+                for source, sink in ((conn, upstream), (upstream, conn)):
+                    threading.Thread(target=_pump, args=(source, sink), daemon=True).start()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
 def _pump(source: socket.socket, sink: socket.socket) -> None:
     with contextlib.suppress(OSError):
         while data := source.recv(65536):
@@ -281,14 +314,19 @@ def test_upstream_reached_through_the_environment_proxy(
 ) -> None:
     for name in ("HTTPS_PROXY", "ALL_PROXY", "https_proxy", "all_proxy", "http_proxy"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HTTP_PROXY", mock.url)  # the mock answers the absolute-URL requests a proxy gets
+    forward = _ForwardProxy(mock.port)
+    monkeypatch.setenv("HTTP_PROXY", forward.url)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    with LightningServer(tmp_path / "p.db", upstream_url="http://llm.internal:8000/v1", model_name="m") as server:
-        rid, base_url = _running(server)
-        body = {"model": "m", "messages": [{"role": "user", "content": "via proxy"}]}
-        answer = httpx.post(f"{base_url}/chat/completions", json=body, trust_env=False, timeout=10)
-        assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "echo: via proxy"
-        assert mock.requests[-1].headers["host"] == "llm.internal:8000"
+    try:
+        with LightningServer(tmp_path / "p.db", upstream_url="http://llm.internal:8000/v1", model_name="m") as server:
+            rid, base_url = _running(server)
+            body = {"model": "m", "messages": [{"role": "user", "content": "via proxy"}]}
+            answer = httpx.post(f"{base_url}/chat/completions", json=body, trust_env=False, timeout=10)
+            assert answer.status_code == 200 and answer.json()["choices"][0]["message"]["content"] == "echo: via proxy"
+            assert forward.targets == ["http://llm.internal:8000/v1/chat/completions"]
+            assert mock.requests[-1].headers["host"] == "llm.internal:8000"
+    finally:
+        forward.close()
 
 
 def test_silent_upstream_times_out_with_504(tmp_path: Path, mock: MockLLMServer) -> None:
