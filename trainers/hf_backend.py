@@ -84,8 +84,6 @@ class HFBackendServer:
         self._port = port
         self._http: BackgroundServer | None = None
 
-    # -- lifecycle ------------------------------------------------------------------------------------------------
-
     @property
     def url(self) -> str:
         """``http://127.0.0.1:<port>`` (no ``/v1``)."""

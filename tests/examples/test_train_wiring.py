@@ -18,21 +18,17 @@ from examples.rag import train as rag_train
 from examples.spider import train as spider_train
 
 
-class _Bound:
-    def __init__(self, plan: dict) -> None:
-        bound = inspect.signature(agl.train).bind(model="unused", tokenizer=None, **plan)
-        options = bound.arguments.pop("options", {})
-        TrainConfig.from_options(None, options)  # every option is a TrainConfig field with a valid value
-        self.arguments = {**bound.arguments, **options}
-
-
-def _bind(plan: dict) -> _Bound:
-    return _Bound(plan)
+def _bind(plan: dict) -> dict:
+    """The arguments ``agl.train`` receives for ``plan``; every option must be a valid TrainConfig field."""
+    arguments = inspect.signature(agl.train).bind(model="unused", tokenizer=None, **plan).arguments
+    options = arguments.pop("options", {})
+    TrainConfig.from_options(None, options)
+    return {**arguments, **options}
 
 
 def test_spider_plan(data_dir: Path) -> None:
     arguments = spider_train.parser().parse_args(["--data-dir", str(data_dir), "--val-size", "50", "--lora"])
-    bound = _bind(spider_train.training_plan(arguments)).arguments
+    bound = _bind(spider_train.training_plan(arguments))
     assert bound["agent"].name == "sql_agent" and bound["roles"] == ["writer", "rewriter"]
     assert len(bound["dataset"]) + 235 == 972 and len(bound["val_dataset"]) == 50
     assert not {t["db_id"] for t in bound["dataset"]} & {t["db_id"] for t in bound["val_dataset"]}
@@ -41,7 +37,7 @@ def test_spider_plan(data_dir: Path) -> None:
 
 def test_rag_plan(data_dir: Path) -> None:
     arguments = rag_train.parser().parse_args(["--data-dir", str(data_dir), "--max-steps", "3"])
-    bound = _bind(rag_train.training_plan(arguments)).arguments
+    bound = _bind(rag_train.training_plan(arguments))
     assert bound["roles"] == ["rag_agent"] and bound["max_steps"] == 3
     assert len(bound["dataset"]) == 200 and len(bound["val_dataset"]) == 100
     assert all(task["data_dir"] == str(data_dir.resolve()) for task in bound["dataset"])
@@ -51,7 +47,7 @@ def test_calc_x_plan_has_air(data_dir: Path) -> None:
     arguments = calc_train.parser().parse_args(
         ["--data-dir", str(data_dir), "--sources", "svamp", "--tool-error-penalty", "-0.25"]
     )
-    bound = _bind(calc_train.training_plan(arguments)).arguments
+    bound = _bind(calc_train.training_plan(arguments))
     assert bound["roles"] == ["calculator_assistant"]
     (rule,) = bound["air"]
     assert isinstance(rule, ToolErrorRule) and rule.penalty == -0.25

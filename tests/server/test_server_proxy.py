@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import json
+import re
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
