@@ -39,6 +39,15 @@ _TARGETS: tuple[tuple[str, str, str, str, bool], ...] = (
     ("openai.resources.completions", "Completions", "create", "completions", False),
     ("openai.resources.completions", "AsyncCompletions", "create", "completions", True),
 )
+# The `.stream()` helpers, whose close() closes only the HTTP response of the raw stream they iterate: (module, class,
+# is_async). Their raw stream (ours) is closed too, so the call is recorded when the helper closes, not whenever the
+# garbage collector breaks the helper's reference cycle.
+_HELPERS: tuple[tuple[str, str, bool], ...] = (
+    ("openai.lib.streaming.chat._completions", "ChatCompletionStream", False),
+    ("openai.lib.streaming.chat._completions", "AsyncChatCompletionStream", True),
+    ("openai.lib.streaming.responses._responses", "ResponseStream", False),
+    ("openai.lib.streaming.responses._responses", "AsyncResponseStream", True),
+)
 # Keyword arguments of the client that are transport options, not part of the request body.
 _TRANSPORT_KEYS = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
 # Arguments the client takes as any iterable (read once when it builds the request).
@@ -53,7 +62,11 @@ def install() -> None:
     with _lock:
         if _originals:
             return
-        for module_name, class_name, method, api, is_async in _TARGETS:
+        targets = [(module, cls, method, _async_wrapper(api) if is_async else _sync_wrapper(api))
+                   for module, cls, method, api, is_async in _TARGETS]
+        targets += [(module, cls, "close", _aclose_raw_too if is_async else _close_raw_too)
+                    for module, cls, is_async in _HELPERS]
+        for module_name, class_name, method, wrapper in targets:
             try:
                 cls = getattr(importlib.import_module(module_name), class_name)
                 original = cls.__dict__[method]
@@ -61,7 +74,6 @@ def install() -> None:
                 logger.warning("openai capture: %s.%s.%s not found; that API is not captured",
                                module_name, class_name, method)
                 continue
-            wrapper = _async_wrapper(api) if is_async else _sync_wrapper(api)
             setattr(cls, method, wrapt.FunctionWrapper(original, wrapper))
             _originals.append((cls, method, original))
 
@@ -295,6 +307,23 @@ class _ObservedAsyncStream(wrapt.ObjectProxy):
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
+
+
+def _close_raw_too(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        if isinstance(raw := getattr(instance, "_raw_stream", None), _ObservedStream):
+            raw.close()
+
+
+async def _aclose_raw_too(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                          ) -> Any:
+    try:
+        return await wrapped(*args, **kwargs)
+    finally:
+        if isinstance(raw := getattr(instance, "_raw_stream", None), _ObservedAsyncStream):
+            await raw.close()
 
 
 class _ObservedRaw(wrapt.ObjectProxy):

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from agentlightning.capture._role import role_matches, unmatched_patterns
 from agentlightning.capture._context import RolloutRecorder, stray_calls_since
 from agentlightning.capture._instrument import installed_adapters
 from agentlightning.types import Rollout
+
+logger = logging.getLogger(__name__)
 
 
 def explain_rollout(rollout: Rollout, recorder: RolloutRecorder, llm_base_url: str) -> list[str]:
@@ -18,10 +21,14 @@ def explain_rollout(rollout: Rollout, recorder: RolloutRecorder, llm_base_url: s
     llm_calls = rollout.llm_calls
     if not llm_calls:
         notes.append(_no_llm_call(rollout, recorder, llm_base_url))
-    elif all(call.status == "error" for call in llm_calls):
-        first = llm_calls[0]
-        notes.append(f"all {len(llm_calls)} LLM calls failed; the first to {first.metadata.get('endpoint')} raised "
-                     f"{first.error}.")
+    else:
+        if all(call.status == "error" for call in llm_calls):
+            first = llm_calls[0]
+            notes.append(f"all {len(llm_calls)} LLM calls failed; the first to {first.metadata.get('endpoint')} "
+                         f"raised {first.error}.")
+        if stray := _stray_note(rollout, llm_base_url):
+            notes.append(f"not every LLM call was captured: {stray}")
+            logger.warning("rollout %s: %s", rollout.rollout_id, notes[-1])
     notes.extend(_role_notes(rollout))
     if rollout.status == "succeeded" and rollout.final_reward is None:
         notes.append("no final reward: the agent returned None and did not call agl.emit_reward(value, final=True); "
@@ -44,18 +51,24 @@ def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder, expected: str) -> 
     else:
         parts.append("The openai client is NOT patched (agl.uninstrument('openai') was called, or patching failed: "
                      "see logs).")
-    stray = stray_calls_since(rollout.timings["start"])
-    if stray:
-        endpoint = stray[-1][1]
-        parts.append(f"{len(stray)} openai call(s) ran while this rollout was running but outside its context (last "
-                     f"one to {endpoint}): threads started by the agent need contextvars.copy_context().run(...), and "
-                     "clients must be called from the rollout's own task or thread.")
-        if endpoint and endpoint != expected.rstrip("/"):
-            parts.append(f"Note that endpoint differs from llm.base_url={expected}.")
-    else:
-        parts.append(f"The agent was given llm.base_url={expected}; make sure it sends its requests there with the "
-                     "openai client (or a framework built on it), inside the rollout.")
+    parts.append(_stray_note(rollout, expected) or f"The agent was given llm.base_url={expected}; make sure it sends "
+                 "its requests there with the openai client (or a framework built on it), inside the rollout.")
     return " ".join(parts)
+
+
+def _stray_note(rollout: Rollout, expected: str) -> str | None:
+    """What to say about openai calls made outside every rollout while this one ran (None when there were none)."""
+    stray = stray_calls_since(rollout.timings["start"])
+    if not stray:
+        return None
+    endpoint = stray[-1][1]
+    note = (f"{len(stray)} openai call(s) ran while this rollout was running but outside its context, so no "
+            f"rollout has them (last one to {endpoint}): threads started by the agent need "
+            "contextvars.copy_context().run(...) (thread pools carry the context already), and clients must be called "
+            "from the rollout's own task or thread.")
+    if endpoint and endpoint != expected.rstrip("/"):
+        note += f" Note that endpoint differs from llm.base_url={expected}."
+    return note
 
 
 def _role_notes(rollout: Rollout) -> list[str]:
@@ -72,8 +85,13 @@ def _role_notes(rollout: Rollout) -> list[str]:
                      "name them)")
         return [note + "."]
     missing = unmatched_patterns(rollout.trainable_roles, roles_seen)
+    notes = []
+    if unnamed:
+        notes.append(f"{unnamed} of the {len(llm_calls)} LLM calls had no role, so roles={rollout.trainable_roles} "
+                     "cannot select them; name them with agl.role('...') or let a framework adapter name them.")
+        logger.warning("rollout %s: %s", rollout.rollout_id, notes[-1])
     if not missing:
-        return []
+        return notes
     excluded = sorted({c.role or "<no role>" for c in llm_calls if not role_matches(c.role, rollout.trainable_roles)})
-    return [f"roles {missing} never appeared in this rollout; role names seen: {roles_seen}"
-            + (f"; calls excluded as context only: {excluded}" if excluded else "") + "."]
+    return notes + [f"roles {missing} never appeared in this rollout; role names seen: {roles_seen}"
+                    + (f"; calls excluded as context only: {excluded}" if excluded else "") + "."]

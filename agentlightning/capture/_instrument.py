@@ -2,7 +2,8 @@
 
 Each adapter module ``agentlightning.adapters.<name>`` exposes idempotent ``install()`` / ``uninstall()`` and
 ``is_installed()`` (the only record of whether it is installed). ``enable_auto_instrumentation()``, run when a
-rollout starts, installs the adapters of frameworks already imported and hooks the others' import. Importing Agent
+rollout starts, installs the adapters of frameworks already imported and hooks the others' import (and makes thread
+pools carry the rollout's context, see ``_threads``). Importing Agent
 Lightning never imports a framework by itself.
 """
 
@@ -15,6 +16,8 @@ import threading
 from types import ModuleType
 
 import wrapt
+
+from agentlightning.capture._threads import propagate_into_thread_pools
 
 logger = logging.getLogger(__name__)
 
@@ -85,11 +88,13 @@ def _install_on_import(name: str) -> None:
 
 
 def enable_auto_instrumentation() -> None:
-    """Install adapters for imported frameworks now, and for the others as soon as they are imported."""
+    """Install adapters for imported frameworks now, and for the others as soon as they are imported; make thread
+    pools carry the rollout's context."""
     global _hooks_registered
     with _lock:
         if _hooks_registered:
             return
         _hooks_registered = True
+    propagate_into_thread_pools()
     for name in ADAPTERS:
         _install_on_import(name)

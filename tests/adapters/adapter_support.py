@@ -29,13 +29,17 @@ class RecordingModel:
             self.served[prompt] = self.tokenizer.encode(reply.completion_text())
         return reply
 
-    def assert_server_token_ids(self, call: Call) -> None:
-        """``call`` has exactly the prompt and completion ids the server sent for its request."""
+    def assert_server_token_ids(self, call: Call, *, partial: bool = False) -> None:
+        """``call`` has exactly the prompt and completion ids the server sent for its request (with ``partial``, a
+        prefix of the completion ids: a stream left early)."""
         assert call.prompt_token_ids, f"call {call.sequence} ({call.role}) has no prompt token ids"
         with self._lock:
             expected = self.served.get(tuple(call.prompt_token_ids))
         assert expected is not None, f"call {call.sequence} ({call.role}): prompt ids match no request served"
-        assert call.completion_token_ids == expected, f"call {call.sequence} ({call.role}): completion ids differ"
+        received = call.completion_token_ids or []
+        assert (expected[: len(received)] if partial else expected) == received, (
+            f"call {call.sequence} ({call.role}): completion ids differ"
+        )
         assert call.token_source == "response"
 
 

@@ -1,0 +1,178 @@
+"""Capture of agents that use the openai client directly, the way its docs write them: streams left early through
+the ``.stream()`` helpers, LLM calls fanned out over a thread pool, and what the rollout says about calls it could
+not capture."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+from adapter_support import timeline
+
+import agentlightning as agl
+from agentlightning.testing import MockReply, MockRequest
+
+ANSWER = "the answer is forty two, said the model slowly"
+
+
+def answer(request: MockRequest) -> MockReply:
+    return MockReply(content=f"{ANSWER} ({request.last_user_text})")
+
+
+@contextlib.contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """What a user gets between two runs of the cyclic collector: nothing found only by it is recorded."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def question(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def test_streams_left_early_are_recorded_when_closed(serve) -> None:
+    server, model = serve(answer)
+
+    @agl.rollout(roles=["streamer"])
+    @agl.role("streamer")
+    def agent(task: dict, llm: agl.LLM) -> float:
+        client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)
+        heard = []
+        with client.chat.completions.stream(model=llm.model, messages=question("one")) as stream:
+            for event in stream:
+                if event.type == "content.delta":
+                    heard.append(event.delta)
+                    break
+        with client.responses.stream(model=llm.model, input="two") as stream:
+            for event in stream:
+                if event.type == "response.output_text.delta":
+                    break
+        with client.chat.completions.create(model=llm.model, messages=question("three"), stream=True) as chunks:
+            for _chunk in chunks:
+                break
+        return float(bool(heard))
+
+    with no_cyclic_gc():
+        (rollout,) = agl.run(agent, [{"id": 1}], llm=server.llm())
+    assert timeline(rollout) == [("llm", "streamer", "ok")] * 3
+    assert len(rollout.llm_calls) == len(server.requests) == 3
+    assert [call.metadata["api"] for call in rollout.llm_calls] == ["chat.completions", "responses", "chat.completions"]
+    for call in rollout.llm_calls:
+        assert call.output["finish_reason"] == "incomplete_stream"
+        assert ANSWER.startswith(call.output["content"] or "")
+        if call.metadata["api"] == "chat.completions":  # a Responses stream sends its ids with its last event
+            model.assert_server_token_ids(call, partial=True)
+    assert rollout.diagnostics == []
+
+
+async def test_async_streams_left_early_are_recorded_when_closed(serve) -> None:
+    server, model = serve(answer)
+
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key)
+        async with client.chat.completions.stream(model=llm.model, messages=question("one")) as stream:
+            async for event in stream:
+                if event.type == "content.delta":
+                    break
+        async with client.responses.stream(model=llm.model, input="two") as stream:
+            async for event in stream:
+                if event.type == "response.output_text.delta":
+                    break
+        async with await client.chat.completions.create(model=llm.model, messages=question("3"), stream=True) as s:
+            async for _chunk in s:
+                break
+        return 1.0
+
+    with no_cyclic_gc():
+        rollout = await agent.aexecute({}, server.llm())
+    assert timeline(rollout) == [("llm", None, "ok")] * 3
+    assert len(rollout.llm_calls) == len(server.requests) == 3
+    for call in rollout.llm_calls:
+        assert call.output["finish_reason"] == "incomplete_stream"
+        if call.metadata["api"] == "chat.completions":
+            model.assert_server_token_ids(call, partial=True)
+
+
+def test_thread_pool_fan_out_is_captured(serve) -> None:
+    server, model = serve(answer)
+    questions = [f"question {i}" for i in range(8)]
+
+    @agl.rollout(roles=["solver"])
+    def agent(task: dict, llm: agl.LLM) -> float:
+        client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)
+
+        @agl.role("solver")
+        def solve(text: str) -> str:
+            reply = client.chat.completions.create(model=llm.model, messages=question(text))
+            return reply.choices[0].message.content
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            answers = list(pool.map(solve, task["questions"]))
+        return float(all(ANSWER in text for text in answers))
+
+    rollouts = agl.run(agent, [{"id": 1, "questions": questions}, {"id": 2, "questions": questions}], llm=server.llm(),
+                       n_workers=2)
+    assert len(server.requests) == 16
+    for rollout in rollouts:
+        assert timeline(rollout) == [("llm", "solver", "ok")] * 8
+        assert sorted(call.input[-1]["content"] for call in rollout.llm_calls) == sorted(questions)
+        for call in rollout.llm_calls:
+            model.assert_server_token_ids(call)
+        assert rollout.final_reward == 1.0 and rollout.diagnostics == []
+        assert len(agl.transitions([rollout], roles=["solver"])) == 8
+
+
+async def test_loop_executor_fan_out_is_captured(serve) -> None:
+    # loop.run_in_executor submits to a pool without copying the context (asyncio.to_thread does copy it).
+    server, model = serve(answer)
+
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            await asyncio.gather(*(loop.run_in_executor(pool, lambda t=t: client.chat.completions.create(
+                model=llm.model, messages=question(t))) for t in ("a", "b")))
+        return 1.0
+
+    rollout = await agent.aexecute({}, server.llm())
+    assert timeline(rollout) == [("llm", None, "ok")] * 2
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+def test_calls_that_escape_the_rollout_are_reported_even_when_others_were_captured(serve) -> None:
+    server, _ = serve(answer)
+
+    @agl.rollout(roles=["writer"])
+    def agent(task: dict, llm: agl.LLM) -> float:
+        client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)
+        with agl.role("writer"):
+            client.chat.completions.create(model=llm.model, messages=question("captured"))
+        client.chat.completions.create(model=llm.model, messages=question("no role"))
+        thread = threading.Thread(target=client.chat.completions.create,  # a bare thread: a fresh context
+                                  kwargs={"model": llm.model, "messages": question("lost")})
+        thread.start()
+        thread.join()
+        return 1.0
+
+    (rollout,) = agl.run(agent, [{"id": 1}], llm=server.llm())
+    assert timeline(rollout) == [("llm", "writer", "ok"), ("llm", None, "ok")]
+    assert len(server.requests) == 3
+    lost = [note for note in rollout.diagnostics if note.startswith("not every LLM call was captured")]
+    assert len(lost) == 1 and "1 openai call(s)" in lost[0] and "copy_context" in lost[0]
+    assert any("1 of the 2 LLM calls had no role" in note for note in rollout.diagnostics), rollout.diagnostics
+
+
