@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import sys
 
-from agentlightning.capture._role import role_matches, unmatched_patterns
 from agentlightning.capture._context import RolloutRecorder, stray_calls_since
 from agentlightning.capture._instrument import installed_adapters
+from agentlightning.capture._role import role_matches, unmatched_patterns
 from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
-import pytest
 from adapter_support import timeline
 
 import agentlightning as agl
