@@ -1,11 +1,14 @@
-"""LangChain adapter: who is speaking (the nearest named runnable) and what the tools did.
+"""LangChain / LangGraph adapter: who is speaking (the innermost agent or named step) and what the tools did.
 
 A callback handler registered globally (``register_configure_hook``) keeps the run tree and, while a model run
-executes, makes the role of its nearest named ancestor current, for the openai-client capture to record. Role
-hints, nearest first: metadata ``{"agl_role": "writer"}``, a tag ``"agl_role:writer"``, or a name the user gave
-(``run_name``, a ``RunnableLambda``/``@chain`` function's name, a LangGraph node); LangChain's own class names are
-skipped. An ``agl.role`` entered inside a named runnable wins over its name; with no role at all, a model's own
-name (``ChatOpenAI(name="judge")``) is used. Tool runs become ``kind="tool"`` calls with status and error.
+executes, makes the role of the run that names it current, for the openai-client capture to record. The role, first
+found from the model run up: an explicit ``agl_role`` (metadata ``{"agl_role": "writer"}`` or a tag
+``"agl_role:writer"``, wherever it was set above); else the nearest name the user gave (``run_name``, a
+``RunnableLambda``/``@chain`` function, a LangGraph node or a named graph: ``create_react_agent(..., name=...)``,
+``create_agent(..., name=...)``, a subgraph); else the model's own name (``ChatOpenAI(name="judge")``); else the name
+of a LangGraph agent's internal node (``agent``, ``model``, ``tools``, middleware hooks). LangChain's own class names
+never name a role. An ``agl.role`` entered inside the run that names the role wins over it. Tool runs become
+``kind="tool"`` calls with status and error.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ logger = logging.getLogger(__name__)
 
 ROLE_KEY = "agl_role"
 ROLE_TAG_PREFIX = "agl_role:"
+# Nodes LangGraph's agent factories (create_react_agent, create_agent) build: they name a role only when nothing
+# around them does. Middleware hooks of create_agent are nodes named "<Middleware>.<hook>".
+_AGENT_NODES = frozenset({"agent", "model", "tools", "pre_model_hook", "post_model_hook", "generate_structured_response"})
 
 
 @dataclass
@@ -37,7 +43,9 @@ class _Run:
     """What the handler remembers of a running runnable."""
 
     parent_id: UUID | None
-    hint: str | None  # role named at this run (metadata, tag or user-given name)
+    explicit: str | None  # agl_role set at this run (metadata or tag, not inherited from the parent)
+    name: str | None  # a name the user gave this run
+    internal: str | None  # the name of a LangGraph agent's internal node
     metadata_role: str | None
     tag_role: str | None
     recorder: RolloutRecorder | None
@@ -74,15 +82,16 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         tag_role = next(
             (t[len(ROLE_TAG_PREFIX) :] for t in reversed(tags or []) if t.startswith(ROLE_TAG_PREFIX)), None
         )
-        hint: str | None = None
+        explicit: str | None = None
         if metadata_role is not None and (parent is None or parent.metadata_role != metadata_role):
-            hint = metadata_role
+            explicit = metadata_role
         elif tag_role and (parent is None or parent.tag_role != tag_role):
-            hint = tag_role
-        elif name and not self._is_generic(name):
-            hint = name
+            explicit = tag_role
+        internal = name if name and _is_agent_node(name, tags, metadata) else None
+        user_name = name if name and internal is None and not self._is_generic(name) else None
         recorder = current_recorder() or (parent.recorder if parent is not None else None)
-        run = _Run(parent_run_id, hint, metadata_role, tag_role or None, recorder, current_role())
+        run = _Run(parent_run_id, explicit, user_name, internal, metadata_role, tag_role or None, recorder,
+                   current_role())
         self._runs[run_id] = run
         return run
 
@@ -95,15 +104,24 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             self._framework_names = (modules, names)
         return name.split("<", 1)[0] in names
 
-    def _speaking(self, run: _Run | None) -> str | None:
-        """The role of the nearest named run from ``run`` up; an ``agl.role`` entered inside that run wins."""
-        owner = run
-        while owner is not None and owner.hint is None:
-            owner = self._runs.get(owner.parent_id) if owner.parent_id is not None else None
+    def _nearest(self, run: _Run | None, field: str) -> tuple[_Run | None, str | None]:
+        """The nearest run from ``run`` up whose ``field`` is set, and that value."""
+        while run is not None and getattr(run, field) is None:
+            run = self._runs.get(run.parent_id) if run.parent_id is not None else None
+        return run, getattr(run, field) if run is not None else None
+
+    def _speaking(self, run: _Run | None, model_name: str | None = None) -> str | None:
+        """The role speaking in ``run`` (see the module docstring); an ``agl.role`` entered inside the run that names
+        it wins, and so does one entered around runs that name nothing."""
+        owner, role = self._nearest(run, "explicit")
+        if owner is None:
+            owner, role = self._nearest(run, "name")
         now = current_role()
-        if owner is None or (now is not None and now != owner.role_at_start and owner is not run):
+        if owner is not None and (now is None or now == owner.role_at_start or owner is run):
+            return role
+        if now is not None:
             return now
-        return owner.hint
+        return model_name or self._nearest(run, "internal")[1]
 
     # -- chains ---------------------------------------------------------------------------------------------
 
@@ -141,10 +159,10 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         # A model run's `name` is only ever an explicit run_name (LangChain passes None otherwise). The model
         # instance's own name (`ChatOpenAI(name="writer")`) is the fallback when nothing around it names a role.
         run = self._remember(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
-        role = self._speaking(run)
         model_name = (serialized or {}).get("name")
-        if role is None and isinstance(model_name, str) and model_name and not self._is_generic(model_name):
-            role = model_name
+        if not isinstance(model_name, str) or not model_name or self._is_generic(model_name):
+            model_name = None
+        role = self._speaking(run, model_name)
         if role is not None and role != current_role():  # prompts of one generate() share the role: set it once
             run.role_token = set_role(role)
 
@@ -209,6 +227,12 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
     on_retriever_start = on_chain_start
     on_retriever_end = on_chain_end
     on_retriever_error = on_chain_error
+
+
+def _is_agent_node(name: str, tags: list[str] | None, metadata: dict[str, Any] | None) -> bool:
+    """Whether a run is a node LangGraph's agent factories build (its name names no agent of the user's)."""
+    is_node = (metadata or {}).get("langgraph_node") == name and any(t.startswith("graph:step:") for t in tags or ())
+    return is_node and (name in _AGENT_NODES or "." in name)
 
 
 def _framework_runnable_names() -> frozenset[str]:

@@ -334,9 +334,8 @@ def test_twenty_parallel_rollouts_do_not_mix(serve, mode: str) -> None:
 
 
 def test_install_twice_and_uninstall(serve) -> None:
-    from langchain_core.tracers import context as tracer_context
-
     from agentlightning.adapters import langchain as adapter
+    from langchain_core.tracers import context as tracer_context
 
     server, _ = serve(sql_rule)
     agl.instrument("langchain")
