@@ -1,9 +1,12 @@
-"""AutoGen AgentChat adapter: each model call is attributed to the agent making it, tool executions are recorded.
+"""AutoGen adapter: each model call is attributed to the agent whose model client makes it, tool executions are
+recorded.
 
-``AssistantAgent._call_llm`` and ``_reflect_on_tool_use_flow`` run with the agent's name as the current role;
-``AssistantAgent._execute_tool_call`` (any tool or workbench, handoffs included) becomes a ``kind="tool"`` call with
-status; ``SelectorGroupChatManager._select_speaker`` runs with the team's name as role. Patched with ``wrapt``, undone
-by :func:`uninstall`. Custom agents that call a model client themselves can name their role with ``agl.role``.
+Every message an AutoGen agent handles (``autogen_core.BaseAgent.on_message``: each team participant, custom agents
+included, and every group-chat manager: selector, Magentic-One orchestrator, ...) runs with that agent's name as the
+current role, and so does ``BaseChatAgent.run`` / ``run_stream`` of an agent used alone; ``AssistantAgent._call_llm``
+and ``_reflect_on_tool_use_flow`` name the agent for its direct ``on_messages`` too. ``AssistantAgent.
+_execute_tool_call`` (any tool or workbench, handoffs included) becomes a ``kind="tool"`` call with status. Patched
+with ``wrapt``, undone by :func:`uninstall`.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from typing import Any
 
 import wrapt
 from agentlightning.adapters._tools import PendingTool, error_text, parse_arguments
-from autogen_agentchat.agents import AssistantAgent
-from autogen_agentchat.teams._group_chat._selector_group_chat import SelectorGroupChatManager
+from autogen_agentchat.agents import AssistantAgent, BaseChatAgent
+from autogen_agentchat.teams._group_chat._base_group_chat_manager import BaseGroupChatManager
+from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
+from autogen_core import BaseAgent
 
 from agentlightning.capture import current_recorder, reset_role, set_role
 
@@ -102,14 +107,28 @@ def _tool_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-async def _selector_wrapper(
-    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
-    token = set_role(getattr(instance, "_name", None) or "selector")
+def _agent_name(agent: Any) -> str:
+    """The name of an AutoGen core agent: the chat agent a team participant wraps, a group-chat manager's name, or
+    the agent's registered type."""
+    if isinstance(agent, ChatAgentContainer):
+        return agent._agent.name  # noqa: SLF001 - the participant's name is not exposed otherwise
+    if isinstance(agent, BaseGroupChatManager):
+        return agent._name  # noqa: SLF001
+    return agent.id.type
+
+
+async def _in_agent_role(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                         ) -> Any:
+    token = set_role(_agent_name(instance) if isinstance(instance, BaseAgent) else instance.name)
     try:
         return await wrapped(*args, **kwargs)
     finally:
         reset_role(token)
+
+
+def _stream_in_agent_role(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                          ) -> Any:
+    return _stepped_in_role(wrapped(*args, **kwargs), instance.name)
 
 
 def _patch(owner: type, attribute: str, wrapper: Callable[..., Any]) -> None:
@@ -118,19 +137,21 @@ def _patch(owner: type, attribute: str, wrapper: Callable[..., Any]) -> None:
 
 
 def install() -> None:
-    """Patch AgentChat so agent names become roles and tool executions are recorded. Idempotent."""
+    """Patch AutoGen so agent names become roles and tool executions are recorded. Idempotent."""
     with _lock:
         if _originals:
             return
         for attribute in ("_call_llm", "_reflect_on_tool_use_flow"):
             _patch(AssistantAgent, attribute, _agent_llm_wrapper(getattr(AssistantAgent, attribute)))
         _patch(AssistantAgent, "_execute_tool_call", _tool_wrapper(AssistantAgent._execute_tool_call))
-        _patch(SelectorGroupChatManager, "_select_speaker", _selector_wrapper)
+        _patch(BaseAgent, "on_message", _in_agent_role)
+        _patch(BaseChatAgent, "run", _in_agent_role)
+        _patch(BaseChatAgent, "run_stream", _stream_in_agent_role)
         logger.debug("AutoGen capture adapter installed")
 
 
 def uninstall() -> None:
-    """Restore AgentChat's original methods. Idempotent."""
+    """Restore AutoGen's original methods. Idempotent."""
     with _lock:
         while _originals:
             owner, attribute, original = _originals.pop()

@@ -4,17 +4,21 @@ server, through ``@agl.rollout``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 from adapter_support import timeline
-from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.agents import AssistantAgent, BaseChatAgent
+from autogen_agentchat.base import Response
 from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
-from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat, Swarm
+from autogen_agentchat.messages import BaseChatMessage, TextMessage
+from autogen_agentchat.teams import MagenticOneGroupChat, RoundRobinGroupChat, SelectorGroupChat, Swarm
 from autogen_agentchat.tools import AgentTool
+from autogen_agentchat.ui import Console
 from autogen_core import CancellationToken
-from autogen_core.models import ModelInfo
+from autogen_core.models import ChatCompletionClient, ModelInfo, SystemMessage, UserMessage
 from autogen_core.tools import FunctionTool, TextResultContent, ToolResult, ToolSchema, Workbench
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
@@ -324,3 +328,101 @@ async def test_install_twice_and_uninstall(serve) -> None:
     assert AssistantAgent.__dict__["_call_llm"] is not original
     rollout = await agent.aexecute({"question": "1+1"}, server.llm())
     assert timeline(rollout) == ROUND_ROBIN
+
+
+def ledger(satisfied: bool, next_speaker: str) -> str:
+    """A Magentic-One progress ledger, as the orchestrator asks its model for one."""
+
+    def entry(answer: object) -> dict:
+        return {"reason": "because", "answer": answer}
+
+    return json.dumps({"is_request_satisfied": entry(satisfied), "is_in_loop": entry(False),
+                       "is_progress_being_made": entry(True), "next_speaker": entry(next_speaker),
+                       "instruction_or_question": entry(f"{next_speaker}, your turn")})
+
+
+def magentic_rule(request: MockRequest) -> MockReply:
+    """The orchestrator's facts, plan, progress ledgers (coder, then poet, then done) and final answer; the coder
+    (an AssistantAgent) and the poet (a custom agent calling its model client itself) answer."""
+    texts = [str(m.get("content")) for m in request.messages]
+    last = texts[-1]
+    if "pre-survey" in last:
+        return MockReply(content="facts: none needed")
+    if last.startswith("Fantastic. To address this request"):
+        return MockReply(content="plan: the coder computes, the poet writes")
+    if "Recall we are working on the following request" in last:
+        done = {"coder": any("coder says" in t for t in texts), "poet": any("poet says" in t for t in texts)}
+        return MockReply(content=ledger(all(done.values()), "poet" if done["coder"] else "coder"))
+    if "provide the final answer" in last:
+        return MockReply(content="FINAL: 42 and a poem")
+    if texts[0].startswith("You are the coder"):
+        return MockReply(content="coder says 42")
+    if texts[0].startswith("You are the poet"):
+        return MockReply(content="poet says roses")
+    return MockReply(content=f"unexpected prompt: {last[:80]}")
+
+
+class Poet(BaseChatAgent):
+    """A custom agent, as AutoGen's docs write one: it calls its model client itself."""
+
+    def __init__(self, name: str, model_client: ChatCompletionClient) -> None:
+        super().__init__(name, "A poet.")
+        self._model_client = model_client
+
+    @property
+    def produced_message_types(self) -> Sequence[type[BaseChatMessage]]:
+        return (TextMessage,)
+
+    async def on_messages(self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken) -> Response:
+        history = [UserMessage(content=m.to_model_text(), source=m.source) for m in messages]
+        result = await self._model_client.create([SystemMessage(content="You are the poet."), *history],
+                                                 cancellation_token=cancellation_token)
+        return Response(chat_message=TextMessage(content=str(result.content), source=self.name))
+
+    async def on_reset(self, cancellation_token: CancellationToken) -> None:
+        pass
+
+
+MAGENTIC = ["MagenticOneOrchestrator"] * 3 + ["coder", "MagenticOneOrchestrator", "poet"] + [
+    "MagenticOneOrchestrator"] * 2
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["run", "run_stream"])
+async def test_magentic_one_orchestrator_and_custom_agents_are_named(serve, stream: bool) -> None:
+    server, model = serve(magentic_rule)
+
+    @agl.rollout(roles=["MagenticOneOrchestrator"])
+    async def team(task: dict, llm: agl.LLM) -> float:
+        client = model_client(llm)
+        coder = AssistantAgent("coder", model_client=client, system_message="You are the coder.")
+        team = MagenticOneGroupChat([coder, Poet("poet", client)], model_client=client)
+        if stream:
+            result = await Console(team.run_stream(task=task["question"]), output_stats=False)
+        else:
+            result = await team.run(task=task["question"])
+        return float(result.messages[-1].content == "FINAL: 42 and a poem")
+
+    (rollout,) = await agl.arun(team, [{"id": 1, "question": "Compute 6*7 and write a poem."}], llm=server.llm())
+    assert [role for _kind, role, _status in timeline(rollout)] == MAGENTIC
+    assert rollout.final_reward == 1.0 and rollout.diagnostics == []
+    assert len(rollout.llm_calls) == len(server.requests)
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+    assert len(agl.transitions([rollout], roles=["MagenticOneOrchestrator"])) == 6
+
+
+async def test_custom_agent_used_alone_is_named(serve) -> None:
+    server, model = serve(magentic_rule)
+
+    @agl.rollout(roles=["poet"])
+    async def alone(task: dict, llm: agl.LLM) -> float:
+        poet = Poet("poet", model_client(llm))
+        first = await poet.run(task="a poem")
+        streamed = [message async for message in poet.run_stream(task="another")]
+        return float(first.messages[-1].content == "poet says roses" and len(streamed) == 3)
+
+    rollout = await alone.aexecute({}, server.llm())
+    assert timeline(rollout) == [("llm", "poet", "ok")] * 2
+    assert rollout.final_reward == 1.0
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
