@@ -1,36 +1,28 @@
-"""OpenAI Agents SDK adapter: a tracing processor that names the speaking agent and records function tools.
+"""OpenAI Agents SDK adapter: the speaking agent names the role and function tools are recorded, whether or not the
+SDK's tracing is enabled.
 
-While a generation or response span is open, the name of the nearest agent span above it is the current role (so
-handoffs and ``agent.as_tool`` are attributed to the agent that made the request); each function span becomes a
-``kind="tool"`` call, ``status="error"`` when the SDK recorded an error on it. The processor stays registered when
-the user replaces the SDK's processors with ``agents.set_trace_processors([...])``. It sees nothing while tracing is
-disabled (``set_tracing_disabled``, ``OPENAI_AGENTS_DISABLE_TRACING=1``, ``RunConfig(tracing_disabled=True)``): LLM
-calls are then recorded without agent names.
+The SDK opens a span around each agent's turns and each function tool. With tracing disabled
+(``set_tracing_disabled(True)``, which every custom-provider example of the SDK calls, ``RunConfig(tracing_disabled=
+True)``, ``OPENAI_AGENTS_DISABLE_TRACING=1``) those spans are ``NoOpSpan`` objects that reach no tracing processor,
+so the adapter wraps ``start`` / ``finish`` / ``set_error`` of both span classes rather than registering a processor:
+while an agent span is open its agent's name is the current role (handoffs and ``agent.as_tool`` included), and each
+function span becomes a ``kind="tool"`` call, ``status="error"`` when the SDK recorded an error on it. The user's
+trace processors and exporters are left as they are.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
+from collections.abc import Callable
 from contextvars import Token
 from dataclasses import dataclass
 from typing import Any
 
 import wrapt
 from agentlightning.adapters._tools import PendingTool, parse_arguments
-from agents import add_trace_processor
-from agents.tracing import (
-    AgentSpanData,
-    FunctionSpanData,
-    GenerationSpanData,
-    ResponseSpanData,
-    Span,
-    Trace,
-    TracingProcessor,
-    get_trace_provider,
-)
-from agents.tracing.provider import SynchronousMultiTracingProcessor
+from agents.tracing import AgentSpanData, FunctionSpanData, SpanError
+from agents.tracing.spans import NoOpSpan, SpanImpl
 
 from agentlightning.capture import current_recorder, current_role, reset_role, set_role
 
@@ -39,131 +31,84 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _OpenSpan:
-    parent_id: str | None
-    trace_id: str
-    agent: str | None = None
+    span: Any  # held, so that its id is not reused while it is open
     role_token: Token[str | None] | None = None
     tool: PendingTool | None = None
+    error: SpanError | None = None
 
 
-class AgentLightningTracingProcessor(TracingProcessor):
-    """Attributes model requests to agents and records function tools into the current rollout."""
+_open: dict[int, _OpenSpan] = {}  # id(span) -> what an open agent or function span started
 
-    def __init__(self) -> None:
-        self._spans: dict[str, _OpenSpan] = {}
 
-    def _agent_above(self, span_id: str | None) -> str | None:
-        open_span = self._spans.get(span_id) if span_id is not None else None
-        while open_span is not None and open_span.agent is None:
-            open_span = self._spans.get(open_span.parent_id) if open_span.parent_id is not None else None
-        return open_span.agent if open_span is not None else None
+def _on_start(span: Any, mark_as_current: bool = False) -> None:
+    data = span.span_data
+    if id(span) in _open or not isinstance(data, (AgentSpanData, FunctionSpanData)):
+        return
+    opened = _open[id(span)] = _OpenSpan(span)
+    if isinstance(data, AgentSpanData):
+        opened.role_token = set_role(data.name)
+    elif (recorder := current_recorder()) is not None:  # the SDK fills the input after the span starts
+        opened.tool = PendingTool(recorder, name=data.name, arguments=None, role=current_role(), adapter="openai_agents")
 
-    def on_trace_start(self, trace: Trace) -> None:
-        return None
 
-    def on_trace_end(self, trace: Trace) -> None:
-        # Spans of a finished trace that never ended (a cancelled run) are dropped.
-        for span_id, open_span in list(self._spans.items()):  # a C-level copy: safe while other threads add spans
-            if open_span.trace_id == trace.trace_id:
-                self._spans.pop(span_id, None)
+def _on_finish(span: Any, reset_current: bool = False) -> None:
+    opened = _open.pop(id(span), None)
+    if opened is None:
+        return
+    if opened.role_token is not None:
+        reset_role(opened.role_token)
+    if opened.tool is not None:
+        data, error = span.span_data, opened.error or span.error
+        message = None
+        if error is not None:
+            detail = (error.get("data") or {}).get("error")
+            message = f"{error.get('message')}: {detail}" if detail else str(error.get("message"))
+        opened.tool.arguments = parse_arguments(data.input)
+        opened.tool.finish(data.output, error=message)
 
-    def on_span_start(self, span: Span[Any]) -> None:
-        data = span.span_data
-        open_span = _OpenSpan(parent_id=span.parent_id, trace_id=span.trace_id)
-        if isinstance(data, AgentSpanData):
-            open_span.agent = data.name
-        self._spans[span.span_id] = open_span
-        if isinstance(data, (GenerationSpanData, ResponseSpanData)):
-            agent = self._agent_above(span.parent_id)
-            if agent is not None and agent != current_role():
-                open_span.role_token = set_role(agent)
-        elif isinstance(data, FunctionSpanData):
-            recorder = current_recorder()
-            if recorder is not None:
-                open_span.tool = PendingTool(
-                    recorder,
-                    name=data.name,
-                    arguments=None,  # the SDK fills the span's input after it starts
-                    role=self._agent_above(span.parent_id),
-                    adapter="openai_agents",
-                )
 
-    def on_span_end(self, span: Span[Any]) -> None:
-        open_span = self._spans.pop(span.span_id, None)
-        if open_span is None:
-            return
-        if open_span.role_token is not None:
-            reset_role(open_span.role_token)
-        if open_span.tool is not None:
-            data = span.span_data
-            open_span.tool.arguments = parse_arguments(data.input)
-            error = span.error
-            message = None
-            if error is not None:
-                detail = (error.get("data") or {}).get("error")
-                message = f"{error.get('message')}: {detail}" if detail else str(error.get("message"))
-            open_span.tool.finish(data.output, error=message)
+def _on_error(span: Any, error: SpanError) -> None:
+    if (opened := _open.get(id(span))) is not None:
+        opened.error = error  # a NoOpSpan does not keep it
 
-    def shutdown(self) -> None:
-        self._spans.clear()
 
-    def force_flush(self) -> None:
-        return None
+def _observer(hook: Callable[..., None]) -> Callable[..., Any]:
+    def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        result = wrapped(*args, **kwargs)
+        try:
+            hook(instance, *args, **kwargs)
+        except Exception:  # capture must never break the agent
+            logger.exception("openai_agents adapter: could not follow span %r", instance)
+        return result
+
+    return wrapper
 
 
 _lock = threading.Lock()
-_processor: AgentLightningTracingProcessor | None = None
-_original_set_processors: Any = None
-
-
-def _keep_ours(wrapped: Any, instance: SynchronousMultiTracingProcessor, args: Any, kwargs: Any) -> Any:
-    """``set_trace_processors([...])`` replaces the SDK's processors (users do it to stop the export to OpenAI);
-    the capture processor stays until :func:`uninstall`."""
-    result = wrapped(*args, **kwargs)
-    processor = _processor
-    if processor is not None and processor not in instance._processors:  # noqa: SLF001
-        instance.add_tracing_processor(processor)
-    return result
+_originals: list[tuple[type, str, Any]] = []
 
 
 def install() -> None:
-    """Add the processor to the SDK's trace provider, and keep it there across ``set_trace_processors``.
-    Idempotent."""
-    global _processor, _original_set_processors
+    """Follow the SDK's agent and function spans, traced or not. Idempotent."""
     with _lock:
-        if _processor is not None:
+        if _originals:
             return
-        _original_set_processors = SynchronousMultiTracingProcessor.__dict__["set_processors"]
-        wrapt.wrap_function_wrapper(SynchronousMultiTracingProcessor, "set_processors", _keep_ours)
-        _processor = AgentLightningTracingProcessor()
-        add_trace_processor(_processor)
-        if os.environ.get("OPENAI_AGENTS_DISABLE_TRACING", "").lower() in ("1", "true"):
-            logger.warning(
-                "OPENAI_AGENTS_DISABLE_TRACING is set: the Agents SDK creates no spans, so LLM calls are captured "
-                "without agent names and function tools are not recorded. To stop the export of traces to OpenAI "
-                "instead, call agents.set_trace_processors([])."
-            )
+        for cls in (SpanImpl, NoOpSpan):
+            for method, hook in (("start", _on_start), ("finish", _on_finish), ("set_error", _on_error)):
+                _originals.append((cls, method, cls.__dict__[method]))
+                wrapt.wrap_function_wrapper(cls, method, _observer(hook))
         logger.debug("OpenAI Agents SDK capture adapter installed")
 
 
 def uninstall() -> None:
-    """Remove the processor, keeping every other processor. Idempotent."""
-    global _processor, _original_set_processors
+    """Restore the SDK's span methods. Idempotent."""
     with _lock:
-        if _processor is None:
-            return
-        processor, _processor = _processor, None
-        SynchronousMultiTracingProcessor.set_processors = _original_set_processors
-        _original_set_processors = None
-        get_trace_provider().set_processors([p for p in _registered() if p is not processor])
+        while _originals:
+            cls, method, original = _originals.pop()
+            setattr(cls, method, original)
+        _open.clear()
 
 
 def is_installed() -> bool:
-    """Whether the capture processor is registered now."""
-    return _processor is not None
-
-
-def _registered() -> list[TracingProcessor]:
-    """The processors the SDK's provider calls now."""
-    multi = getattr(get_trace_provider(), "_multi_processor", None)
-    return list(getattr(multi, "_processors", ()))
+    """Whether the SDK's spans are followed now."""
+    return bool(_originals)

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
+import wrapt
 from adapter_support import timeline
 from agents import (
     Agent,
+    ModelProvider,
     OpenAIChatCompletionsModel,
     OpenAIResponsesModel,
+    RunConfig,
     Runner,
     function_tool,
+    set_default_openai_api,
+    set_default_openai_client,
     set_trace_processors,
+    set_tracing_disabled,
 )
 from agents.models.interface import Model
 from openai import AsyncOpenAI
@@ -62,7 +69,7 @@ def math_rule(request: MockRequest) -> MockReply:
     return MockReply(content=f"5 for {question}")
 
 
-def agents_for(model: Model) -> Agent:
+def agents_for(model: Model | str) -> Agent:
     math = Agent(name="math", instructions="You do math.", tools=[add, divide], model=model)
     return Agent(name="triage", instructions="You triage questions.", handoffs=[math], model=model)
 
@@ -202,17 +209,109 @@ def test_twenty_parallel_rollouts_do_not_mix(serve, mode: str) -> None:
             model.assert_server_token_ids(call)
 
 
-def test_install_twice_and_uninstall() -> None:
+def test_install_twice_and_uninstall(serve) -> None:
     from agentlightning.adapters import openai_agents as adapter
+    from agents.tracing.spans import NoOpSpan, SpanImpl
 
+    server, _ = serve(math_rule)
     agl.instrument("openai_agents")
     adapter.install()
-    set_trace_processors([])
-    set_trace_processors(adapter._registered())
-    ours = [p for p in adapter._registered() if isinstance(p, adapter.AgentLightningTracingProcessor)]
-    assert len(ours) == 1
+    assert len(adapter._originals) == 6
+
+    @agl.rollout
+    def agent(task: dict, llm: agl.LLM) -> float:
+        Runner.run_sync(agents_for(model_for(llm, "chat")), "2+3?")
+        return 1.0
+
     try:
         agl.uninstrument("openai_agents")
-        assert not [p for p in adapter._registered() if isinstance(p, adapter.AgentLightningTracingProcessor)]
+        assert not adapter.is_installed()
+        assert not any(isinstance(getattr(cls, name), wrapt.FunctionWrapper)
+                       for cls in (SpanImpl, NoOpSpan) for name in ("start", "finish", "set_error"))
+        rollout = agent.execute({}, server.llm())
+        assert [call.role for call in rollout.calls] == [None, None, None]
     finally:
         agl.instrument("openai_agents")
+    assert timeline(agent.execute({}, server.llm())) == HANDOFF_TIMELINE
+    assert not adapter._open  # every span followed was closed
+
+
+class MockProvider(ModelProvider):
+    """The SDK's custom-provider example: every model of the run comes from one OpenAI-compatible client."""
+
+    def __init__(self, llm: agl.LLM) -> None:
+        self.client = AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key)
+        self.model = llm.model
+
+    def get_model(self, model_name: str | None) -> Model:
+        return OpenAIChatCompletionsModel(model=model_name or self.model, openai_client=self.client)
+
+
+@pytest.fixture
+def tracing_off() -> Iterator[None]:
+    """``set_tracing_disabled(True)``, as every custom-provider example of the SDK has it."""
+    set_tracing_disabled(True)
+    yield
+    set_tracing_disabled(False)
+    set_default_openai_api("responses")
+
+
+@pytest.mark.parametrize("setup", ["global_client", "agent_model", "model_provider", "run_config"])
+async def test_tracing_disabled_keeps_roles_and_tools(serve, tracing_off: None, setup: str) -> None:
+    server, model = serve(math_rule)
+
+    @agl.rollout(roles=["math"])
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        run_config = None
+        if setup == "global_client":  # custom_example_global.py
+            set_default_openai_client(AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key), use_for_tracing=False)
+            set_default_openai_api("chat_completions")
+            triage = agents_for(llm.model)
+        elif setup == "agent_model":  # custom_example_agent.py
+            triage = agents_for(OpenAIChatCompletionsModel(
+                model=llm.model, openai_client=AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key)))
+        else:  # custom_example_provider.py, or tracing disabled for one run only
+            triage = agents_for(llm.model)
+            run_config = RunConfig(model_provider=MockProvider(llm), tracing_disabled=setup == "run_config")
+        result = await Runner.run(triage, task["question"], run_config=run_config)
+        return float(result.final_output.startswith("5"))
+
+    (rollout,) = await agl.arun(agent, [{"question": "2+3?"}], llm=server.llm())
+    assert timeline(rollout) == HANDOFF_TIMELINE
+    assert rollout.final_reward == 1.0 and rollout.diagnostics == []
+    assert len(rollout.llm_calls) == len(server.requests)
+    add_call, divide_call = (call for call in rollout.calls if call.kind == "tool")
+    assert add_call.input == {"a": 2, "b": 3} and add_call.output == 5
+    assert divide_call.error is not None and divide_call.error.startswith("Error running tool")
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+    assert [t.role for t in agl.transitions([rollout], roles=["math"])] == ["math", "math"]
+
+
+def test_tracing_disabled_streamed_sync_and_agent_as_tool(serve, tracing_off: None) -> None:
+    server, model = serve(translate_rule)
+
+    @agl.rollout
+    def agent(task: dict, llm: agl.LLM) -> float:
+        def orchestrator() -> Agent:  # a client per event loop
+            chat = model_for(llm, "chat")
+            translator = Agent(name="translator", instructions="You translate to French.", model=chat)
+            return Agent(name="orchestrator", instructions="You orchestrate.", model=chat,
+                         tools=[translator.as_tool(tool_name="translate", tool_description="Translate.")])
+
+        async def streamed() -> str:
+            result = Runner.run_streamed(orchestrator(), task["text"])
+            async for _event in result.stream_events():
+                pass
+            return result.final_output
+
+        first = Runner.run_sync(orchestrator(), task["text"]).final_output
+        return float("bonjour" in first and "bonjour" in asyncio.run(streamed()))
+
+    rollout = agent.execute({"text": "hello"}, server.llm())
+    one_run = [("llm", "orchestrator", "ok"), ("tool", "orchestrator:translate", "ok"), ("llm", "translator", "ok"),
+               ("llm", "orchestrator", "ok")]
+    assert timeline(rollout) == one_run * 2
+    assert rollout.final_reward == 1.0
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
