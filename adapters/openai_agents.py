@@ -6,8 +6,9 @@ The SDK opens a span around each agent's turns and each function tool. With trac
 True)``, ``OPENAI_AGENTS_DISABLE_TRACING=1``) those spans are ``NoOpSpan`` objects that reach no tracing processor,
 so the adapter wraps ``start`` / ``finish`` / ``set_error`` of both span classes rather than registering a processor:
 while an agent span is open its agent's name is the current role (handoffs and ``agent.as_tool`` included), and each
-function span becomes a ``kind="tool"`` call, ``status="error"`` when the SDK recorded an error on it. The user's
-trace processors and exporters are left as they are.
+function span becomes a ``kind="tool"`` call, ``status="error"`` when the SDK recorded an error on it or an MCP tool
+answered ``isError`` (``mcp.ClientSession.call_tool`` is wrapped to see it). The user's trace processors and exporters
+are left as they are.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from typing import Any
 
 import wrapt
 from agentlightning.adapters._tools import PendingTool, parse_arguments
-from agents.tracing import AgentSpanData, FunctionSpanData, SpanError
+from agents.tracing import AgentSpanData, FunctionSpanData, SpanError, get_current_span
 from agents.tracing.spans import NoOpSpan, SpanImpl
+from mcp.client.session import ClientSession
 
 from agentlightning.capture import current_recorder, current_role, reset_role, set_role
 
@@ -72,6 +74,15 @@ def _on_error(span: Any, error: SpanError) -> None:
         opened.error = error  # a NoOpSpan does not keep it
 
 
+async def _mcp_call(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    result = await wrapped(*args, **kwargs)
+    failed = getattr(result, "is_error", None) or getattr(result, "isError", False)  # mcp 2.x, 1.x
+    if failed and (opened := _open.get(id(get_current_span()))) is not None:
+        text = " ".join(str(getattr(item, "text", "")) for item in result.content)
+        opened.error = {"message": "MCP tool error", "data": {"error": text}}
+    return result
+
+
 def _observer(hook: Callable[..., None]) -> Callable[..., Any]:
     def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         result = wrapped(*args, **kwargs)
@@ -97,6 +108,8 @@ def install() -> None:
             for method, hook in (("start", _on_start), ("finish", _on_finish), ("set_error", _on_error)):
                 _originals.append((cls, method, cls.__dict__[method]))
                 wrapt.wrap_function_wrapper(cls, method, _observer(hook))
+        _originals.append((ClientSession, "call_tool", ClientSession.__dict__["call_tool"]))
+        wrapt.wrap_function_wrapper(ClientSession, "call_tool", _mcp_call)
         logger.debug("OpenAI Agents SDK capture adapter installed")
 
 

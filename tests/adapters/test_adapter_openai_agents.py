@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import wrapt
@@ -21,6 +23,7 @@ from agents import (
     set_trace_processors,
     set_tracing_disabled,
 )
+from agents.mcp import MCPServerStdio
 from agents.models.interface import Model
 from openai import AsyncOpenAI
 
@@ -216,7 +219,7 @@ def test_install_twice_and_uninstall(serve) -> None:
     server, _ = serve(math_rule)
     agl.instrument("openai_agents")
     adapter.install()
-    assert len(adapter._originals) == 6
+    assert len(adapter._originals) == 7
 
     @agl.rollout
     def agent(task: dict, llm: agl.LLM) -> float:
@@ -313,5 +316,33 @@ def test_tracing_disabled_streamed_sync_and_agent_as_tool(serve, tracing_off: No
                ("llm", "orchestrator", "ok")]
     assert timeline(rollout) == one_run * 2
     assert rollout.final_reward == 1.0
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+@pytest.mark.parametrize("tracing", ["on", "off"])
+async def test_mcp_tools_recorded_with_status(serve, request: pytest.FixtureRequest, tracing: str) -> None:
+    """The Agents SDK's MCP quickstart: a local MCP server over stdio gives the agent its tools."""
+    if tracing == "off":
+        request.getfixturevalue("tracing_off")
+    server, model = serve(math_rule)
+    calculator = Path(__file__).with_name("mcp_calculator.py")
+
+    @agl.rollout(roles=["math"])
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        chat = model_for(llm, "chat")
+        async with MCPServerStdio(name="calculator", params={"command": sys.executable, "args": [str(calculator)]},
+                                  client_session_timeout_seconds=30) as mcp_server:
+            math = Agent(name="math", instructions="You do math.", mcp_servers=[mcp_server], model=chat)
+            triage = Agent(name="triage", instructions="You triage questions.", handoffs=[math], model=chat)
+            result = await Runner.run(triage, task["question"])
+        return float(result.final_output.startswith("5"))
+
+    rollout = await agent.aexecute({"question": "2+3?"}, server.llm())
+    assert timeline(rollout) == HANDOFF_TIMELINE
+    assert rollout.final_reward == 1.0 and len(rollout.llm_calls) == len(server.requests)
+    add_call, divide_call = (call for call in rollout.calls if call.kind == "tool")
+    assert add_call.input == {"a": 2, "b": 3} and "5" in str(add_call.output)
+    assert divide_call.error == "MCP tool error: Error executing tool divide"  # the text the MCP server sent
     for call in rollout.llm_calls:
         model.assert_server_token_ids(call)
