@@ -52,7 +52,8 @@ def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder, expected: str) -> 
         parts.append("The openai client is NOT patched (agl.uninstrument('openai') was called, or patching failed: "
                      "see logs).")
     parts.append(_stray_note(rollout, expected) or f"The agent was given llm.base_url={expected}; make sure it sends "
-                 "its requests there with the openai client (or a framework built on it), inside the rollout.")
+                 "its requests there with the openai client (or a framework built on it), inside the rollout; other "
+                 "HTTP clients are captured only through the server's proxy.")
     return " ".join(parts)
 
 

@@ -15,7 +15,7 @@ import openai
 from adapter_support import timeline
 
 import agentlightning as agl
-from agentlightning.testing import MockReply, MockRequest
+from agentlightning.testing import MockLLMServer, MockReply, MockRequest
 
 ANSWER = "the answer is forty two, said the model slowly"
 
@@ -175,3 +175,34 @@ def test_calls_that_escape_the_rollout_are_reported_even_when_others_were_captur
     assert any("1 of the 2 LLM calls had no role" in note for note in rollout.diagnostics), rollout.diagnostics
 
 
+
+
+def test_raw_http_agent_trains_through_the_server_proxy(tmp_path) -> None:
+    """An agent that does not use the openai package: agl.run sees no call and says why; the Lightning server's
+    proxy, which client workers point the agent at, records every call with the server's token ids."""
+    import raw_http_agents
+
+    from agentlightning.client import start_workers
+    from agentlightning.server import LightningServer
+
+    with MockLLMServer() as upstream:
+        (alone,) = agl.run(raw_http_agents.raw_http_agent, [{"id": 1, "question": "q"}], llm=upstream.llm())
+        assert alone.status == "succeeded" and alone.llm_calls == [] and len(upstream.requests) == 2
+        assert "only through the server's proxy" in alone.diagnostics[0], alone.diagnostics
+        with LightningServer(tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model") as server:
+            ids = server.enqueue([{"id": f"t{i}", "question": f"question {i}"} for i in range(2)])
+            pool = start_workers(raw_http_agents.raw_http_agent, server.url, nworkers=1,
+                                 spool_dir=str(tmp_path / "spool"))
+            try:
+                rollouts = server.wait(ids, timeout=60)
+            finally:
+                server.request_stop()
+                assert pool.wait(20)
+    assert len(upstream.requests) == 2 + 4
+    for rollout in rollouts:
+        assert rollout.status == "succeeded" and rollout.final_reward == 1.0
+        assert [(call.metadata.get("stream", False), call.token_source) for call in rollout.llm_calls] == [
+            (False, "server"), (True, "server")]
+        for call in rollout.llm_calls:
+            assert call.output["content"] == f"echo: {rollout.task['question']}"
+            assert call.completion_token_ids == upstream.tokenizer.encode(call.output["content"])
