@@ -26,8 +26,8 @@ def explain_rollout(rollout: Rollout, recorder: RolloutRecorder, llm_base_url: s
             first = llm_calls[0]
             notes.append(f"all {len(llm_calls)} LLM calls failed; the first to {first.metadata.get('endpoint')} "
                          f"raised {first.error}.")
-        if stray := _stray_note(rollout, llm_base_url):
-            notes.append(f"not every LLM call was captured: {stray}")
+        for lost in filter(None, (_unfinished_note(recorder), _stray_note(rollout, llm_base_url))):
+            notes.append(f"not every LLM call was captured: {lost}")
             logger.warning("rollout %s: %s", rollout.rollout_id, notes[-1])
     notes.extend(_role_notes(rollout))
     if rollout.status == "succeeded" and rollout.final_reward is None:
@@ -38,10 +38,8 @@ def explain_rollout(rollout: Rollout, recorder: RolloutRecorder, llm_base_url: s
 
 def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder, expected: str) -> str:
     parts = ["no LLM call was captured."]
-    endpoints = sorted(recorder.unfinished_endpoints())
-    if endpoints:
-        parts.append(f"Calls to {', '.join(endpoints)} started but never finished (a stream that was never "
-                     "consumed, or a call still running when the rollout ended).")
+    if unfinished := _unfinished_note(recorder):
+        parts.append(unfinished)
     adapters = installed_adapters()
     if "openai" in adapters:
         parts.append(f"The openai client is patched (installed capture adapters: {', '.join(adapters)}).")
@@ -55,6 +53,15 @@ def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder, expected: str) -> 
                  "its requests there with the openai client (or a framework built on it), inside the rollout; other "
                  "HTTP clients are captured only through the server's proxy.")
     return " ".join(parts)
+
+
+def _unfinished_note(recorder: RolloutRecorder) -> str | None:
+    """What to say about calls that started in the rollout and were never recorded (None when there were none)."""
+    endpoints = sorted(recorder.unfinished_endpoints())
+    if not endpoints:
+        return None
+    return (f"Calls to {', '.join(endpoints)} started but never finished (a stream that was never consumed or closed, "
+            "or a call still running when the rollout ended).")
 
 
 def _stray_note(rollout: Rollout, expected: str) -> str | None:

@@ -206,3 +206,21 @@ def test_raw_http_agent_trains_through_the_server_proxy(tmp_path) -> None:
         for call in rollout.llm_calls:
             assert call.output["content"] == f"echo: {rollout.task['question']}"
             assert call.completion_token_ids == upstream.tokenizer.encode(call.output["content"])
+
+
+def test_a_stream_never_read_is_reported_even_when_other_calls_were_captured(serve) -> None:
+    server, _ = serve(answer)
+    kept = []
+
+    @agl.rollout
+    def agent(task: dict, llm: agl.LLM) -> float:
+        client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)
+        client.chat.completions.create(model=llm.model, messages=question("read"))
+        kept.append(client.chat.completions.create(model=llm.model, messages=question("unread"), stream=True))
+        return 1.0
+
+    (rollout,) = agl.run(agent, [{"id": 1}], llm=server.llm())
+    kept[0].close()
+    assert timeline(rollout) == [("llm", None, "ok")] and len(server.requests) == 2
+    (lost,) = rollout.diagnostics
+    assert lost.startswith(f"not every LLM call was captured: Calls to {server.base_url} started but never finished")
