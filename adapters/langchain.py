@@ -110,9 +110,10 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             run = self._runs.get(run.parent_id) if run.parent_id is not None else None
         return run, getattr(run, field) if run is not None else None
 
-    def _speaking(self, run: _Run | None, model_name: str | None = None) -> str | None:
-        """The role speaking in ``run`` (see the module docstring); an ``agl.role`` entered inside the run that names
-        it wins, and so does one entered around runs that name nothing."""
+    def _speaking(self, run: _Run | None, model_name: str | None = None, internal: bool = True) -> str | None:
+        """The role speaking in ``run`` (see the module docstring; ``internal=False`` leaves out the agents' internal
+        node names); an ``agl.role`` entered inside the run that names it wins, and so does one entered around runs
+        that name nothing."""
         owner, role = self._nearest(run, "explicit")
         if owner is None:
             owner, role = self._nearest(run, "name")
@@ -121,7 +122,7 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             return role
         if now is not None:
             return now
-        return model_name or self._nearest(run, "internal")[1]
+        return model_name or (self._nearest(run, "internal")[1] if internal else None)
 
     # -- chains ---------------------------------------------------------------------------------------------
 
@@ -199,7 +200,7 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             run.recorder,
             name=name,
             arguments=inputs if inputs is not None else input_str,
-            role=self._speaking(parent),
+            role=self._speaking(parent, internal=False),  # else the role of the LLM call that asked for it
             adapter="langchain",
             tool_call_id=kwargs.get("tool_call_id"),
         )

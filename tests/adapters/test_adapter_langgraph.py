@@ -288,3 +288,19 @@ def test_swarm_handoffs_between_agents(serve, factory: Factory) -> None:
     assert rollout.final_reward == 1.0
     check_calls(rollout, server, model)
     assert [t.role for t in agl.transitions([rollout], roles=["bob"])] == ["bob"]
+
+
+@FACTORIES
+def test_a_lone_unnamed_agent_is_named_by_its_node_and_its_tools_follow(serve, factory: Factory) -> None:
+    server, model = serve(team_rule)
+
+    @agl.rollout
+    def agent(task: dict, llm: agl.LLM) -> float:
+        build_agent(factory, chat(llm), [add, divide], None, "You are a math agent.").invoke({"messages": [("user", "go")]})
+        return 1.0
+
+    (rollout,) = agl.run(agent, [{"id": 1}], llm=server.llm())
+    node = "agent" if factory is create_react_agent else "model"
+    assert shape(rollout) == [("llm", node, "ok"), ("tool", f"{node}:add", "ok"), ("tool", f"{node}:divide", "error"),
+                              ("llm", node, "ok")]
+    check_calls(rollout, server, model)
