@@ -35,10 +35,8 @@ MAX_TURNS = 6
 
 
 def keep_traces_local() -> None:
-    """Stop the SDK from exporting traces to OpenAI's servers while keeping Agent Lightning's trace processor."""
-    agl.uninstrument("openai_agents")
+    """Stop the SDK from exporting traces to OpenAI's servers (capture does not depend on the SDK's tracing)."""
     agents.set_trace_processors([])
-    agl.instrument("openai_agents")
 
 
 keep_traces_local()
