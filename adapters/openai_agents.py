@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from contextvars import Token
 from dataclasses import dataclass
@@ -33,20 +34,20 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _OpenSpan:
-    span: Any  # held, so that its id is not reused while it is open
     role_token: Token[str | None] | None = None
     tool: PendingTool | None = None
     error: SpanError | None = None
 
 
-_open: dict[int, _OpenSpan] = {}  # id(span) -> what an open agent or function span started
+# span -> what an open agent or function span started; a span that never finishes (a cancelled run) leaves with it
+_open: weakref.WeakKeyDictionary[Any, _OpenSpan] = weakref.WeakKeyDictionary()
 
 
 def _on_start(span: Any, mark_as_current: bool = False) -> None:
     data = span.span_data
-    if id(span) in _open or not isinstance(data, (AgentSpanData, FunctionSpanData)):
+    if span in _open or not isinstance(data, (AgentSpanData, FunctionSpanData)):
         return
-    opened = _open[id(span)] = _OpenSpan(span)
+    opened = _open[span] = _OpenSpan()
     if isinstance(data, AgentSpanData):
         opened.role_token = set_role(data.name)
     elif (recorder := current_recorder()) is not None:  # the SDK fills the input after the span starts
@@ -54,7 +55,7 @@ def _on_start(span: Any, mark_as_current: bool = False) -> None:
 
 
 def _on_finish(span: Any, reset_current: bool = False) -> None:
-    opened = _open.pop(id(span), None)
+    opened = _open.pop(span, None)
     if opened is None:
         return
     if opened.role_token is not None:
@@ -70,13 +71,14 @@ def _on_finish(span: Any, reset_current: bool = False) -> None:
 
 
 def _on_error(span: Any, error: SpanError) -> None:
-    if (opened := _open.get(id(span))) is not None:
+    if (opened := _open.get(span)) is not None:
         opened.error = error  # a NoOpSpan does not keep it
 
 
 def _on_mcp_result(result: Any) -> None:
     failed = getattr(result, "is_error", None) or getattr(result, "isError", False)  # mcp 2.x, 1.x
-    if failed and (opened := _open.get(id(get_current_span()))) is not None:
+    span = get_current_span()
+    if failed and span is not None and (opened := _open.get(span)) is not None:
         text = " ".join(str(getattr(item, "text", "")) for item in result.content)
         opened.error = {"message": "MCP tool error", "data": {"error": text}}
 
