@@ -98,6 +98,14 @@ def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callab
         return {"settings": settings(), "store": reader and str(reader.path), "metrics": str(metrics_path),
                 **(reader.overview() if reader else {})}
 
+    @routes.get("/batches")
+    def batches() -> list[dict[str, Any]]:
+        return store().batches()
+
+    @routes.get("/filters")
+    def filters() -> dict[str, list[str]]:
+        return store().filter_options()
+
     @routes.get("/metrics")
     def metrics(since: int = 0) -> dict[str, Any]:
         rows = read_metrics(metrics_path)

@@ -4,11 +4,11 @@ LangChain tool agent against the mock model), its metrics file, and headless Chr
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import chromium
 import dash_agents
 import pytest
 
@@ -17,8 +17,6 @@ from agentlightning.server import LightningServer, Settings
 from agentlightning.testing import MockLLMServer
 
 TOKEN = "dash-secret"
-INSTALL = ("install it with `apt-get install -y chromium chromium-driver` and `pip install selenium==4.51.0` "
-           "(`make browser` does both)")
 
 
 @dataclass
@@ -77,25 +75,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
 @pytest.fixture(scope="package")
 def browser() -> Iterator[object]:
-    """Headless Chromium (Debian's package) through its chromedriver; skipped with how to install it when missing,
-    failed instead when AGL_REQUIRE_BROWSER=1 (CI)."""
-    chromium, driver = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        chromium = None
-    if chromium is None or driver is None:
-        message = f"headless Chromium with chromedriver and selenium are needed for the browser tests: {INSTALL}"
+    """Headless Chromium; skipped with how to install it when missing, failed instead when AGL_REQUIRE_BROWSER=1."""
+    reason = chromium.missing()
+    if reason is not None:
         if os.environ.get("AGL_REQUIRE_BROWSER") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000",
-                     "--disable-gpu", "--no-first-run"):
-        options.add_argument(argument)
-    session = webdriver.Chrome(options=options, service=Service(driver))
+            pytest.fail(f"AGL_REQUIRE_BROWSER=1 but {reason}")
+        pytest.skip(f"browser tests need headless Chromium: {reason}")
+    session = chromium.start()
     try:
         yield session
     finally:

@@ -8,20 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
+from chromium import wait_for
 from conftest import TOKEN, Run, write_metrics
 
 pytest.importorskip("langchain_openai")
 
 SHOTS = os.environ.get("AGL_DASHBOARD_SCREENSHOTS")
-
-
-def wait_for(browser, css: str, check=lambda elements: bool(elements), timeout: float = 10.0):
-    """The elements matching ``css`` once ``check`` accepts them (the page renders after its fetches)."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(browser, timeout, poll_frequency=0.05).until(
-        lambda driver: (found := driver.find_elements(By.CSS_SELECTOR, css)) and check(found) and found)
 
 
 def shot(browser, name: str) -> None:
@@ -120,7 +112,7 @@ def test_a_rollout_reads_as_a_conversation_with_the_tool_error_on_its_call(brows
     assert "q" in first.find_element("css selector", ".msg.user").text
     assert "→ add(" in first.find_element("css selector", ".msg.assistant").text
     assert "tools_used" not in first.text and "tools_used: 0.25" in last.text  # the emitted reward, on its call
-    assert "status-ok" in added.get_attribute("class") and '"a": 2' in added.text and "5" in added.text
+    assert "status-ok" in added.get_attribute("class") and '{"a":2,"b":3}' in added.text and "result\n5" in added.text
     assert "status-error" in looked_up.get_attribute("class")
     assert "no table users" in looked_up.find_element("css selector", ".call-error").text
     assert "answer: 5 | no table users" in last.text

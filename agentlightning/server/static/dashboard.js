@@ -138,7 +138,7 @@ async function runPage() {
     <h3>Model versions</h3><table><thead><tr><th>version</th><th>model</th><th>since</th><th class="num">rollouts</th>
     <th class="num">mean reward</th></tr></thead><tbody>${versions.join("") || '<tr><td colspan="5" class="empty">none</td></tr>'}
     </tbody></table><h3>Settings</h3><table class="kv"><tbody>${settings.join("")}</tbody></table>`;
-  let rows = [];
+  let rows = [], tick = 0;
   const draw = async () => {
     const fresh = await api(`/metrics?since=${rows.length}`);
     rows = fresh.total < rows.length ? (await api("/metrics")).rows : rows.concat(fresh.rows);
@@ -147,8 +147,8 @@ async function runPage() {
     if (rows.length) {
       document.getElementById("curve-note").textContent = `(${rows.length} steps from ${overview.metrics})`;
       charts.innerHTML = metricCharts(rows);
-    } else {  // no metrics.jsonl: the store's batches of rollouts (a training step each) stand in
-      const batches = (await api("/overview")).batches || [];
+    } else if (tick++ % 5 === 0) {  // no metrics.jsonl: the store's batches of rollouts (a step each) stand in
+      const batches = await api("/batches");
       document.getElementById("curve-note").textContent = `(no metrics.jsonl; mean reward of each of ${batches.length} batches)`;
       charts.innerHTML = lineChart("batch mean reward", batches.map((b, i) => [i + 1, b.mean_reward]).filter((p) => p[1] !== null)) +
         lineChart("batch failed rollouts", batches.map((b, i) => [i + 1, b.failed]));
@@ -162,7 +162,7 @@ const ROLLOUT_FILTERS = ["status", "failed", "retried", "task_id", "group_id", "
   "reward_max"];
 
 async function rolloutsPage(_, params) {
-  const overview = await api("/overview");
+  const options = await api("/filters");
   const statuses = ["", "queued", "running", "succeeded", "failed", "timeout", "cancelled"];
   const option = (v) => `<option value="${esc(v)}" ${params.get("status") === v ? "selected" : ""}>${esc(v || "any")}</option>`;
   const box = (name, label) => `<label>${label}<input type="checkbox" name="${name}" ${params.get(name) === "true" ? "checked" : ""}></label>`;
@@ -172,11 +172,12 @@ async function rolloutsPage(_, params) {
     ${box("failed", "failed only")}${box("retried", "retried")}${text("task_id", "task")}${text("group_id", "group")}
     ${text("role", "role", 'list="roles"')}${text("model_version", "model version", 'list="versions"')}
     ${text("reward_min", "reward ≥", 'type="number" step="any"')}${text("reward_max", "reward ≤", 'type="number" step="any"')}
-    <datalist id="roles">${(overview.roles || []).map((r) => `<option value="${esc(r)}">`).join("")}</datalist>
-    <datalist id="versions">${(overview.model_versions || []).map((v) => `<option value="${esc(v.version)}">`).join("")}</datalist>
+    <datalist id="roles">${options.roles.map((r) => `<option value="${esc(r)}">`).join("")}</datalist>
+    <datalist id="versions">${options.model_versions.map((v) => `<option value="${esc(v)}">`).join("")}</datalist>
     </form><div id="table"></div>`;
   const form = document.getElementById("filters");
-  const state = {sort: params.get("sort") || "created", desc: params.get("desc") !== "0", offset: +(params.get("offset") || 0)};
+  const state = {sort: params.get("sort") || "created", desc: params.get("desc") !== "0", offset: +(params.get("offset") || 0),
+    request: 0};
   let debounce = null;
   const load = async () => {
     const chosen = new URLSearchParams();
@@ -190,10 +191,14 @@ async function rolloutsPage(_, params) {
     setQuery("rollouts", chosen);
     const sent = new URLSearchParams([...chosen].filter(([, v]) => v !== "" && v !== "false"));
     sent.set("desc", String(state.desc));
+    const mine = ++state.request;
     const data = await api(`/rollouts?${sent}`);
-    renderRollouts(data, state, load);
+    if (mine === state.request) renderRollouts(data, state, load);  // an older, slower answer is dropped
   };
-  form.addEventListener("input", () => { clearTimeout(debounce); state.offset = 0; debounce = setTimeout(load, 150); });
+  const reload = (delay) => { clearTimeout(debounce); state.offset = 0; debounce = setTimeout(load, delay); };
+  const typed = (target) => target.tagName === "INPUT" && target.type !== "checkbox";
+  form.addEventListener("input", (event) => typed(event.target) && reload(120));  // typing: wait for a pause
+  form.addEventListener("change", (event) => typed(event.target) || reload(0));  // a click: at once
   form.addEventListener("submit", (event) => event.preventDefault());
   await load();
 }
@@ -206,7 +211,7 @@ function sortHeader(label, key, state, cls = "") {
 function pager(data, state, load) {
   const last = Math.min(data.offset + data.rows.length, data.total);
   const html = `<div class="pager"><button data-go="-1" ${data.offset ? "" : "disabled"}>previous</button>
-    <span id="range">${data.total ? data.offset + 1 : 0}–${last} of ${data.total.toLocaleString()}</span>
+    <span id="range">${data.total ? data.offset + 1 : 0}–${last} of ${data.total.toLocaleString()}${data.more ? "+" : ""}</span>
     <button data-go="1" ${last < data.total ? "" : "disabled"}>next</button></div>`;
   const wire = (root) => root.querySelectorAll("[data-go]").forEach((b) => b.addEventListener("click", () => {
     state.offset = Math.max(0, state.offset + Number(b.dataset.go) * data.limit);

@@ -16,6 +16,7 @@ from agentlightning.types import FINISHED_STATUSES
 FAILED = "('failed', 'timeout', 'cancelled')"  # the finished states that are not a success, as SQL
 SORTS = {"created": "seq", "ended": "ended", "reward": "final_reward", "calls": "n_calls", "attempt": "attempt",
          "duration": "ended - started"}
+COUNT_CAP = 10_000
 TASK_SORTS = {"task": "task_id", "rollouts": "n", "reward": "mean_reward", "last": "last_seq"}
 _ROW = ("rollout_id, task_id, group_id, status, attempt, max_attempts, final_reward, model_version, worker_id, "
         "n_calls, created, started, ended")
@@ -63,18 +64,22 @@ class StoreReader:
             clauses.append("final_reward <= ?")
             params.append(reward_max)
         if role:
-            clauses.append("EXISTS (SELECT 1 FROM calls c WHERE c.rollout_id=rollouts.rollout_id AND c.role=?)")
+            clauses.append("EXISTS (SELECT 1 FROM calls c WHERE c.role=? AND c.rollout_id=rollouts.rollout_id)")
             params.append(role)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         order = "DESC" if descending else "ASC"
+        # Newest first walks the primary key and stops after the page; other orders keep their empty values last.
+        by = f"seq {order}" if sort == "created" else f"{SORTS[sort]} IS NULL, {SORTS[sort]} {order}, seq {order}"
         rows = self._all(
             f"SELECT {_ROW}, json_extract(record, '$.error.type') AS error_type, "
-            f"json_extract(record, '$.error.message') AS error FROM rollouts{where} "
-            f"ORDER BY {SORTS[sort]} IS NULL, {SORTS[sort]} {order}, seq {order} LIMIT ? OFFSET ?",
+            f"json_extract(record, '$.error.message') AS error FROM rollouts{where} ORDER BY {by} LIMIT ? OFFSET ?",
             *params, limit, offset,
         )
-        total = self._all(f"SELECT COUNT(*) AS n FROM rollouts{where}", *params)[0]["n"]
-        return {"rows": rows, "total": total, "limit": limit, "offset": offset}
+        # A filtered count stops at COUNT_CAP matches past the page: counting all 100k rollouts of a role would
+        # cost more than the page itself. ``more`` says the count was cut.
+        cap = offset + limit + COUNT_CAP if clauses else -1
+        total = self._all(f"SELECT COUNT(*) AS n FROM (SELECT 1 FROM rollouts{where} LIMIT ?)", *params, cap)[0]["n"]
+        return {"rows": rows, "total": total, "more": total == cap, "limit": limit, "offset": offset}
 
     def rollout(self, rollout_id: str) -> dict[str, Any]:
         """A rollout with its calls (token ids summarised), rewards and every attempt; a running rollout shows the
@@ -132,22 +137,32 @@ class StoreReader:
                            for g in groups]}
 
     def overview(self) -> dict[str, Any]:
-        """Counts by state, model versions with their rollouts' mean reward, datasets, workers, and the mean reward
-        of each batch of rollouts (the group id's prefix: a training step) in the order they were queued."""
-        batches = self._all(
-            "SELECT substr(group_id, 1, instr(group_id, ':') - 1) AS batch, COUNT(*) AS n, "
-            f"AVG(final_reward) AS mean_reward, SUM(status IN {FAILED}) AS failed, MIN(seq) AS first "
-            "FROM rollouts GROUP BY batch ORDER BY first DESC LIMIT 500")
+        """Counts by state, model versions with their rollouts' mean reward, datasets, workers."""
+        served = {r["model_version"]: r for r in self._all(
+            "SELECT model_version, COUNT(*) AS rollouts, AVG(final_reward) AS mean_reward FROM rollouts GROUP BY 1")}
+        versions = self._all("SELECT version, model_name, created FROM model_versions ORDER BY seq")
         return {
             "counts": {r["status"]: r["n"] for r in self._all("SELECT status, COUNT(*) AS n FROM rollouts GROUP BY 1")},
-            "model_versions": self._all(
-                "SELECT v.version, v.model_name, v.created, COUNT(r.seq) AS rollouts, AVG(r.final_reward) AS "
-                "mean_reward FROM model_versions v LEFT JOIN rollouts r ON r.model_version=v.version "
-                "GROUP BY v.seq ORDER BY v.seq"),
+            "model_versions": [{**v, "rollouts": 0, "mean_reward": None, **served.get(v["version"], {})}
+                               for v in versions],
             "datasets": self._all("SELECT dataset_id, name, size, created FROM datasets ORDER BY created"),
             "workers": self._all("SELECT * FROM workers ORDER BY first_seen"),
-            "batches": batches[::-1],
-            "roles": [r["role"] for r in self._all(  # the roles of recent rollouts, as suggestions for the filter
+        }
+
+    def batches(self, limit: int = 500) -> list[dict[str, Any]]:
+        """The latest batches of rollouts (the group id's prefix: a training step), oldest first, with their mean
+        reward and failures: the run's curve when it has no metrics file."""
+        rows = self._all(
+            "SELECT substr(group_id, 1, instr(group_id, ':') - 1) AS batch, COUNT(*) AS n, "
+            f"AVG(final_reward) AS mean_reward, SUM(status IN {FAILED}) AS failed, MIN(seq) AS first "
+            "FROM rollouts GROUP BY batch ORDER BY first DESC LIMIT ?", limit)
+        return rows[::-1]
+
+    def filter_options(self) -> dict[str, list[str]]:
+        """Suggestions for the rollout filters: every model version, and the roles of the latest rollouts."""
+        return {
+            "model_versions": [r["version"] for r in self._all("SELECT DISTINCT version FROM model_versions")],
+            "roles": [r["role"] for r in self._all(
                 "SELECT DISTINCT role FROM calls WHERE rollout_id IN (SELECT rollout_id FROM rollouts "
                 "ORDER BY seq DESC LIMIT 500) AND role IS NOT NULL ORDER BY role")],
         }
