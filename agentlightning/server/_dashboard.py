@@ -8,14 +8,14 @@ import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
 from agentlightning.server._runtime import Runtime
-from agentlightning.server.store._browse import StoreReader
+from agentlightning.server.store._browse import RolloutQuery, StoreReader
 
 STATIC = Path(__file__).parent / "static"
 
@@ -112,14 +112,8 @@ def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callab
         return {"total": len(rows), "rows": rows[max(0, since):]}
 
     @routes.get("/rollouts")
-    def rollouts(status: str | None = None, failed: bool = False, task_id: str | None = None,
-                 group_id: str | None = None, role: str | None = None, model_version: str | None = None,
-                 reward_min: float | None = None, reward_max: float | None = None, retried: bool = False,
-                 sort: str = "created", desc: bool = True, limit: int = 50, offset: int = 0) -> dict[str, Any]:
-        return store().rollouts(
-            status=status, failed=failed, task_id=task_id, group_id=group_id, role=role, model_version=model_version,
-            reward_min=reward_min, reward_max=reward_max, retried=retried, sort=sort, descending=desc,
-            limit=max(1, min(limit, 500)), offset=max(0, offset))
+    def rollouts(query: Annotated[RolloutQuery, Query()]) -> dict[str, Any]:
+        return store().rollouts(query)
 
     @routes.get("/rollouts/{rollout_id}")
     def rollout(rollout_id: str) -> dict[str, Any]:

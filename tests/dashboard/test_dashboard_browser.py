@@ -61,36 +61,42 @@ def test_run_page_draws_a_curve_per_metric_and_a_new_step_appears_live(browser, 
     assert len(browser.find_elements("css selector", 'svg[data-metric="reward"] circle')) == 4
 
 
+def rows_for(browser, *query: str) -> list:
+    """The table's rows once it shows the answer to a request with every one of ``query`` (and only then: a table
+    drawn for an earlier state of the filters does not count)."""
+    table = wait_for(browser, "#rollouts", lambda found: all(
+        part in found[0].get_attribute("data-query").split("&") for part in query))[0]
+    return table.find_elements("css selector", "tbody tr[data-rollout]")
+
+
 def test_filters_and_sorting_narrow_and_order_the_table(browser, run: Run) -> None:
     from selenium.webdriver.support.ui import Select
 
     open_page(browser, run, "#/rollouts")
-    wait_for(browser, "#rollouts tbody tr[data-rollout]", lambda found: len(found) == 21)
+    assert len(rows_for(browser, "sort=created")) == 21
     shot(browser, "rollouts")
     browser.find_element("name", "failed").click()
-    rows = wait_for(browser, "#rollouts tbody tr[data-rollout]", lambda found: len(found) == 1)
-    assert rows[0].get_attribute("data-rollout") == run.crashed[0]
+    rows = rows_for(browser, "failed=true")
+    assert [row.get_attribute("data-rollout") for row in rows] == run.crashed
     browser.find_element("name", "failed").click()
     browser.find_element("name", "retried").click()
-    rows = wait_for(browser, "#rollouts tbody tr[data-rollout]", lambda found: len(found) == 5)
+    rows = rows_for(browser, "retried=true")
     assert {row.get_attribute("data-rollout") for row in rows} == set(run.flaky + run.crashed)
     browser.find_element("name", "retried").click()
     Select(browser.find_element("name", "status")).select_by_value("succeeded")
     browser.find_element("name", "model_version").send_keys("v1")
     browser.find_element("name", "reward_min").send_keys("0.3")
-    rows = wait_for(browser, "#rollouts tbody tr[data-rollout]", lambda found: len(found) == 4)
-    assert {row.find_elements("tag name", "td")[2].text for row in rows} == {"t1"}
+    rows = rows_for(browser, "status=succeeded", "model_version=v1", "reward_min=0.3")
+    assert len(rows) == 4 and {row.find_elements("tag name", "td")[2].text for row in rows} == {"t1"}
     assert "1–4 of 4" in browser.find_element("id", "range").text
     assert "reward_min=0.3" in browser.current_url  # the filters live in the URL: shareable, kept on reload
     for name in ("model_version", "reward_min"):
         browser.find_element("name", name).clear()
     browser.find_element("name", "role").send_keys("solver")
-    wait_for(browser, "#rollouts tbody tr[data-rollout]", lambda found: len(found) == 20)
+    assert len(rows_for(browser, "status=succeeded", "role=solver")) == 20
     browser.find_element("css selector", 'th[data-sort="reward"]').click()  # highest reward first
-    rows = wait_for(browser, "#rollouts tbody tr[data-rollout]",
-                    lambda found: found[0].find_elements("tag name", "td")[5].text == "1")
-    rewards = [float(row.find_elements("tag name", "td")[5].text) for row in rows]
-    assert rewards == sorted(rewards, reverse=True)
+    rewards = [float(row.find_elements("tag name", "td")[5].text) for row in rows_for(browser, "sort=reward")]
+    assert rewards[0] == 1 and rewards == sorted(rewards, reverse=True) and len(rewards) == 20
 
 
 def test_a_failed_rollout_shows_its_traceback_logs_and_every_attempt(browser, run: Run) -> None:

@@ -141,10 +141,12 @@ async function runPage() {
   let rows = [], tick = 0;
   const draw = async () => {
     const fresh = await api(`/metrics?since=${rows.length}`);
-    rows = fresh.total < rows.length ? (await api("/metrics")).rows : rows.concat(fresh.rows);
+    const restarted = fresh.total < rows.length;  // a fresh run in the same directory started a new file
+    rows = restarted ? (await api("/metrics")).rows : rows.concat(fresh.rows);
     const charts = document.getElementById("charts");
     if (!charts) return;
     if (rows.length) {
+      if (!restarted && !fresh.rows.length && charts.children.length) return;  // nothing new: keep what is drawn
       document.getElementById("curve-note").textContent = `(${rows.length} steps from ${overview.metrics})`;
       charts.innerHTML = metricCharts(rows);
     } else if (tick++ % 5 === 0) {  // no metrics.jsonl: the store's batches of rollouts (a step each) stand in
@@ -193,7 +195,7 @@ async function rolloutsPage(_, params) {
     sent.set("desc", String(state.desc));
     const mine = ++state.request;
     const data = await api(`/rollouts?${sent}`);
-    if (mine === state.request) renderRollouts(data, state, load);  // an older, slower answer is dropped
+    if (mine === state.request) renderRollouts(data, state, load, sent.toString());  // an older, slower answer is dropped
   };
   const reload = (delay) => { clearTimeout(debounce); state.offset = 0; debounce = setTimeout(load, delay); };
   const typed = (target) => target.tagName === "INPUT" && target.type !== "checkbox";
@@ -230,7 +232,7 @@ function wireSorting(root, state, load) {
   root.querySelectorAll("tr.link").forEach((tr) => tr.addEventListener("click", () => { location.hash = tr.dataset.href; }));
 }
 
-function renderRollouts(data, state, load) {
+function renderRollouts(data, state, load, sent) {
   const rows = data.rows.map((r) => `<tr class="link" data-href="#/rollout/${encodeURIComponent(r.rollout_id)}"
     data-rollout="${esc(r.rollout_id)}"><td>${esc(r.rollout_id)}</td><td>${badge(r.status)}</td><td>${esc(r.task_id)}</td>
     <td>${esc(r.group_id)}</td><td class="num">${r.attempt}/${r.max_attempts}</td><td class="num">${num(r.final_reward)}</td>
@@ -238,7 +240,7 @@ function renderRollouts(data, state, load) {
     <td>${time(r.ended)}</td><td>${esc(r.error_type ? `${r.error_type}: ${r.error}` : "")}</td></tr>`);
   const [pagerHtml, wirePager] = pager(data, state, load);
   const table = document.getElementById("table");
-  table.innerHTML = `${pagerHtml}<table id="rollouts"><thead><tr>${sortHeader("rollout", "created", state)}<th>status</th>
+  table.innerHTML = `${pagerHtml}<table id="rollouts" data-query="${esc(sent)}"><thead><tr>${sortHeader("rollout", "created", state)}<th>status</th>
     <th>task</th><th>group</th>${sortHeader("attempt", "attempt", state, "num")}${sortHeader("reward", "reward", state, "num")}
     ${sortHeader("calls", "calls", state, "num")}<th>model</th>${sortHeader("duration", "duration", state, "num")}
     ${sortHeader("ended", "ended", state)}<th>error</th></tr></thead>

@@ -8,7 +8,9 @@ import json
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
 
 from agentlightning.server.store._interface import NotFound, StoreError
 from agentlightning.types import FINISHED_STATUSES
@@ -17,10 +19,33 @@ FAILED = "('failed', 'timeout', 'cancelled')"  # the finished states that are no
 SORTS = {"created": "seq", "ended": "ended", "reward": "final_reward", "calls": "n_calls", "attempt": "attempt",
          "duration": "ended - started"}
 COUNT_CAP = 10_000
+_CLAUSES = {"status": "status=?", "task_id": "task_id=?", "group_id": "group_id=?", "model_version": "model_version=?",
+            "reward_min": "final_reward >= ?", "reward_max": "final_reward <= ?", "failed": f"status IN {FAILED}",
+            "retried": "attempt > 1",
+            "role": "EXISTS (SELECT 1 FROM calls c WHERE c.role=? AND c.rollout_id=rollouts.rollout_id)"}
 TASK_SORTS = {"task": "task_id", "rollouts": "n", "reward": "mean_reward", "last": "last_seq"}
 _ROW = ("rollout_id, task_id, group_id, status, attempt, max_attempts, final_reward, model_version, worker_id, "
         "n_calls, created, started, ended")
 _TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+
+
+class RolloutQuery(BaseModel):
+    """Filters (each given one must hold), order and page of :meth:`StoreReader.rollouts`; ``failed`` means failed,
+    timed out or cancelled, ``retried`` more than one attempt."""
+
+    status: str | None = None
+    failed: bool = False
+    retried: bool = False
+    task_id: str | None = None
+    group_id: str | None = None
+    role: str | None = None
+    model_version: str | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    sort: Literal["created", "ended", "reward", "calls", "attempt", "duration"] = "created"
+    desc: bool = True
+    limit: int = Field(default=50, ge=1, le=500)
+    offset: int = Field(default=0, ge=0)
 
 
 class StoreReader:
@@ -39,35 +64,14 @@ class StoreReader:
         with self._lock:
             return [dict(row) for row in self._db.execute(sql, params).fetchall()]
 
-    def rollouts(self, *, status: str | None = None, failed: bool = False, task_id: str | None = None,
-                 group_id: str | None = None, role: str | None = None, model_version: str | None = None,
-                 reward_min: float | None = None, reward_max: float | None = None, retried: bool = False,
-                 sort: str = "created", descending: bool = True, limit: int = 50, offset: int = 0) -> dict[str, Any]:
-        """One page of rollouts matching every given filter, and how many match in all."""
-        if sort not in SORTS:
-            raise StoreError(f"sort={sort!r}: use one of {sorted(SORTS)}")
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (("status", status), ("task_id", task_id), ("group_id", group_id),
-                              ("model_version", model_version)):
-            if value:
-                clauses.append(f"{column}=?")
-                params.append(value)
-        if failed:
-            clauses.append(f"status IN {FAILED}")
-        if retried:
-            clauses.append("attempt > 1")
-        if reward_min is not None:
-            clauses.append("final_reward >= ?")
-            params.append(reward_min)
-        if reward_max is not None:
-            clauses.append("final_reward <= ?")
-            params.append(reward_max)
-        if role:
-            clauses.append("EXISTS (SELECT 1 FROM calls c WHERE c.role=? AND c.rollout_id=rollouts.rollout_id)")
-            params.append(role)
+    def rollouts(self, query: RolloutQuery) -> dict[str, Any]:
+        """One page of rollouts matching every filter given in ``query``, and how many match in all."""
+        given = {name: value for name, value in query.model_dump(include=set(_CLAUSES)).items()
+                 if value is not None and value != "" and value is not False}
+        clauses = [_CLAUSES[name] for name in given]
+        params = [value for value in given.values() if value is not True]
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        order = "DESC" if descending else "ASC"
+        order, sort, limit, offset = "DESC" if query.desc else "ASC", query.sort, query.limit, query.offset
         # Newest first walks the primary key and stops after the page; other orders keep their empty values last.
         by = f"seq {order}" if sort == "created" else f"{SORTS[sort]} IS NULL, {SORTS[sort]} {order}, seq {order}"
         rows = self._all(
