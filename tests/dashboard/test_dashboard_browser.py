@@ -4,6 +4,7 @@ pictures are made)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
@@ -14,18 +15,25 @@ from conftest import TOKEN, Run, write_metrics
 pytest.importorskip("langchain_openai")
 
 SHOTS = os.environ.get("AGL_DASHBOARD_SCREENSHOTS")
+LOADS = itertools.count()
 
 
 def shot(browser, name: str) -> None:
+    """A screenshot of the whole page (up to 2400 pixels high) when AGL_DASHBOARD_SCREENSHOTS names a folder."""
     if SHOTS:
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
+        height = browser.execute_script("return document.documentElement.scrollHeight")
+        browser.set_window_size(1400, min(max(height, 1000), 2400))
         browser.save_screenshot(str(Path(SHOTS) / f"dashboard-{name}.png"))
+        browser.set_window_size(1400, 1000)
 
 
 def open_page(browser, run: Run, hash_path: str) -> None:
-    browser.get(run.url(hash_path))
+    """Load the page afresh (a new query string: not a same-document navigation) at ``hash_path``, with the token
+    in the tab's session storage as the login form leaves it."""
+    browser.get(f"{run.server.url}/ui/?login")
     browser.execute_script("sessionStorage.setItem('aglToken', arguments[0])", TOKEN)
-    browser.get(run.url(hash_path))
+    browser.get(f"{run.server.url}/ui/?load={next(LOADS)}{hash_path}")
 
 
 def test_without_the_token_nothing_is_shown_and_the_token_opens_it(browser, run: Run) -> None:
