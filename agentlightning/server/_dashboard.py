@@ -8,7 +8,7 @@ import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, RedirectResponse
@@ -71,16 +71,9 @@ def dashboard_app(run_dir: str | Path, token: str | None = None) -> FastAPI:
 
 
 def read_metrics(path: Path | None) -> list[dict[str, Any]]:
-    """The rows of a metrics file that a run may still be writing (a torn last line is left for the next read)."""
-    if path is None or not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
+    """The rows of a metrics file that a run may still be writing (a last line not ended yet waits for next time)."""
+    text = path.read_text(encoding="utf-8") if path is not None and path.is_file() else ""
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
 
 
 def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callable[[], dict[str, Any]]) -> APIRouter:
@@ -120,7 +113,8 @@ def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callab
         return store().rollout(rollout_id)
 
     @routes.get("/tasks")
-    def tasks(sort: str = "last", desc: bool = True, limit: int = 50, offset: int = 0) -> dict[str, Any]:
+    def tasks(sort: Literal["task", "rollouts", "reward", "last"] = "last", desc: bool = True, limit: int = 50,
+              offset: int = 0) -> dict[str, Any]:
         return store().tasks(sort=sort, descending=desc, limit=max(1, min(limit, 500)), offset=max(0, offset))
 
     @routes.get("/tasks/{task_id:path}")
