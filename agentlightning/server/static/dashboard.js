@@ -299,6 +299,8 @@ function errorBlock(error) {
 
 async function rolloutPage([id]) {
   const r = await api(`/rollouts/${encodeURIComponent(id)}`);
+  const live = r.status === "queued" || r.status === "running";  // no result yet: the current attempt's calls
+  const calls = live && !r.calls.length ? (r.attempts.at(-1) || {calls: []}).calls : r.calls;
   const episode = r.rewards.filter((x) => !x.call_id).map((x) => `<span class="reward">${esc(x.source)}${x.name ? " " + esc(x.name) : ""}: ${num(x.value)}</span>`);
   const attempts = r.attempts.map((a) => `<tr data-attempt="${a.attempt}"><td>${a.attempt}</td><td>${badge(a.status)}</td>
     <td>${esc(a.worker_id)}</td><td>${time(a.started)}</td><td>${seconds(a.started, a.ended)}</td><td>${errorBlock(a.error)}
@@ -316,12 +318,12 @@ async function rolloutPage([id]) {
     ${errorBlock(r.error)}
     ${(r.diagnostics || []).length ? `<h3>Diagnostics</h3><pre>${esc(r.diagnostics.join("\n"))}</pre>` : ""}
     <h3>Task</h3><pre>${esc(json(r.task))}</pre>
-    <h3>Calls</h3><div id="calls">${conversation(r.calls, r.rewards)}</div>
+    <h3>Calls${live ? " so far (as the proxy records them)" : ""}</h3><div id="calls">${conversation(calls, r.rewards)}</div>
     ${r.output !== null && r.output !== undefined ? `<h3>Output</h3><pre>${esc(json(r.output))}</pre>` : ""}
     <h3>Attempts</h3><table id="attempts"><thead><tr><th>#</th><th>status</th><th>worker</th><th>started</th><th>took</th>
     <th>error, logs, calls</th></tr></thead><tbody>${attempts.join("")}</tbody></table>
     ${(r.logs || []).length ? `<h3>Logs</h3><pre id="logs">${esc(r.logs.join("\n"))}</pre>` : ""}`;
-  if (r.status === "queued" || r.status === "running") timer = setInterval(route, 2000);
+  if (live) timer = setInterval(route, 2000);
 }
 
 async function tasksPage(_, params) {
