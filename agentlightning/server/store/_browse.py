@@ -72,8 +72,8 @@ class StoreReader:
         params = [value for value in given.values() if value is not True]
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         order, sort, limit, offset = "DESC" if query.desc else "ASC", query.sort, query.limit, query.offset
-        # Newest first walks the primary key and stops after the page; other orders keep their empty values last.
-        by = f"seq {order}" if sort == "created" else f"{SORTS[sort]} IS NULL, {SORTS[sort]} {order}, seq {order}"
+        # Newest first walks the primary key and stops after the page, by reward its index; empty values go last.
+        by = f"seq {order}" if sort == "created" else f"{SORTS[sort]} {order} NULLS LAST, seq {order}"
         rows = self._all(
             f"SELECT {_ROW}, json_extract(record, '$.error.type') AS error_type, "
             f"json_extract(record, '$.error.message') AS error FROM rollouts{where} ORDER BY {by} LIMIT ? OFFSET ?",

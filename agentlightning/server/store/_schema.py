@@ -19,6 +19,7 @@ CREATE INDEX IF NOT EXISTS rollouts_by_lease ON rollouts(status, lease_expires);
 CREATE INDEX IF NOT EXISTS rollouts_by_group ON rollouts(group_id);
 CREATE INDEX IF NOT EXISTS rollouts_by_task ON rollouts(task_id);
 CREATE INDEX IF NOT EXISTS rollouts_by_version ON rollouts(model_version, seq);
+CREATE INDEX IF NOT EXISTS rollouts_by_reward ON rollouts(final_reward, seq);
 CREATE TABLE IF NOT EXISTS attempts(
     rollout_id TEXT NOT NULL, attempt INTEGER NOT NULL, worker_id TEXT, status TEXT NOT NULL,
     started REAL, ended REAL, error TEXT, logs TEXT, PRIMARY KEY (rollout_id, attempt));
