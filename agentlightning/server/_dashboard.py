@@ -70,10 +70,12 @@ def dashboard_app(run_dir: str | Path, token: str | None = None) -> FastAPI:
     return app
 
 
-def read_metrics(path: Path | None) -> list[dict[str, Any]]:
-    """The rows of a metrics file that a run may still be writing (a last line not ended yet waits for next time)."""
+def read_metrics(path: Path | None, since: int = 0) -> tuple[int, list[dict[str, Any]]]:
+    """How many rows a metrics file has, and those from row ``since`` on (only they are parsed: a long run's poll
+    stays cheap). A last line the run is still writing waits for the next read."""
     text = path.read_text(encoding="utf-8") if path is not None and path.is_file() else ""
-    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+    lines = [line for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
+    return len(lines), [json.loads(line) for line in lines[max(0, since):]]
 
 
 def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callable[[], dict[str, Any]]) -> APIRouter:
@@ -101,8 +103,8 @@ def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callab
 
     @routes.get("/metrics")
     def metrics(since: int = 0) -> dict[str, Any]:
-        rows = read_metrics(metrics_path)
-        return {"total": len(rows), "rows": rows[max(0, since):]}
+        total, rows = read_metrics(metrics_path, since)
+        return {"total": total, "rows": rows}
 
     @routes.get("/rollouts")
     def rollouts(query: Annotated[RolloutQuery, Query()]) -> dict[str, Any]:

@@ -12,9 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 from chromium import wait_for
-from conftest import TOKEN, Run
+from conftest import TOKEN, Run, write_metrics
 
 from agentlightning._cli import main as agl_main
+from agentlightning.server._dashboard import read_metrics
 
 
 def free_port() -> int:
@@ -68,3 +69,13 @@ def test_agl_dashboard_on_a_directory_without_a_run_says_so(tmp_path: Path, caps
     assert "neither a store (store.db) nor metrics.jsonl" in capsys.readouterr().err
     assert agl_main(["dashboard", str(tmp_path), "--host", "0.0.0.0"]) == 2
     assert "without a token" in capsys.readouterr().err
+
+
+def test_metrics_are_read_to_the_last_complete_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    write_metrics(path, range(1, 4))
+    with path.open("a") as handle:
+        handle.write('{"step": 4, "rew')  # the run is writing this row now
+    total, rows = read_metrics(path)
+    assert total == 3 and [row["step"] for row in rows] == [1, 2, 3]
+    assert read_metrics(path, since=2)[1][0]["step"] == 3 and read_metrics(None) == (0, [])
