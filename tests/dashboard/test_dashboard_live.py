@@ -32,3 +32,8 @@ def test_a_running_rollouts_calls_appear_as_they_are_made(browser, tmp_path: Pat
         ask("second question")
         cards = wait_for(browser, "#calls .card", lambda found: len(found) == 2, timeout=15)
         assert "echo: second question" in cards[1].get_attribute("textContent")
+        browser.get(f"{server.url}/ui/?live#/run")  # no metrics.jsonl beside this store: its batches make the curve
+        batch = wait_for(browser, 'svg[data-metric="batch failed rollouts"]')[0]
+        assert batch.get_attribute("data-points") == "1"
+        assert "no metrics.jsonl" in browser.find_element("id", "curve-note").text
+        assert "running" in browser.find_element("tag name", "main").text
