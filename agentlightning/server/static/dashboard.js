@@ -126,6 +126,12 @@ async function route() {
   }
 }
 
+function listing(title, items, cells) {
+  if (!items || !items.length) return "";
+  const rows = items.map((item) => `<tr>${cells(item).map((c) => `<td>${esc(c)}</td>`).join("")}</tr>`);
+  return `<h3>${esc(title)}</h3><table><tbody>${rows.join("")}</tbody></table>`;
+}
+
 async function runPage() {
   const overview = await api("/overview");
   const counts = Object.entries(overview.counts || {}).map(([s, n]) => `${badge(s)} ${n}`).join(" &nbsp; ");
@@ -137,7 +143,9 @@ async function runPage() {
     <h3>Curves <small id="curve-note"></small></h3><div class="charts" id="charts"></div>
     <h3>Model versions</h3><table><thead><tr><th>version</th><th>model</th><th>since</th><th class="num">rollouts</th>
     <th class="num">mean reward</th></tr></thead><tbody>${versions.join("") || '<tr><td colspan="5" class="empty">none</td></tr>'}
-    </tbody></table><h3>Settings</h3><table class="kv"><tbody>${settings.join("")}</tbody></table>`;
+    </tbody></table>${listing("Datasets", overview.datasets, (d) => [d.dataset_id, d.name, d.size, time(d.created)])}
+    ${listing("Workers", overview.workers, (w) => [w.worker_id, `last seen ${time(w.last_seen)}`, `${w.leased} leased`])}
+    <h3>Settings</h3><table class="kv"><tbody>${settings.join("")}</tbody></table>`;
   let rows = [], tick = 0;
   const draw = async () => {
     const fresh = await api(`/metrics?since=${rows.length}`);
