@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench browser clean
 
 install: $(STAMP)
 
@@ -27,6 +27,11 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# Headless Chromium and its driver (Debian's packages, as root) for the dashboard's browser tests (tests/dashboard).
+browser:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
 
 bench: install
 	$(BIN)/python -m pytest -q -s tests/benchmarks

@@ -1,4 +1,4 @@
-"""The ``agl`` command: ``agl server``, ``agl client``, ``agl train``, ``agl rollouts list|show``.
+"""The ``agl`` command: ``agl server``, ``agl client``, ``agl train``, ``agl rollouts list|show``, ``agl dashboard``.
 
 ``agl server --model NAME`` hands over to ``agentlightning.trainers.serve.serve_training(server, args, extra)``
 with the parsed server options and the words this parser did not know (the trainer's own options).
@@ -41,6 +41,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     show.add_argument("rollout_id")
     show.add_argument("--tokens", action="store_true", help="print the token ids of every LLM call")
     show.add_argument("--json", action="store_true", help="print the rollout as JSON")
+    dashboard = commands.add_parser("dashboard", parents=[common], help="serve a run's dashboard, read-only")
+    dashboard.add_argument("run_dir", help="a run's output directory (store.db, metrics.jsonl) or a store file")
+    dashboard.add_argument("--host", default="127.0.0.1", help="interface to bind (beyond loopback needs --token)")
+    dashboard.add_argument("--port", type=int, default=4748)
+    dashboard.add_argument("--token", default=os.environ.get("AGL_SERVER_TOKEN"), help="bearer token the page asks for")
 
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -53,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _client(args)
         if args.command == "train":
             return _train(args)
+        if args.command == "dashboard":
+            return _dashboard(args)
         return _rollouts(args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
         print(f"agl {args.command}: error: {exc}", file=sys.stderr)
@@ -113,7 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"Lightning server on {server.url} (store {args.store}); Ctrl-C stops", flush=True)
+    print(f"Lightning server on {server.url} (store {args.store}; dashboard at /ui/); Ctrl-C stops", flush=True)
     try:
         if args.collect:
             _collect(server, args.collect, stop)
@@ -196,6 +203,19 @@ def _train(args: argparse.Namespace) -> int:
     except ModuleNotFoundError as exc:
         raise RuntimeError(f"agl train needs the training extra: pip install 'agentlightning[train]' ({exc})") from None
     print(result.summary(), flush=True)
+    return 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from agentlightning.server._auth import check_bind
+    from agentlightning.server._dashboard import dashboard_app
+
+    check_bind(args.host, args.token)
+    app = dashboard_app(args.run_dir, args.token)
+    print(f"dashboard of {args.run_dir} on http://{args.host}:{args.port}/ui/ (read-only); Ctrl-C stops", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
 

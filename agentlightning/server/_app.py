@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI
 
 from agentlightning.server import _proxy, _routes_datasets, _routes_rollouts, _routes_status, _routes_workers
 from agentlightning.server._auth import bearer_token
+from agentlightning.server._dashboard import add_server_dashboard
 from agentlightning.server._errors import add_error_handlers
 from agentlightning.server._limits import BodyLimitMiddleware
 from agentlightning.server._runtime import Runtime
@@ -43,6 +44,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     # The busiest routes first: a request is matched against the routes in order.
     for module in (_proxy, _routes_workers, _routes_rollouts, _routes_datasets, _routes_status):
         app.include_router(module.router(runtime), dependencies=auth)
+    add_server_dashboard(app, runtime, auth)
     return app
 
 

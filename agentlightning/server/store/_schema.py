@@ -18,12 +18,15 @@ CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts(status, seq);
 CREATE INDEX IF NOT EXISTS rollouts_by_lease ON rollouts(status, lease_expires);
 CREATE INDEX IF NOT EXISTS rollouts_by_group ON rollouts(group_id);
 CREATE INDEX IF NOT EXISTS rollouts_by_task ON rollouts(task_id);
+CREATE INDEX IF NOT EXISTS rollouts_by_version ON rollouts(model_version, seq);
+CREATE INDEX IF NOT EXISTS rollouts_by_reward ON rollouts(final_reward, seq);
 CREATE TABLE IF NOT EXISTS attempts(
     rollout_id TEXT NOT NULL, attempt INTEGER NOT NULL, worker_id TEXT, status TEXT NOT NULL,
     started REAL, ended REAL, error TEXT, logs TEXT, PRIMARY KEY (rollout_id, attempt));
 CREATE TABLE IF NOT EXISTS calls(
     rollout_id TEXT NOT NULL, sequence INTEGER NOT NULL, call_id TEXT NOT NULL, kind TEXT, role TEXT,
     body TEXT NOT NULL, PRIMARY KEY (rollout_id, sequence));
+CREATE INDEX IF NOT EXISTS calls_by_role ON calls(role, rollout_id);
 CREATE TABLE IF NOT EXISTS rewards(
     rollout_id TEXT NOT NULL, idx INTEGER NOT NULL, value REAL NOT NULL, call_id TEXT, source TEXT,
     body TEXT NOT NULL, PRIMARY KEY (rollout_id, idx));
