@@ -9,6 +9,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from agentlightning.protocol import DatasetInfo
+from agentlightning.server._limits import off_loop
 from agentlightning.server._runtime import Runtime
 
 
@@ -28,8 +29,12 @@ def parse_upload(raw: bytes, content_type: str) -> DatasetUpload:
         except ValidationError as exc:
             raise HTTPException(400, 'dataset body must be {"records": [...], "dataset_id"?: str, "name"?: str}: '
                                 f"{exc.errors()[0]['msg']}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HTTPException(400, f"dataset body is not UTF-8 text: {exc}") from None
     records = []
-    for number, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
                 records.append(json.loads(line))
@@ -45,8 +50,9 @@ def router(runtime: Runtime) -> APIRouter:
 
     @routes.post("")
     async def upload(request: Request, dataset_id: str | None = None, name: str | None = None) -> Response:
-        body = parse_upload(await request.body(), request.headers.get("content-type", ""))
-        info = store.add_dataset(body.records, dataset_id=dataset_id or body.dataset_id, name=name or body.name)
+        raw = await request.body()
+        body = await off_loop(len(raw), parse_upload, raw, request.headers.get("content-type", ""))
+        info = await off_loop(len(raw), store.add_dataset, body.records, dataset_id or body.dataset_id, name or body.name)
         return Response(info.model_dump_json(), media_type="application/json")
 
     @routes.get("")

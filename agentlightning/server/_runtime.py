@@ -11,7 +11,7 @@ from typing import Any
 
 from agentlightning.protocol import Task, task_id_for
 from agentlightning.server._metrics import Metrics
-from agentlightning.server.store import Store
+from agentlightning.server.store import Store, StoreError
 
 
 @dataclass(frozen=True)
@@ -29,18 +29,26 @@ class Upstream:
 
 @dataclass(frozen=True)
 class Settings:
-    """Server behaviour. Seconds unless named otherwise."""
+    """Server behaviour. Seconds unless named otherwise.
+
+    The proxy retries an upstream that refuses connections or answers 429/5xx for up to ``upstream_retry_window``
+    seconds (long enough to ride out a model server restart), waiting ``retry_backoff`` doubling to
+    ``retry_backoff_max`` with jitter, or what ``Retry-After`` asks. A failed attempt is leased again after
+    ``requeue_delay`` seconds, doubling per attempt up to ``requeue_delay_max``."""
 
     lease_seconds: float = 30.0
     rollout_timeout: float | None = 600.0
     max_attempts: int = 3
     max_body_bytes: int = 64 * 1024 * 1024
     upstream_timeout: float = 600.0
-    upstream_retries: int = 3
-    retry_backoff: float = 0.05
-    retry_backoff_max: float = 2.0
+    upstream_retry_window: float = 120.0
+    retry_backoff: float = 0.25
+    retry_backoff_max: float = 10.0
+    requeue_delay: float = 2.0
+    requeue_delay_max: float = 60.0
+    max_enqueue: int = 100_000
     dequeue_wait_max: float = 10.0
-    flush_interval: float = 0.05
+    flush_interval: float = 1.0  # retrying proxy call records whose write failed
 
 
 @dataclass
@@ -54,6 +62,7 @@ class Runtime:
     upstream: Upstream | None = None
     metrics: Metrics = field(default_factory=Metrics)
     stop_requested: bool = False
+    upstream_paused: bool = False
     attached: list[str] = field(default_factory=list)
     _loop: asyncio.AbstractEventLoop | None = None
     _work: asyncio.Event | None = None
@@ -91,6 +100,9 @@ class Runtime:
             tasks = self.store.dataset_tasks(dataset_id)
         else:
             tasks = [Task(task_id=task_id_for(p, "task", i), payload=p) for i, p in enumerate(tasks_or_dataset)]
+        if len(tasks) * group_size > self.settings.max_enqueue:
+            raise StoreError(f"{len(tasks)} tasks x group_size {group_size} = {len(tasks) * group_size} rollouts is "
+                             f"more than one enqueue may ask for ({self.settings.max_enqueue}); enqueue in batches")
         ids = self.store.enqueue(
             tasks, group_size=group_size, group_id=group_id, dataset_id=dataset_id,
             timeout=timeout if timeout is not None else self.settings.rollout_timeout,

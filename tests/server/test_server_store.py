@@ -15,7 +15,7 @@ from agentlightning.types import Call, ErrorInfo, Reward, Rollout
 
 @pytest.fixture
 def store(tmp_path: Path) -> SQLiteStore:
-    s = SQLiteStore(tmp_path / "store.db")
+    s = SQLiteStore(tmp_path / "store.db", requeue_delay=0.0)
     yield s
     s.close()
 
