@@ -50,7 +50,7 @@ class Store(Protocol):
 
     def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
         """Lease the oldest queued rollout to ``worker_id`` on the current model version (None if none is queued). A
-        rollout queued again after a failed attempt waits out its re-lease delay first."""
+        rollout queued again after a failed attempt joins the back of the queue once its re-lease delay passed."""
 
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float) -> str:
         """Extend ``worker_id``'s lease. Returns 'ok', or the reason the worker should abandon the attempt."""

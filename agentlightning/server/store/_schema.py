@@ -17,8 +17,10 @@ CREATE TABLE IF NOT EXISTS rollouts(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT UNIQUE NOT NULL, task_id TEXT, dataset_id TEXT,
     group_id TEXT, task TEXT, status TEXT NOT NULL, attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL,
     timeout REAL, worker_id TEXT, lease_expires REAL, created REAL NOT NULL, started REAL, ended REAL,
-    final_reward REAL, model_version TEXT, n_calls INTEGER, record TEXT, not_before REAL);
+    final_reward REAL, model_version TEXT, n_calls INTEGER, record TEXT,
+    not_before REAL);  -- when it may be leased: queued rollouts are leased in this order
 CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts(status, seq);
+CREATE INDEX IF NOT EXISTS rollouts_by_queue ON rollouts(status, not_before, seq);
 CREATE INDEX IF NOT EXISTS rollouts_by_lease ON rollouts(status, lease_expires);
 CREATE INDEX IF NOT EXISTS rollouts_by_group ON rollouts(group_id);
 CREATE INDEX IF NOT EXISTS rollouts_by_task ON rollouts(task_id);
@@ -53,9 +55,11 @@ def open_database(path: str) -> sqlite3.Connection:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("PRAGMA busy_timeout=10000")
-    db.executescript(SCHEMA)
-    if "not_before" not in {row[1] for row in db.execute("PRAGMA table_info(rollouts)")}:  # a store from before
+    columns = {row[1] for row in db.execute("PRAGMA table_info(rollouts)")}
+    if columns and "not_before" not in columns:  # a store from before re-lease delays
         db.execute("ALTER TABLE rollouts ADD COLUMN not_before REAL")
+        db.execute("UPDATE rollouts SET not_before=created")
+    db.executescript(SCHEMA)
     return db
 
 

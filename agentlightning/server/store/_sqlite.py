@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 _DATASET_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _INSERT_PROXY_CALL = "INSERT INTO proxy_calls(rollout_id, attempt, start_time, body) VALUES (?, ?, ?, ?)"
-_LEASABLE = "status='queued' AND (not_before IS NULL OR not_before <= ?)"
+_LEASABLE = "status='queued' AND not_before <= ?"
 _DATASETS = "SELECT dataset_id, name, size, created FROM datasets"
 _SUMMARIES = ("SELECT rollout_id, task_id, dataset_id, group_id, status, attempt, max_attempts, final_reward, "
               "model_version, worker_id, n_calls, created, started, ended FROM rollouts")
@@ -121,13 +121,13 @@ class SQLiteStore(Store):
         payloads = [json_text_of(task.payload, f"task {index}") for index, task in enumerate(tasks)]
         check_task_ids([(task.task_id, payload) for task, payload in zip(tasks, payloads)])
         rows = [
-            (new_id("ro"), task.task_id, dataset_id, f"{prefix}:{task.task_id}", payload, max_attempts, timeout, now)
+            (new_id("ro"), task.task_id, dataset_id, f"{prefix}:{task.task_id}", payload, max_attempts, timeout, now, now)
             for task, payload in zip(tasks, payloads) for _ in range(group_size)
         ]
         with self._lock, self._transaction():
             self._db.executemany(
                 "INSERT INTO rollouts(rollout_id, task_id, dataset_id, group_id, task, status, attempt, max_attempts,"
-                " timeout, created) VALUES (?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?)",
+                " timeout, created, not_before) VALUES (?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?, ?)",
                 rows,
             )
         return [row[0] for row in rows]
@@ -146,7 +146,7 @@ class SQLiteStore(Store):
         """Lease the oldest queued rollout in the caller's transaction (the caller marks it running once committed)."""
         row = self._one(
             f"SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts WHERE {_LEASABLE} "
-            "ORDER BY seq LIMIT 1", now,
+            "ORDER BY not_before, seq LIMIT 1", now,
         )
         if row is None:
             return None
