@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pydantic_core
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -151,7 +152,7 @@ class Proxy:
     def _record_answer(self, call: CallRecord, attempt: int, status: int, content: bytes) -> None:
         """Record a whole answer (runs right after the agent got it)."""
         try:
-            data = json.loads(content)
+            data = pydantic_core.from_json(content)  # 2-3x faster than json on large answers
         except ValueError:
             data = None
         if status >= 400:

@@ -28,7 +28,7 @@ def parse_upload(raw: bytes, content_type: str) -> DatasetUpload:
             return DatasetUpload.model_validate_json(raw)
         except ValidationError as exc:
             raise HTTPException(400, 'dataset body must be {"records": [...], "dataset_id"?: str, "name"?: str}: '
-                                f"{exc.errors()[0]['msg']}") from None
+                                f"{'.'.join(map(str, exc.errors()[0]['loc']))}: {exc.errors()[0]['msg']}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
