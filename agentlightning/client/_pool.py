@@ -1,8 +1,7 @@
 """A pool of worker processes for one agent, supervised: a worker that dies mid-rollout has that attempt reported as
-failed with the attempt's log lines (the server retries it, after a delay); one that stops responding (stuck holding
-the GIL, stopped) or outlives its rollout's timeout is killed, the attempt reported as 'timeout'; either is replaced.
-Only workers that keep dying before they run anything stop the pool. Workers are spawned, so the agent must be
-importable (:mod:`.agentref`)."""
+failed with its log lines (the server retries it); one that stops responding (holding the GIL) or outlives its
+rollout's timeout is killed, the attempt reported as 'timeout'; either is replaced. Workers are spawned, so the agent
+must be importable (:mod:`.agentref`)."""
 
 from __future__ import annotations
 
@@ -20,14 +19,8 @@ from typing import Any
 
 from agentlightning.client._agentref import agent_ref
 from agentlightning.client._api import ServerAPI
-from agentlightning.client._worker import (
-    EXIT_ABANDONED,
-    EXIT_AUTH,
-    WorkerConfig,
-    WorkerSlot,
-    resend_spooled,
-    worker_main,
-)
+from agentlightning.client._worker import (EXIT_ABANDONED, EXIT_AUTH, WorkerConfig, WorkerSlot, resend_spooled,
+                                           worker_main)
 from agentlightning.protocol import ProtocolError
 from agentlightning.types import ErrorInfo, Rollout, new_id
 
@@ -47,9 +40,8 @@ class _Worker:
 class WorkerPool:
     """``nworkers`` processes (``-1``: one per core) serving rollouts of ``agent`` from the server at ``server_url``,
     started by :meth:`start` (or :func:`start_workers`, or ``with``). Results that cannot be uploaded are spooled to
-    ``spool_dir`` (``$AGL_SPOOL_DIR``, else ``~/.cache/agentlightning/spool``) and re-sent at the start and every
-    ``spool_retry_seconds``. A worker whose process stops responding for ``unresponsive_seconds`` (at most half its
-    lease) while it runs a rollout is killed."""
+    ``spool_dir`` (``$AGL_SPOOL_DIR``, else ``~/.cache/agentlightning/spool``), re-sent every ``spool_retry_seconds``.
+    A worker silent for ``unresponsive_seconds`` (at most half its lease, at least 3) during a rollout is killed."""
 
     def __init__(self, agent: Any, server_url: str, nworkers: int = -1, *, token: str | None = None,
                  timeout: float | None = None, kill_grace: float = 5.0, spool_dir: str | None = None,
@@ -153,14 +145,12 @@ class WorkerPool:
             silent = now - max(worker.slot.alive.value, worker.started)
             stuck = max(3.0, min(self.unresponsive_seconds, worker.slot.lease_seconds.value / 2 or float("inf")))
             if current is not None and (now > current[2] + self.kill_grace or silent > stuck):
-                why = (f"stopped responding for {silent:.0f} s (the agent holds the GIL, or the process was stopped)"
-                       if silent > stuck else "did not finish within its timeout and stopped responding")
+                why = f"was silent for {silent:.0f} s (holding the GIL?)" if silent > stuck else "outlived its timeout"
                 logger.error("worker %s %s on %s; killing it", process.name, why, current[0])
                 process.kill()
                 process.join(5)
                 self._report(worker, current, "timeout", ErrorInfo(  # and replaced at the next check, as dead
-                    type="Timeout", message=f"the worker process (pid {process.pid}) running the agent {why}; "
-                    "the client killed it"))
+                    type="Timeout", message=f"the worker process (pid {process.pid}) running the agent {why}; killed"))
             return
         process.join()
         code = process.exitcode

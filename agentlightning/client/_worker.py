@@ -1,8 +1,7 @@
 """A worker process: lease a rollout, run the agent on it heart-beating, report the result (taking the next lease
 with the report); repeat until told to stop. A worker that leaves a hung agent behind exits after reporting it and
-is replaced by the pool; results the server did not accept for good are spooled to disk and re-sent later. While it
-runs an attempt, the worker copies the attempt's log lines (and a crash's traceback, by ``faulthandler``) to a file
-the pool reads if the process dies, and stamps a shared clock twice a second so the pool sees a stuck process."""
+is replaced by the pool; results the server did not take for good are spooled to disk and re-sent later. An attempt's
+log lines (and a crash's traceback) also go to a file the pool reads if the process dies."""
 
 from __future__ import annotations
 
@@ -160,9 +159,8 @@ def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerC
 
 def upload(api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig, take_next: bool = False
            ) -> tuple[Lease | None, bool]:
-    """Report ``result``; unless the server took it or refused it for good (:data:`DEFINITIVE`), spool it to disk to be
-    re-sent. With ``take_next``, the worker's next lease comes with the answer. Returns (that lease or None, the server
-    says stop)."""
+    """Report ``result``, spooled to disk unless the server took it or refused it for good. With ``take_next``, the
+    worker's next lease comes with the answer. Returns (that lease or None, the server says stop)."""
     worker_id, retry_for = config.worker_id, config.upload_retry_seconds
     try:
         if take_next:
@@ -205,12 +203,9 @@ def resend_spooled(api: ServerAPI, spool_dir: str, retry_for: float = 10.0) -> i
             entry = json.loads(path.read_text())
             api.upload_result(Rollout.model_validate(entry["rollout"]), entry["attempt"], entry["worker_id"],
                               retry_for=retry_for)
-        except FileNotFoundError:
-            continue  # another client sent it meanwhile
-        except ServerError as exc:
-            if exc.status not in DEFINITIVE:
-                logger.info("spooled result %s not taken yet (%s); keeping it", path.name, exc.message)
-                continue
+        except (FileNotFoundError, ServerError) as exc:
+            if not isinstance(exc, ServerError) or exc.status not in DEFINITIVE:
+                continue  # sent by another client meanwhile, or not taken yet (kept)
             logger.warning("spooled result %s refused (%s); removing it", path.name, exc.message)
         except Unreachable:
             return sent

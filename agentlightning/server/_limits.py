@@ -1,22 +1,10 @@
-"""What one request may cost: a body larger than the limit is answered with a 413 and never reaches a handler whole;
-a large one is parsed, serialised and stored on a thread, so it does not stall the event loop for everyone else."""
+"""Request size limit: a body larger than the limit is answered with a 413 and never reaches a handler whole."""
 
 from __future__ import annotations
-
-import asyncio
-from collections.abc import Callable
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentlightning.server._errors import OpenAIError
-
-LARGE = 1 << 20  # bytes
-
-
-async def off_loop(size: int, func: Callable[..., Any], *args: Any) -> Any:
-    """``func(*args)``: on a thread when ``size`` bytes of input make it slow, else right here on the event loop."""
-    return await asyncio.to_thread(func, *args) if size > LARGE else func(*args)
 
 
 class BodyLimitMiddleware:

@@ -23,7 +23,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
 from agentlightning.server._errors import openai_error
-from agentlightning.server._limits import off_loop
 from agentlightning.server._runtime import Runtime, Upstream
 from agentlightning.types import new_id
 
@@ -32,6 +31,7 @@ logger = logging.getLogger(__name__)
 CallRecord = dict[str, Any]  # the Call fields of a proxied call, filled in as its answer arrives
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+LARGE = 1 << 20  # bytes of an answer recorded on a thread, so that the event loop keeps serving
 
 
 def upstream_client(timeout: float) -> httpx.AsyncClient:
@@ -60,15 +60,22 @@ class Proxy:
         if upstream is None:
             return openai_error(503, "no upstream model is configured on the server (agl server --upstream URL, "
                                      "or LightningServer.set_upstream)", "no_upstream", "server_error")
-        raw = await request.body()
         try:
-            body, call, content = await off_loop(len(raw), _prepare, raw, endpoint, upstream, rollout_id)
+            body = json.loads(await request.body())
         except ValueError as exc:
-            return openai_error(400, str(exc), "invalid_json")
+            return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
+        if not isinstance(body, dict):
+            return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
+        call = {**request_fields(endpoint, body), "call_id": new_id("call"), "rollout_id": rollout_id,
+                "status": "ok", "start_time": time.time()}
+        call["metadata"].update(endpoint=endpoint, captured_by="proxy")
+        if upstream.model_version is not None:
+            call["metadata"]["model_version"] = upstream.model_version
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
-        sent = client.build_request("POST", f"{upstream.url.rstrip('/')}/{path}", headers=headers, content=content)
+        sent = client.build_request("POST", f"{upstream.url.rstrip('/')}/{path}", headers=headers,
+                                    content=json.dumps(_upstream_body(body, endpoint, upstream)).encode())
         stream = bool(body.get("stream"))
         response, tries = await self._send(client, sent, stream, call, attempt)
         if isinstance(response, JSONResponse):  # the upstream could not be reached
@@ -79,8 +86,10 @@ class Proxy:
             return StreamingResponse(self._pass_through(response, call, attempt), response.status_code,
                                      media_type=media_type or "text/event-stream")
         call["end_time"] = time.time()  # read whole by _send; recorded before the agent gets it
-        await off_loop(len(response.content), self._record_answer, call, attempt, response.status_code,
-                        response.content)
+        if len(response.content) > LARGE:
+            await asyncio.to_thread(self._record_answer, call, attempt, response.status_code, response.content)
+        else:
+            self._record_answer(call, attempt, response.status_code, response.content)
         return Response(response.content, response.status_code, media_type=media_type or "application/json")
 
     async def _send(
@@ -225,23 +234,6 @@ def _not_serving(rollout_id: str, state: tuple[str, int] | None) -> JSONResponse
                                  "this server (use the llm.base_url given with the rollout)", "rollout_not_found")
     return openai_error(409, f"rollout {rollout_id!r} is {state[0]}, not running: its LLM endpoint only serves the "
                              "attempt that holds its lease", f"rollout_{state[0]}")
-
-
-def _prepare(raw: bytes, endpoint: str, upstream: Upstream, rollout_id: str) -> tuple[dict[str, Any], CallRecord,
-                                                                                     bytes]:
-    """The request's body, its call record, and the bytes to send upstream (``ValueError`` for a bad body)."""
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise ValueError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ValueError(f"request body must be a JSON object, got {type(body).__name__}")
-    call = {**request_fields(endpoint, body), "call_id": new_id("call"), "rollout_id": rollout_id, "status": "ok",
-            "start_time": time.time()}
-    call["metadata"].update(endpoint=endpoint, captured_by="proxy")
-    if upstream.model_version is not None:
-        call["metadata"]["model_version"] = upstream.model_version
-    return body, call, json.dumps(_upstream_body(body, endpoint, upstream)).encode()
 
 
 def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, ValidationError
 
 from agentlightning.protocol import DatasetInfo
-from agentlightning.server._limits import off_loop
 from agentlightning.server._runtime import Runtime
 
 
@@ -50,9 +49,8 @@ def router(runtime: Runtime) -> APIRouter:
 
     @routes.post("")
     async def upload(request: Request, dataset_id: str | None = None, name: str | None = None) -> Response:
-        raw = await request.body()
-        body = await off_loop(len(raw), parse_upload, raw, request.headers.get("content-type", ""))
-        info = await off_loop(len(raw), store.add_dataset, body.records, dataset_id or body.dataset_id, name or body.name)
+        body = parse_upload(await request.body(), request.headers.get("content-type", ""))
+        info = store.add_dataset(body.records, dataset_id=dataset_id or body.dataset_id, name=name or body.name)
         return Response(info.model_dump_json(), media_type="application/json")
 
     @routes.get("")

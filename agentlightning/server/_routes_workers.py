@@ -2,7 +2,7 @@
 
 A result upload is idempotent and only taken from the worker holding the attempt's lease; with ``?next=1`` its answer
 also carries the worker's next lease (``"next"``). A re-sent result (its answer was lost) gets the same lease again
-while the worker still holds it. Large results are validated on a thread, off the event loop."""
+while the worker still holds it."""
 
 from __future__ import annotations
 
@@ -13,12 +13,11 @@ import time
 from collections import OrderedDict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, field_validator
 
 from agentlightning.protocol import Lease
-from agentlightning.server._limits import off_loop
 from agentlightning.server._runtime import Runtime
 from agentlightning.types import LLM, Rollout
 
@@ -92,14 +91,8 @@ def router(runtime: Runtime) -> APIRouter:
 
     @routes.post("/rollouts/{rollout_id}/result")
     async def result(
-        request: Request, rollout_id: str, take_next: Annotated[bool, Query(alias="next")] = False
+        rollout_id: str, body: ResultUpload, take_next: Annotated[bool, Query(alias="next")] = False
     ) -> JSONResponse:
-        raw = await request.body()
-        try:
-            body = await off_loop(len(raw), ResultUpload.model_validate_json, raw)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()[:5])
-            raise HTTPException(422, f"invalid ResultUpload for {request.url.path}: {problems}") from None
         if body.rollout.rollout_id != rollout_id:
             raise HTTPException(422, f"result for {body.rollout.rollout_id!r} posted to rollout {rollout_id!r}")
         worker_id = body.worker_id
@@ -108,11 +101,11 @@ def router(runtime: Runtime) -> APIRouter:
         resent = previous is not None and previous[0] == reported  # the answer to the first upload was lost
         lease = None
         if take_next and not resent and not runtime.stop_requested:
-            outcome, lease = await off_loop(len(raw), store.complete_and_dequeue, rollout_id, body.attempt, worker_id,
-                                            body.rollout, settings.lease_seconds)
+            outcome, lease = store.complete_and_dequeue(rollout_id, body.attempt, worker_id, body.rollout,
+                                                        settings.lease_seconds)
             lease = leased(lease)
         else:
-            outcome = await off_loop(len(raw), store.complete, rollout_id, body.attempt, worker_id, body.rollout)
+            outcome = store.complete(rollout_id, body.attempt, worker_id, body.rollout)
         if outcome.accepted:
             metrics.inc("agl_results_total", status=body.rollout.status)
         if outcome.retried:

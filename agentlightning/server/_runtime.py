@@ -11,7 +11,7 @@ from typing import Any
 
 from agentlightning.protocol import Task, task_id_for
 from agentlightning.server._metrics import Metrics
-from agentlightning.server.store import Store, StoreError
+from agentlightning.server.store import Store
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,9 @@ class Upstream:
 
 @dataclass(frozen=True)
 class Settings:
-    """Server behaviour. Seconds unless named otherwise.
-
-    The proxy retries an upstream that refuses connections or answers 429/5xx for up to ``upstream_retry_window``
-    seconds (long enough to ride out a model server restart), waiting ``retry_backoff`` doubling to
-    ``retry_backoff_max`` with jitter, or what ``Retry-After`` asks. A failed attempt is leased again after
-    ``requeue_delay`` seconds, doubling per attempt up to ``requeue_delay_max``."""
+    """Server behaviour. Seconds unless named otherwise. The proxy retries a failing upstream for
+    ``upstream_retry_window``, waiting ``retry_backoff`` doubling to ``retry_backoff_max`` (jittered) or what
+    ``Retry-After`` asks; a failed attempt is leased again after ``requeue_delay``, doubling up to ``requeue_delay_max``."""
 
     lease_seconds: float = 30.0
     rollout_timeout: float | None = 600.0
@@ -46,7 +43,6 @@ class Settings:
     retry_backoff_max: float = 10.0
     requeue_delay: float = 2.0
     requeue_delay_max: float = 60.0
-    max_enqueue: int = 100_000
     dequeue_wait_max: float = 10.0
     flush_interval: float = 1.0  # retrying proxy call records whose write failed
 
@@ -100,9 +96,6 @@ class Runtime:
             tasks = self.store.dataset_tasks(dataset_id)
         else:
             tasks = [Task(task_id=task_id_for(p, "task", i), payload=p) for i, p in enumerate(tasks_or_dataset)]
-        if len(tasks) * group_size > self.settings.max_enqueue:
-            raise StoreError(f"{len(tasks)} tasks x group_size {group_size} = {len(tasks) * group_size} rollouts is "
-                             f"more than one enqueue may ask for ({self.settings.max_enqueue}); enqueue in batches")
         ids = self.store.enqueue(
             tasks, group_size=group_size, group_id=group_id, dataset_id=dataset_id,
             timeout=timeout if timeout is not None else self.settings.rollout_timeout,

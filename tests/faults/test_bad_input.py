@@ -95,8 +95,6 @@ def test_unknown_rollouts_and_bounds(server: LightningServer) -> None:
     assert models.status_code == 404 and "unknown rollout" in models.json()["error"]["message"]
     too_big = http.post("/rollouts", json={"tasks": [1], "group_size": 200_000})
     assert too_big.status_code == 422 and "group_size" in too_big.json()["detail"]
-    too_many = http.post("/rollouts", json={"tasks": list(range(20)), "group_size": 10_000})
-    assert too_many.status_code == 400 and "enqueue in batches" in too_many.json()["detail"]
     assert server.store.counts() == {}
 
 
@@ -131,6 +129,7 @@ def test_a_large_prompt_does_not_stall_other_requests(tmp_path: Path) -> None:
             done.set()
             prober.join()
             assert answer.status_code == 200
+        print("slowest probes (s):", sorted(delays)[-5:])
         assert len(delays) > 10 and max(delays) < 1.0, sorted(delays)[-5:]
     finally:
         upstream.kill()

@@ -87,7 +87,7 @@ def test_full_disk_refuses_work_keeps_call_records_and_results_then_recovers(tmp
         _set_file_size_limit(server.process.pid, 0)  # no file of the server may grow from now on
         refused = wait_for(lambda: (r := server.http.post("/rollouts", json={"tasks": [{"q": 1}]})).status_code == 503
                            and r, 10, "the server to refuse work")
-        assert "cannot be written" in refused.json()["detail"] and refused.headers["retry-after"]
+        assert "cannot be written (disk I/O error)" in refused.json()["detail"] and refused.headers["retry-after"]
         health = server.http.get("/health")
         assert health.status_code == 503 and "cannot be written" in health.json()["store"]
         go.write_text("")  # the agent makes its two calls and finishes while nothing can be written

@@ -56,8 +56,8 @@ class Store(Protocol):
         """Extend ``worker_id``'s lease. Returns 'ok', or the reason the worker should abandon the attempt."""
 
     def complete(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout) -> ResultOutcome:
-        """Store a worker's result (idempotent per rollout and attempt); joins the proxy's calls. Only the worker the
-        attempt was leased to may report it (:class:`Conflict` otherwise)."""
+        """Store the result of ``worker_id``'s attempt (idempotent; :class:`Conflict` for another worker's); joins the
+        proxy's calls."""
 
     def complete_and_dequeue(
         self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
@@ -75,8 +75,8 @@ class Store(Protocol):
 
     def record_proxy_call(self, call: dict[str, Any], attempt: int) -> None:
         """Remember a call the proxy forwarded for ``attempt`` of a rollout (JSON-ready :class:`Call` fields, validated
-        when read back), committed before returning; if the write fails the record is kept and written with the next
-        commit. One landing after its attempt finished the rollout joins its calls, ``metadata["late"]``."""
+        when read back), committed before returning (kept for the next commit if that fails). One landing after its
+        attempt finished the rollout joins its calls, ``metadata["late"]``."""
 
     def proxy_calls(self, rollout_id: str, attempt: int | None = None) -> list[Call]:
         """Calls the proxy recorded for a rollout (one attempt, or all), by start time."""

@@ -1,5 +1,5 @@
-"""The store's SQLite file: its tables, how it is opened (WAL, one connection shared under a lock), and whether it
-is still there to be written."""
+"""The store's SQLite file: its tables, how it is opened (WAL, one connection shared under a lock), whether it can
+still be written."""
 
 import os
 import sqlite3
@@ -72,15 +72,11 @@ def file_identity(path: str) -> tuple[int, int] | None:
 
 
 def check_writable(path: str, identity: tuple[int, int] | None) -> None:
-    """Raise :class:`StoreUnavailable` if the file opened as ``identity`` was deleted or replaced, or its directory
-    became read-only: writes would go into a file nobody will ever read again, or fail."""
+    """Raise :class:`StoreUnavailable` if the file opened as ``identity`` was deleted or replaced (writes would go into
+    a file nobody reads again), or it or its directory became read-only."""
     if identity is None:
         return
-    try:
-        same = file_identity(path) == identity
-    except FileNotFoundError:
-        same = False
-    if not same:
+    if not os.path.exists(path) or file_identity(path) != identity:
         raise StoreUnavailable(f"the store file {path} was deleted or replaced while the server had it open; refusing "
                                "work that would be lost (restore the file, or restart the server)")
     if not os.access(path, os.W_OK) or not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):

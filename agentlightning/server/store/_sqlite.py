@@ -1,6 +1,6 @@
 """The embedded store: one SQLite file in WAL mode, one connection serialised by a lock. Every write is committed
-before it is acknowledged; one that fails (file deleted, read-only or full disk) raises :class:`StoreUnavailable`,
-and a proxy call record whose write failed stays in memory until a later commit writes it."""
+before it is acknowledged; a write that fails raises :class:`StoreUnavailable` (proxy call records are kept for the
+next commit)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,7 @@ from typing import Any
 
 from agentlightning._wire.read import json_text
 from agentlightning.protocol import (
-    AttemptInfo,
-    DatasetInfo,
-    Lease,
-    ModelVersion,
-    ResultOutcome,
-    RolloutSummary,
-    Task,
-    dataset_id_for,
-    task_id_for,
+    AttemptInfo, DatasetInfo, Lease, ModelVersion, ResultOutcome, RolloutSummary, Task, dataset_id_for, task_id_for,
 )
 from agentlightning.server._join import join_calls, join_late_call
 from agentlightning.server._states import Decision, decide, event_for_status
@@ -49,8 +41,6 @@ class SQLiteStore(Store):
     """The embedded store: one SQLite file in WAL mode (``":memory:"`` works for throwaway use)."""
 
     def __init__(self, path: str | Path, *, requeue_delay: float = 2.0, requeue_delay_max: float = 60.0) -> None:
-        """``requeue_delay``: seconds a rollout waits before its second attempt is leased, doubling per attempt up to
-        ``requeue_delay_max`` (other rollouts run meanwhile)."""
         self.path = str(path)
         self.requeue_delay, self.requeue_delay_max = requeue_delay, requeue_delay_max
         self._db = open_database(self.path)
@@ -257,7 +247,7 @@ class SQLiteStore(Store):
     def _write_final(self, rollout_id: str, attempt: int, state: str, result: Rollout, now: float) -> None:
         """Store a finished rollout, its calls joined with the attempt's proxy calls. Its task, group and model
         version are the stored ones (the version was recorded when the attempt was leased)."""
-        calls = join_calls(rollout_id, list(result.calls), self._proxy_calls(rollout_id, attempt))
+        calls = join_calls(rollout_id, list(result.calls), self.proxy_calls(rollout_id, attempt))
         row = self._rollout(rollout_id, "task_id, group_id, task, model_version")
         record = result.model_copy(update={
             "calls": [], "rewards": [], "status": state, "attempt": attempt, "rollout_id": rollout_id, **row,
@@ -368,11 +358,6 @@ class SQLiteStore(Store):
                     pass
 
     def proxy_calls(self, rollout_id: str, attempt: int | None = None) -> list[Call]:
-        self.flush()
-        return self._proxy_calls(rollout_id, attempt)
-
-    def _proxy_calls(self, rollout_id: str, attempt: int | None) -> list[Call]:
-        """The written proxy calls of a rollout (one attempt, or all), by start time."""
         rows = self._all("SELECT attempt, body FROM proxy_calls WHERE rollout_id=? ORDER BY start_time, id", rollout_id)
         return calls_from_json([body for n, body in rows if attempt is None or n == attempt], rollout_id)
 
@@ -489,12 +474,9 @@ class SQLiteStore(Store):
             with self._db:  # commits, or rolls back and re-raises
                 self._db.executemany(_INSERT_PROXY_CALL, self._proxy_buffer)
                 yield
-        except (StoreUnavailable, sqlite3.OperationalError, sqlite3.DatabaseError) as exc:
-            if isinstance(exc, sqlite3.IntegrityError):
-                raise
+        except (StoreUnavailable, sqlite3.OperationalError) as exc:  # disk I/O error, read-only, full, locked
             if self._problem is None:
                 logger.error("the store cannot be written, refusing work until it can: %s", exc)
-            self._problem = str(exc) if isinstance(exc, StoreUnavailable) else f"the store {self.path} cannot be " \
-                f"written ({type(exc).__name__}: {exc}): read-only or full disk?"
+            self._problem = str(exc) if isinstance(exc, StoreUnavailable) else f"{self.path} cannot be written ({exc})"
             raise StoreUnavailable(self._problem) from None
         self._proxy_buffer, self._problem = [], None
