@@ -77,33 +77,37 @@ def test_full_disk_refuses_work_keeps_call_records_and_results_then_recovers(tmp
     memory, the finished result is spooled by the worker; once the disk has room, nothing is missing."""
     go = tmp_path / "go"
     server = AglServer(tmp_path / "s.db", mock.base_url, "--lease", "60").start()
-    pool = start_workers(fault_agents.fault_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"),
-                         upload_retry_seconds=1.0, spool_retry_seconds=0.5)
     try:
-        [rid] = server.http.post("/rollouts", json={"tasks": [
-            {"question": "full", "calls": 2, "wait_before": str(go)}]}).json()["rollout_ids"]
-        wait_for(lambda: server.http.get(f"/rollouts/{rid}").json()["status"] == "running", 60, "the lease")
-        assert server.process is not None
-        _set_file_size_limit(server.process.pid, 0)  # no file of the server may grow from now on
-        refused = wait_for(lambda: (r := server.http.post("/rollouts", json={"tasks": [{"q": 1}]})).status_code == 503
-                           and r, 10, "the server to refuse work")
-        assert "cannot be written (disk I/O error)" in refused.json()["detail"] and refused.headers["retry-after"]
-        health = server.http.get("/health")
-        assert health.status_code == 503 and "cannot be written" in health.json()["store"]
-        go.write_text("")  # the agent makes its two calls and finishes while nothing can be written
-        spooled = wait_for(lambda: list((tmp_path / "spool").glob("*.json")), 60, "the result to be spooled")
-        assert [p.name for p in spooled] == [f"{rid}-1.json"]
-        _set_file_size_limit(server.process.pid, resource.RLIM_INFINITY)  # room again
-        rollout = wait_for(lambda: (r := server.http.get(f"/rollouts/{rid}").json())["status"] == "succeeded" and r,
-                           30, "the spooled result to be re-sent")
-        assert [c["token_source"] for c in rollout["calls"]] == ["server", "server"]
-        assert [c["output"]["content"] for c in rollout["calls"]] == ["echo: full #0", "echo: full #1"]
-        wait_for(lambda: not list((tmp_path / "spool").glob("*.json")), 10, "the spool to empty")
-        assert server.http.get("/health").status_code == 200
+        pool = start_workers(fault_agents.fault_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"),
+                             upload_retry_seconds=1.0, spool_retry_seconds=0.5)
+        try:
+            [rid] = server.http.post("/rollouts", json={"tasks": [
+                {"question": "full", "calls": 2, "wait_before": str(go)}]}).json()["rollout_ids"]
+            wait_for(lambda: server.http.get(f"/rollouts/{rid}").json()["status"] == "running", 60, "the lease")
+            assert server.process is not None
+            _set_file_size_limit(server.process.pid, 0)  # no file of the server may grow from now on
+            enqueue = lambda: server.http.post("/rollouts", json={"tasks": [{"q": 1}]})  # noqa: E731
+            refused = wait_for(lambda: (r := enqueue()).status_code == 503 and r, 10, "the server to refuse work")
+            assert "cannot be written (disk I/O error)" in refused.json()["detail"] and refused.headers["retry-after"]
+            health = server.http.get("/health")
+            assert health.status_code == 503 and "cannot be written" in health.json()["store"]
+            go.write_text("")  # the agent makes its two calls and finishes while nothing can be written
+            spooled = wait_for(lambda: list((tmp_path / "spool").glob("*.json")), 60, "the result to be spooled")
+            assert [p.name for p in spooled] == [f"{rid}-1.json"]
+            _set_file_size_limit(server.process.pid, resource.RLIM_INFINITY)  # room again
+            rollout = wait_for(lambda: (r := server.http.get(f"/rollouts/{rid}").json())["status"] == "succeeded" and r,
+                               30, "the spooled result to be re-sent")
+            assert [c["token_source"] for c in rollout["calls"]] == ["server", "server"]
+            assert [c["output"]["content"] for c in rollout["calls"]] == ["echo: full #0", "echo: full #1"]
+            wait_for(lambda: not list((tmp_path / "spool").glob("*.json")), 10, "the spool to empty")
+            assert server.http.get("/health").status_code == 200
+        finally:
+            server.http.post("/stop")
+            pool.wait(20)
+            pool.stop()
     finally:
-        server.http.post("/stop")
-        pool.wait(20)
-        pool.stop()
+        if server.process is not None:
+            _set_file_size_limit(server.process.pid, resource.RLIM_INFINITY)  # lets it shut down cleanly
         server.stop()
 
 
