@@ -122,10 +122,10 @@ class Proxy:
             else:
                 if response.status_code not in RETRY_STATUSES:
                     return response, tries
+                await response.aclose()  # read whole already: its content stays
                 if not await self._backoff(tries, deadline, response.headers.get("retry-after"), endpoint,
                                            str(response.status_code)):
                     return response, tries  # the upstream's last answer, unchanged
-                await response.aclose()
                 continue
             if not await self._backoff(tries, deadline, None, endpoint, type(failure).__name__):
                 message = (f"upstream {request.url} unreachable for {settings.upstream_retry_window:g} s ({tries} "
