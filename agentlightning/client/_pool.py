@@ -202,7 +202,7 @@ class WorkerPool:
                          logs=[f"reported by the worker pool of client {self.client_id}: {error.message}",
                                *self._attempt_log(worker)])
         try:
-            self._api.upload_result(result, attempt, worker.process.name, retry_for=30.0)
+            self._api.upload_result(result, attempt, worker.process.name, retry_for=5.0)  # else the lease expires
         except ProtocolError as exc:
             logger.warning("could not report %s of %s: %s (its lease will expire instead)", status, rollout_id, exc)
 

@@ -159,28 +159,34 @@ def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerC
 
 def upload(api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig, take_next: bool = False
            ) -> tuple[Lease | None, bool]:
-    """Report ``result``, spooled to disk unless the server took it or refused it for good. With ``take_next``, the
-    worker's next lease comes with the answer. Returns (that lease or None, the server says stop)."""
-    worker_id, retry_for = config.worker_id, config.upload_retry_seconds
-    try:
-        if take_next:
-            outcome, lease, stop = api.upload_result_and_lease(result, attempt, worker_id, retry_for=retry_for)
-        else:
-            outcome, lease, stop = api.upload_result(result, attempt, worker_id, retry_for=retry_for), None, False
-    except ServerError as exc:
-        if exc.status in DEFINITIVE:
-            logger.warning("server refused rollout %s attempt %d: %s", result.rollout_id, attempt, exc.message)
-            return None, False
-        problem: Exception = exc
-    except Unreachable as exc:
-        problem = exc
-    else:
+    """Report ``result``. If the server does not take it within 5 s, it is spooled to disk first (safe from a killed
+    client) while the upload is retried; unless the server refuses it for good, it stays there to be re-sent. With
+    ``take_next``, the worker's next lease comes with the answer. Returns (that lease or None, the server says stop)."""
+    spooled: Path | None = None
+    for retry_for in (min(5.0, config.upload_retry_seconds), config.upload_retry_seconds):
+        try:
+            if take_next:
+                outcome, lease, stop = api.upload_result_and_lease(result, attempt, config.worker_id, retry_for)
+            else:
+                outcome, lease, stop = api.upload_result(result, attempt, config.worker_id, retry_for), None, False
+        except (ServerError, Unreachable) as exc:
+            if isinstance(exc, ServerError) and exc.status in DEFINITIVE:
+                logger.warning("server refused rollout %s attempt %d: %s", result.rollout_id, attempt, exc.message)
+                lease, stop = None, False
+                break
+            if spooled is None:
+                spooled = spool(result, attempt, config)
+                logger.error("could not upload rollout %s (%s); saved to %s, still trying", result.rollout_id, exc,
+                             spooled)
+            continue
         if outcome.duplicate or not outcome.accepted:
             logger.info("rollout %s attempt %d: %s", result.rollout_id, attempt, outcome.message or "not stored")
-        return lease, stop
-    logger.error("could not upload rollout %s (%s); saved to %s, re-sent while a client runs", result.rollout_id,
-                 problem, spool(result, attempt, config))
-    return None, False
+        break
+    else:
+        return None, False  # kept in the spool, re-sent while a client runs
+    if spooled is not None:
+        spooled.unlink(missing_ok=True)
+    return lease, stop
 
 
 def spool(result: Rollout, attempt: int, config: WorkerConfig) -> Path:

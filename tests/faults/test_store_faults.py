@@ -4,7 +4,9 @@ read-only. Issue 21, defects 3, 5 and 6."""
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,7 +76,8 @@ def test_full_disk_refuses_work_keeps_call_records_and_results_then_recovers(tmp
                                                                             mock: MockLLMServer) -> None:
     """The server's files may not grow (RLIMIT_FSIZE, what a full disk looks like to SQLite) while a rollout runs:
     new work is refused with 503, /health says why, the agent's LLM calls still get answers and their records wait in
-    memory, the finished result is spooled by the worker; once the disk has room, nothing is missing."""
+    memory, the finished result is spooled by the worker (which is then killed -9); once the disk has room, nothing is
+    missing."""
     go = tmp_path / "go"
     server = AglServer(tmp_path / "s.db", mock.base_url, "--lease", "60").start()
     try:
@@ -93,7 +96,8 @@ def test_full_disk_refuses_work_keeps_call_records_and_results_then_recovers(tmp
             assert health.status_code == 503 and "cannot be written" in health.json()["store"]
             go.write_text("")  # the agent makes its two calls and finishes while nothing can be written
             spooled = wait_for(lambda: list((tmp_path / "spool").glob("*.json")), 60, "the result to be spooled")
-            assert [p.name for p in spooled] == [f"{rid}-1.json"]
+            assert [p.name for p in spooled] == [f"{rid}-1.json"]  # on disk while its upload is still retried,
+            os.kill(pool.pids[0], signal.SIGKILL)  # so a client killed now loses nothing
             _set_file_size_limit(server.process.pid, resource.RLIM_INFINITY)  # room again
             rollout = wait_for(lambda: (r := server.http.get(f"/rollouts/{rid}").json())["status"] == "succeeded" and r,
                                30, "the spooled result to be re-sent")
