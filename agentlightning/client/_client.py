@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentlightning._decorator import RolloutAgent
 from agentlightning.client._api import ServerAPI, resolve_token
 from agentlightning.client._pool import WorkerPool
+from agentlightning._decorator import RolloutAgent
 from agentlightning.protocol import ServerError, dataset_id_for
 
 logger = logging.getLogger(__name__)
