@@ -125,13 +125,17 @@ def test_a_large_prompt_does_not_stall_other_requests(tmp_path: Path) -> None:
             prober.start()
             time.sleep(0.3)
             big = {"model": "m", "messages": [{"role": "user", "content": "x" * 4_000_000}]}
+            started = time.monotonic()
             answer = httpx.post(f"{lease['llm']['base_url']}/chat/completions", json=big, timeout=120)
+            took = time.monotonic() - started
             time.sleep(0.3)
             done.set()
             prober.join()
             assert answer.status_code == 200
-        print("slowest probes (s):", sorted(delays)[-5:])
-        assert len(delays) > 10 and max(delays) < 1.0, sorted(delays)[-5:]
+        print(f"large request {took:.1f} s; slowest probes (s):", sorted(delays)[-5:])
+        # The server keeps answering while it works on the large call: no probe waits for a good part of it (on a
+        # quiet machine the slowest probe waits under 0.8 s of a ~9 s call; on a loaded one, ~2 s).
+        assert len(delays) > 10 and max(delays) < 0.4 * took, (took, sorted(delays)[-5:])
     finally:
         upstream.kill()
         upstream.wait()
