@@ -85,6 +85,10 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="default seconds per rollout")
     parser.add_argument("--max-attempts", type=int, default=3, help="attempts per rollout (retries + 1)")
     parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body accepted")
+    parser.add_argument("--upstream-retry-window", type=float, default=120.0,
+                        help="seconds the proxy retries an upstream that is down or answers 429/5xx")
+    parser.add_argument("--requeue-delay", type=float, default=2.0,
+                        help="seconds before a failed attempt is leased again (doubling per attempt, up to 60)")
     parser.add_argument("--public-url", help="URL clients reach this server at (default http://host:port)")
     parser.add_argument("--collect", type=int, metavar="K", default=0,
                         help="when a client attaches a dataset, run K rollouts per task, then stop everyone")
@@ -97,7 +101,8 @@ def server_from_args(args: argparse.Namespace) -> Any:
 
     settings = Settings(
         lease_seconds=args.lease, rollout_timeout=args.timeout, max_attempts=args.max_attempts,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024), upstream_retry_window=args.upstream_retry_window,
+        requeue_delay=args.requeue_delay,
     )
     return LightningServer(
         args.store, upstream_url=args.upstream, host=args.host, port=args.port, token=args.token,

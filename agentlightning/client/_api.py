@@ -1,5 +1,6 @@
 """The client's side of the server protocol: typed calls over one ``httpx.Client``, retrying connection errors and
-502/503/504 with backoff; other error answers raise :class:`~agentlightning.protocol.ServerError`."""
+429/500/502/503/504 with backoff and jitter (or what ``Retry-After`` asks); other error answers raise
+:class:`~agentlightning.protocol.ServerError`."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
 
-_RETRY_STATUSES = frozenset({502, 503, 504})
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 StopSignal = threading.Event | multiprocessing.synchronize.Event
 
 
@@ -58,20 +59,22 @@ class ServerAPI:
         deadline = None if retry_for is None else time.monotonic() + retry_for
         delay = 0.05
         while True:
+            retry_after = ""
             try:
                 response = self._http.request(method, path, json=json, params=params,
                                               timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
                 if response.status_code not in _RETRY_STATUSES:
                     break
-                problem = f"HTTP {response.status_code}"
+                problem = f"HTTP {response.status_code}: {_detail(response)}"
+                retry_after = response.headers.get("retry-after", "").strip()
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {exc}"
-            pause = delay * random.uniform(0.5, 1.0)
+            pause = max(delay * random.uniform(0.5, 1.0), float(retry_after) if retry_after.isdigit() else 0.0)
             if (deadline is not None and time.monotonic() + pause > deadline) or (stop is not None and stop.is_set()):
                 raise Unreachable(f"{method} {self.server_url}{path} failed: {problem}")
             logger.info("server %s not answering (%s); retrying in %.2f s", self.server_url, problem, pause)
             (stop or threading.Event()).wait(pause)  # a sleep that ``stop`` cuts short
-            delay = min(delay * 2, 2.0)
+            delay = min(delay * 2, 5.0)
         if response.is_error:
             raise ServerError(response.status_code, _detail(response))
         return response.json()

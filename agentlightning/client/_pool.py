@@ -1,6 +1,7 @@
 """A pool of worker processes for one agent, supervised: a worker that dies mid-rollout has that attempt reported as
-failed (the server retries it); one that stops responding past its rollout's timeout is killed, the attempt reported
-as 'timeout'; either is replaced. Workers are spawned, so the agent must be importable (:mod:`.agentref`)."""
+failed with its log lines (the server retries it); one that stops responding (holding the GIL) or outlives its
+rollout's timeout is killed, the attempt reported as 'timeout'; either is replaced. Workers are spawned, so the agent
+must be importable (:mod:`.agentref`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,6 +27,7 @@ from agentlightning.types import ErrorInfo, Rollout, new_id
 logger = logging.getLogger(__name__)
 
 CRASH_LOOP_LIMIT = 5
+LOG_TAIL_BYTES = 64 * 1024  # of a dead worker's attempt log kept with the attempt
 
 
 @dataclasses.dataclass
@@ -36,24 +40,27 @@ class _Worker:
 class WorkerPool:
     """``nworkers`` processes (``-1``: one per core) serving rollouts of ``agent`` from the server at ``server_url``,
     started by :meth:`start` (or :func:`start_workers`, or ``with``). Results that cannot be uploaded are spooled to
-    ``spool_dir`` (``$AGL_SPOOL_DIR``, else ``~/.cache/agentlightning/spool``) and re-sent at the next start."""
+    ``spool_dir`` (``$AGL_SPOOL_DIR``, else ``~/.cache/agentlightning/spool``), re-sent every ``spool_retry_seconds``.
+    A worker silent for ``unresponsive_seconds`` (at most half its lease, at least 3) during a rollout is killed."""
 
     def __init__(self, agent: Any, server_url: str, nworkers: int = -1, *, token: str | None = None,
                  timeout: float | None = None, kill_grace: float = 5.0, spool_dir: str | None = None,
                  log_level: int = logging.INFO, upload_retry_seconds: float = 600.0, reconnect_seconds: float = 600.0,
-                 ) -> None:
+                 unresponsive_seconds: float = 10.0, spool_retry_seconds: float = 30.0) -> None:
         if nworkers != -1 and nworkers < 1:
             raise ValueError(f"nworkers must be >= 1 or -1 (one per core), got {nworkers}")
         self.nworkers = (os.cpu_count() or 1) if nworkers == -1 else nworkers
-        self.kill_grace = kill_grace
+        self.kill_grace, self.unresponsive_seconds = kill_grace, unresponsive_seconds
+        self.spool_retry_seconds = spool_retry_seconds
+        self._log_dir = tempfile.mkdtemp(prefix="agl-workers-")
         self.client_id = f"{socket.gethostname()}-{os.getpid()}-{new_id('c')[2:8]}"
         self.error: str | None = None
         self._api = ServerAPI(server_url, token)
         self._config = WorkerConfig(
             agent_ref=agent_ref(agent), server_url=self._api.server_url, token=token, worker_id="",
             spool_dir=spool_dir or os.environ.get("AGL_SPOOL_DIR") or str(Path.home() / ".cache/agentlightning/spool"),
-            timeout=timeout, upload_retry_seconds=upload_retry_seconds, reconnect_seconds=reconnect_seconds,
-            log_level=log_level,
+            log_dir=self._log_dir, timeout=timeout, upload_retry_seconds=upload_retry_seconds,
+            reconnect_seconds=reconnect_seconds, log_level=log_level,
         )
         self._ctx = multiprocessing.get_context("spawn")
         self._drain = self._ctx.Event()
@@ -69,6 +76,7 @@ class WorkerPool:
         for index in range(self.nworkers):
             self._spawn(index)
         threading.Thread(target=self._supervise, name="agl-worker-pool", daemon=True).start()
+        threading.Thread(target=self._resend_spooled, name="agl-spool", daemon=True).start()
         logger.info("started %d workers for %s against %s", self.nworkers, self._config.agent_ref,
                     self._config.server_url)
         return self
@@ -89,6 +97,7 @@ class WorkerPool:
             self.kill()
             self.wait(10)
         self._api.close()
+        shutil.rmtree(self._log_dir, ignore_errors=True)
 
     def kill(self) -> None:
         """Kill every worker now (their attempts are reported failed and retried by the server)."""
@@ -110,7 +119,8 @@ class WorkerPool:
     def _spawn(self, index: int) -> None:
         self._generation += 1
         config = dataclasses.replace(self._config, worker_id=f"{self.client_id}-w{index}.{self._generation}")
-        slot = WorkerSlot(self._ctx.RawValue("d", 0.0), self._ctx.RawValue("i", 0), self._ctx.RawArray("c", 64))
+        raw = self._ctx.RawValue
+        slot = WorkerSlot(raw("d", 0.0), raw("i", 0), self._ctx.RawArray("c", 64), raw("d", 0.0), raw("d", 0.0))
         process = self._ctx.Process(target=worker_main, args=(config, slot, self._drain), name=config.worker_id,
                                     daemon=True)
         process.start()
@@ -130,15 +140,17 @@ class WorkerPool:
             self._done.set()
 
     def _check(self, index: int, worker: _Worker) -> None:
-        current, process = worker.slot.running(), worker.process
+        current, process, now = worker.slot.running(), worker.process, time.monotonic()
         if process.is_alive():
-            if current is not None and time.monotonic() > current[2] + self.kill_grace:
-                logger.error("worker %s stopped responding on %s; killing it", process.name, current[0])
+            silent = now - max(worker.slot.alive.value, worker.started)
+            stuck = max(3.0, min(self.unresponsive_seconds, worker.slot.lease_seconds.value / 2 or float("inf")))
+            if current is not None and (now > current[2] + self.kill_grace or silent > stuck):
+                why = f"was silent for {silent:.0f} s (holding the GIL?)" if silent > stuck else "outlived its timeout"
+                logger.error("worker %s %s on %s; killing it", process.name, why, current[0])
                 process.kill()
                 process.join(5)
                 self._report(worker, current, "timeout", ErrorInfo(  # and replaced at the next check, as dead
-                    type="Timeout", message=f"agent did not finish within its timeout and its worker process "
-                    f"(pid {process.pid}) stopped responding; the client killed it"))
+                    type="Timeout", message=f"the worker process (pid {process.pid}) running the agent {why}; killed"))
             return
         process.join()
         code = process.exitcode
@@ -149,7 +161,7 @@ class WorkerPool:
                 type="WorkerDied", message=f"worker process pid {process.pid} {how} during attempt {current[1]}"))
         if code == EXIT_AUTH:
             self._fail("the server refused this client's token")
-        elif code not in (0, EXIT_ABANDONED) and time.monotonic() - worker.started < 2.0:
+        elif current is None and code not in (0, EXIT_ABANDONED) and now - worker.started < 2.0:  # broken set-up
             self._quick_crashes += 1
             if self._quick_crashes >= CRASH_LOOP_LIMIT:
                 self._fail(f"workers keep crashing at start (last exit code {code}); see their stderr")
@@ -159,6 +171,23 @@ class WorkerPool:
             del self._workers[index]
         else:
             self._spawn(index)
+
+    def _attempt_log(self, worker: _Worker) -> list[str]:
+        """The last lines the dead worker's attempt wrote (its logs, prints, a crash's traceback)."""
+        try:
+            with open(Path(self._log_dir) / f"{worker.process.name}.log", "rb") as log:
+                log.seek(max(0, log.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                return [line for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+        except OSError:
+            return []
+
+    def _resend_spooled(self) -> None:
+        """Re-send spooled results while the pool runs (a server that had refused them may take them now)."""
+        while not self._done.wait(self.spool_retry_seconds):
+            try:
+                resend_spooled(self._api, self._config.spool_dir, retry_for=0.0)
+            except Exception:  # noqa: BLE001 - a broken spool file must not stop the pool
+                logger.exception("re-sending spooled results failed")
 
     def _fail(self, error: str) -> None:
         """Stop the whole pool: its workers cannot do their job (``error`` says why)."""
@@ -170,9 +199,10 @@ class WorkerPool:
         worker.slot.clear()
         rollout_id, attempt, _ = current
         result = Rollout(rollout_id=rollout_id, attempt=attempt, status=status, error=error,  # type: ignore[arg-type]
-                         logs=[f"reported by the worker pool of client {self.client_id}: {error.message}"])
+                         logs=[f"reported by the worker pool of client {self.client_id}: {error.message}",
+                               *self._attempt_log(worker)])
         try:
-            self._api.upload_result(result, attempt, worker.process.name, retry_for=30.0)
+            self._api.upload_result(result, attempt, worker.process.name, retry_for=5.0)  # else the lease expires
         except ProtocolError as exc:
             logger.warning("could not report %s of %s: %s (its lease will expire instead)", status, rollout_id, exc)
 

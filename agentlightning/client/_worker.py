@@ -1,9 +1,11 @@
 """A worker process: lease a rollout, run the agent on it heart-beating, report the result (taking the next lease
 with the report); repeat until told to stop. A worker that leaves a hung agent behind exits after reporting it and
-is replaced by the pool; results that cannot be uploaded are spooled to disk and re-sent later."""
+is replaced by the pool; results the server did not take for good are spooled to disk and re-sent later. An attempt's
+log lines (and a crash's traceback) also go to a file the pool reads if the process dies."""
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import multiprocessing.synchronize
@@ -30,6 +32,7 @@ logger = logging.getLogger(__name__)
 EXIT_ABANDONED = 75  # the worker left a stuck agent thread behind and must be replaced
 EXIT_AUTH = 2  # the server refused the token
 DEQUEUE_WAIT = 2.0
+DEFINITIVE = frozenset({409, 422})  # refusals of a result that re-sending cannot change (stale, not ours, invalid)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class WorkerConfig:
     token: str | None
     worker_id: str
     spool_dir: str
+    log_dir: str  # where the attempt log file <worker_id>.log goes (the pool reads it after a crash)
     timeout: float | None = None
     upload_retry_seconds: float = 600.0
     reconnect_seconds: float = 600.0
@@ -54,15 +58,18 @@ class WorkerSlot:
     deadline: Any  # monotonic-clock deadline of the running rollout, 0.0 when idle
     attempt: Any
     rollout_id: Any
+    lease_seconds: Any
+    alive: Any  # monotonic clock, stamped twice a second by a thread of the worker (stops when the process is stuck)
 
     def running(self) -> tuple[str, int, float] | None:
         """(rollout id, attempt, deadline) of the rollout being run, or None."""
         deadline = self.deadline.value
         return None if deadline == 0.0 else (self.rollout_id.value.decode(), self.attempt.value, deadline)
 
-    def set(self, rollout_id: str, attempt: int, deadline: float) -> None:
+    def set(self, rollout_id: str, attempt: int, deadline: float, lease_seconds: float) -> None:
         self.rollout_id.value = rollout_id.encode()[:63]
         self.attempt.value = attempt
+        self.lease_seconds.value = lease_seconds
         self.deadline.value = deadline
 
     def clear(self) -> None:
@@ -76,14 +83,23 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.s
                         format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "httpcore"):  # a line per request would flood the logs and every rollout's logs
         logging.getLogger(noisy).setLevel(max(config.log_level, logging.WARNING))
-    sys.stdout = _TeeToRollout(sys.stdout, "stdout")  # type: ignore[assignment]
-    sys.stderr = _TeeToRollout(sys.stderr, "stderr")  # type: ignore[assignment]
+    attempt_log = open(Path(config.log_dir) / f"{config.worker_id}.log", "w", buffering=1)
+    faulthandler.enable(attempt_log)  # a segfault's traceback lands with the attempt's log lines
+    in_rollout = logging.StreamHandler(attempt_log)
+    in_rollout.addFilter(lambda _record: current_recorder() is not None)
+    in_rollout.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    logging.getLogger().addHandler(in_rollout)
+    sys.stdout = _TeeToRollout(sys.stdout, "stdout", attempt_log)  # type: ignore[assignment]
+    sys.stderr = _TeeToRollout(sys.stderr, "stderr", attempt_log)  # type: ignore[assignment]
+    threading.Thread(target=_stamp, args=(slot,), name="agl-alive", daemon=True).start()
     agent = load_agent(config.agent_ref)
     enable_auto_instrumentation()  # pay adapter set-up now, not inside the first lease
     api = ServerAPI(config.server_url, config.token)
     lease, server_stop = None, False  # a lease handed with the last result runs even when draining: it is ours
     while not server_stop and (lease is not None or not drain.is_set()):
         if lease is not None:
+            attempt_log.seek(0)
+            attempt_log.truncate()  # the file holds the running attempt's lines only
             abandoned, lease, server_stop = run_lease(agent, lease, api, config, slot, drain)
             if abandoned:
                 os._exit(EXIT_ABANDONED)
@@ -110,7 +126,8 @@ def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerC
     """Run one leased rollout, heart-beating, and report it, taking the next lease with the report unless ``drain``
     is set. Returns (the agent's thread was left running (hung), the next lease, the server says stop)."""
     timeout = config.timeout if config.timeout is not None else lease.timeout
-    slot.set(lease.rollout_id, lease.attempt, time.monotonic() + timeout if timeout else float("inf"))
+    slot.set(lease.rollout_id, lease.attempt, time.monotonic() + timeout if timeout else float("inf"),
+             lease.lease_seconds)
     assert lease.llm is not None  # the server fills it in; addressed through the URL this client reaches it with
     llm = lease.llm.model_copy(update={"base_url": f"{config.server_url.rstrip('/')}/rollouts/{lease.rollout_id}/v1"})
     attempt = Attempt(agent, lease.task, llm, rollout_id=lease.rollout_id, task_id=lease.task_id,
@@ -142,23 +159,33 @@ def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerC
 
 def upload(api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig, take_next: bool = False
            ) -> tuple[Lease | None, bool]:
-    """Report ``result``; if the server stays unreachable, spool it to disk for a later client to send. With
+    """Report ``result``. If the server does not take it within 5 s, it is spooled to disk first (safe from a killed
+    client) while the upload is retried; unless the server refuses it for good, it stays there to be re-sent. With
     ``take_next``, the worker's next lease comes with the answer. Returns (that lease or None, the server says stop)."""
-    worker_id, retry_for = config.worker_id, config.upload_retry_seconds
-    try:
-        if take_next:
-            outcome, lease, stop = api.upload_result_and_lease(result, attempt, worker_id, retry_for=retry_for)
-        else:
-            outcome, lease, stop = api.upload_result(result, attempt, worker_id, retry_for=retry_for), None, False
-    except Unreachable as exc:
-        logger.error("could not upload rollout %s (%s); saved to %s for the next client run", result.rollout_id, exc,
-                     spool(result, attempt, config))
-        return None, False
-    except ServerError as exc:
-        logger.warning("server did not take rollout %s attempt %d: %s", result.rollout_id, attempt, exc.message)
-        return None, False
-    if outcome.duplicate or not outcome.accepted:
-        logger.info("rollout %s attempt %d: %s", result.rollout_id, attempt, outcome.message or "not stored")
+    spooled: Path | None = None
+    for retry_for in (min(5.0, config.upload_retry_seconds), config.upload_retry_seconds):
+        try:
+            if take_next:
+                outcome, lease, stop = api.upload_result_and_lease(result, attempt, config.worker_id, retry_for)
+            else:
+                outcome, lease, stop = api.upload_result(result, attempt, config.worker_id, retry_for), None, False
+        except (ServerError, Unreachable) as exc:
+            if isinstance(exc, ServerError) and exc.status in DEFINITIVE:
+                logger.warning("server refused rollout %s attempt %d: %s", result.rollout_id, attempt, exc.message)
+                lease, stop = None, False
+                break
+            if spooled is None:
+                spooled = spool(result, attempt, config)
+                logger.error("could not upload rollout %s (%s); saved to %s, still trying", result.rollout_id, exc,
+                             spooled)
+            continue
+        if outcome.duplicate or not outcome.accepted:
+            logger.info("rollout %s attempt %d: %s", result.rollout_id, attempt, outcome.message or "not stored")
+        break
+    else:
+        return None, False  # kept in the spool, re-sent while a client runs
+    if spooled is not None:
+        spooled.unlink(missing_ok=True)
     return lease, stop
 
 
@@ -174,35 +201,46 @@ def spool(result: Rollout, attempt: int, config: WorkerConfig) -> Path:
     return path
 
 
-def resend_spooled(api: ServerAPI, spool_dir: str) -> int:
-    """Upload results spooled by an earlier run; returns how many were delivered."""
+def resend_spooled(api: ServerAPI, spool_dir: str, retry_for: float = 10.0) -> int:
+    """Upload spooled results; returns how many the server took. One it refused for good is removed; others stay."""
     sent = 0
     for path in sorted(Path(spool_dir).glob("*.json")):  # none when the directory does not exist
-        entry = json.loads(path.read_text())
         try:
+            entry = json.loads(path.read_text())
             api.upload_result(Rollout.model_validate(entry["rollout"]), entry["attempt"], entry["worker_id"],
-                              retry_for=10.0)
-        except ServerError as exc:
+                              retry_for=retry_for)
+        except (FileNotFoundError, ServerError) as exc:
+            if not isinstance(exc, ServerError) or exc.status not in DEFINITIVE:
+                continue  # sent by another client meanwhile, or not taken yet (kept)
             logger.warning("spooled result %s refused (%s); removing it", path.name, exc.message)
         except Unreachable:
             return sent
-        path.unlink()
-        sent += 1
+        else:
+            sent += 1
+        path.unlink(missing_ok=True)
     return sent
+
+
+def _stamp(slot: WorkerSlot) -> None:
+    while True:
+        slot.alive.value = time.monotonic()
+        time.sleep(0.25)
 
 
 class _TeeToRollout:
     """Passes writes through and copies complete lines into the logs of the rollout running in this context."""
 
-    def __init__(self, stream: TextIO, name: str) -> None:
-        self._stream, self._name, self._partial = stream, name, threading.local()
+    def __init__(self, stream: TextIO, name: str, copy: TextIO) -> None:
+        self._stream, self._name, self._copy, self._partial = stream, name, copy, threading.local()
 
     def write(self, text: str) -> int:
         self._stream.write(text)
         recorder = current_recorder()
         if recorder is not None:
             *lines, self._partial.text = (getattr(self._partial, "text", "") + text).split("\n")
-            recorder.logs.extend(f"{time.strftime('%H:%M:%S')} {self._name}: {line}" for line in lines if line)
+            kept = [f"{time.strftime('%H:%M:%S')} {self._name}: {line}" for line in lines if line]
+            recorder.logs.extend(kept)
+            self._copy.writelines(f"{line}\n" for line in kept)
         return len(text)
 
     def __getattr__(self, name: str) -> Any:  # flush, fileno, encoding, isatty...: the wrapped stream's

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,10 @@ class LightningServer:
         check_bind(host, token)
         self.host = host
         self._public_url = public_url
-        self.runtime = Runtime(store=store or SQLiteStore(store_path), settings=settings or Settings(), token=token)
+        settings = settings or Settings()
+        store = store or SQLiteStore(store_path, requeue_delay=settings.requeue_delay,
+                                     requeue_delay_max=settings.requeue_delay_max)
+        self.runtime = Runtime(store=store, settings=settings, token=token)
         self._defaults = Upstream(url="", api_key=upstream_api_key, logprobs=logprobs)  # before any set_upstream
         if upstream_url is not None:
             self.set_upstream(upstream_url, model_name, model_version, api_key=upstream_api_key, logprobs=logprobs)
@@ -111,6 +115,16 @@ class LightningServer:
             sampling_overrides=dict(current.sampling_overrides if sampling_overrides is None else sampling_overrides),
         )
         return self.store.set_model_version(version, model_name or "", url)
+
+    @contextlib.contextmanager
+    def upstream_paused(self) -> Iterator[None]:
+        """Hold the proxy's LLM requests (they wait; none fails) while the model backend restarts or loads new
+        weights, e.g. ``with server.upstream_paused(): backend.update(weights)``."""
+        self.runtime.upstream_paused = True
+        try:
+            yield
+        finally:
+            self.runtime.upstream_paused = False
 
     def add_dataset(self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None) -> str:
         """Store tasks and return the dataset id (content-derived unless given; re-adding is a no-op)."""

@@ -27,9 +27,13 @@ def parse_upload(raw: bytes, content_type: str) -> DatasetUpload:
             return DatasetUpload.model_validate_json(raw)
         except ValidationError as exc:
             raise HTTPException(400, 'dataset body must be {"records": [...], "dataset_id"?: str, "name"?: str}: '
-                                f"{exc.errors()[0]['msg']}") from None
+                                f"{'.'.join(map(str, exc.errors()[0]['loc']))}: {exc.errors()[0]['msg']}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HTTPException(400, f"dataset body is not UTF-8 text: {exc}") from None
     records = []
-    for number, line in enumerate(raw.decode("utf-8").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
                 records.append(json.loads(line))

@@ -16,9 +16,9 @@ class EnqueueRequest(BaseModel):
 
     dataset_id: str | None = None
     tasks: list[Any] | None = None
-    group_size: int = Field(default=1, ge=1)
+    group_size: int = Field(default=1, ge=1, le=10_000)
     group_id: str | None = None
-    timeout: float | None = Field(default=None, gt=0)
+    timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_attempts: int | None = Field(default=None, ge=1)
 
 
@@ -32,7 +32,7 @@ def router(runtime: Runtime) -> APIRouter:
             raise HTTPException(404, f"unknown rollout {rollout_id!r}")
 
     @routes.post("")
-    async def enqueue(body: EnqueueRequest) -> dict[str, list[str]]:
+    def enqueue(body: EnqueueRequest) -> dict[str, list[str]]:  # on a thread: a large enqueue takes a while
         if (body.dataset_id is None) == (body.tasks is None):
             raise HTTPException(422, "give exactly one of dataset_id or tasks")
         ids = runtime.enqueue(body.dataset_id if body.tasks is None else body.tasks, group_size=body.group_size,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from agentlightning.protocol import ModelVersion
 from agentlightning.server._runtime import Runtime
@@ -17,8 +17,10 @@ def health_router(runtime: Runtime) -> APIRouter:
     routes = APIRouter(tags=["status"])
 
     @routes.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "stop_requested": runtime.stop_requested}
+    async def health() -> JSONResponse:  # 503 while the store cannot take writes
+        problem = runtime.store.health()
+        return JSONResponse({"status": "unhealthy" if problem else "ok", "store": problem or "ok",
+                             "stop_requested": runtime.stop_requested}, 503 if problem else 200)
 
     return routes
 

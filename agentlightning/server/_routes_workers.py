@@ -1,19 +1,21 @@
 """The worker protocol: ``POST /workers/{id}/dequeue`` (long poll), ``/rollouts/{id}/heartbeat`` and ``/result``.
 
-A result upload is idempotent; with ``?next=1`` its answer also carries the worker's next lease (``"next"``). A
-re-sent result (its answer was lost) gets the same lease again while the worker still holds it."""
+A result upload is idempotent and only taken from the worker holding the attempt's lease; with ``?next=1`` its answer
+also carries the worker's next lease (``"next"``). A re-sent result (its answer was lost) gets the same lease again
+while the worker still holds it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import OrderedDict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from agentlightning.protocol import Lease
 from agentlightning.server._runtime import Runtime
@@ -26,8 +28,15 @@ class ResultUpload(BaseModel):
     """Body of ``POST /rollouts/{id}/result``."""
 
     attempt: int = Field(ge=1)
-    worker_id: str | None = None
+    worker_id: str = Field(description="The worker holding the attempt's lease.")
     rollout: Rollout
+
+    @field_validator("rollout")
+    @classmethod
+    def _finite_reward(cls, rollout: Rollout) -> Rollout:
+        if rollout.final_reward is not None and not math.isfinite(rollout.final_reward):
+            raise ValueError(f"final_reward must be a finite number, got {rollout.final_reward!r}")
+        return rollout
 
 
 class HeartbeatRequest(BaseModel):
@@ -71,8 +80,8 @@ def router(runtime: Runtime) -> APIRouter:
             remaining = deadline - time.monotonic()
             if lease is not None or remaining <= 0:
                 return LeaseAnswer(lease=lease)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(woken.wait(), remaining)
+            with contextlib.suppress(TimeoutError):  # looked at again within 0.5 s: a retry's delay may have passed
+                await asyncio.wait_for(woken.wait(), min(remaining, 0.5))
         return LeaseAnswer(stop=True)
 
     @routes.post("/rollouts/{rollout_id}/heartbeat")
@@ -87,13 +96,11 @@ def router(runtime: Runtime) -> APIRouter:
         if body.rollout.rollout_id != rollout_id:
             raise HTTPException(422, f"result for {body.rollout.rollout_id!r} posted to rollout {rollout_id!r}")
         worker_id = body.worker_id
-        if take_next and not worker_id:
-            raise HTTPException(422, "next=1 needs the worker_id of the result: the next lease is that worker's")
         reported = (rollout_id, body.attempt)
-        previous = handed.get(worker_id) if take_next and worker_id else None
+        previous = handed.get(worker_id) if take_next else None
         resent = previous is not None and previous[0] == reported  # the answer to the first upload was lost
         lease = None
-        if take_next and worker_id and not resent and not runtime.stop_requested:
+        if take_next and not resent and not runtime.stop_requested:
             outcome, lease = store.complete_and_dequeue(rollout_id, body.attempt, worker_id, body.rollout,
                                                         settings.lease_seconds)
             lease = leased(lease)
@@ -104,7 +111,7 @@ def router(runtime: Runtime) -> APIRouter:
         if outcome.retried:
             runtime.notify_work()
         answer = outcome.model_dump(mode="json")
-        if not take_next or not worker_id:
+        if not take_next:
             return JSONResponse(answer)
         if resent and previous is not None:  # the same lease again, if the worker still holds it
             verdict = store.heartbeat(previous[1].rollout_id, previous[1].attempt, worker_id, settings.lease_seconds)

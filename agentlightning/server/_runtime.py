@@ -29,18 +29,22 @@ class Upstream:
 
 @dataclass(frozen=True)
 class Settings:
-    """Server behaviour. Seconds unless named otherwise."""
+    """Server behaviour. Seconds unless named otherwise. The proxy retries a failing upstream for
+    ``upstream_retry_window``, waiting ``retry_backoff`` doubling to ``retry_backoff_max`` (jittered) or what
+    ``Retry-After`` asks; a failed attempt is leased again after ``requeue_delay``, doubling up to ``requeue_delay_max``."""
 
     lease_seconds: float = 30.0
     rollout_timeout: float | None = 600.0
     max_attempts: int = 3
     max_body_bytes: int = 64 * 1024 * 1024
     upstream_timeout: float = 600.0
-    upstream_retries: int = 3
-    retry_backoff: float = 0.05
-    retry_backoff_max: float = 2.0
+    upstream_retry_window: float = 120.0
+    retry_backoff: float = 0.25
+    retry_backoff_max: float = 10.0
+    requeue_delay: float = 2.0
+    requeue_delay_max: float = 60.0
     dequeue_wait_max: float = 10.0
-    flush_interval: float = 0.05
+    flush_interval: float = 1.0  # retrying proxy call records whose write failed
 
 
 @dataclass
@@ -54,6 +58,7 @@ class Runtime:
     upstream: Upstream | None = None
     metrics: Metrics = field(default_factory=Metrics)
     stop_requested: bool = False
+    upstream_paused: bool = False
     attached: list[str] = field(default_factory=list)
     _loop: asyncio.AbstractEventLoop | None = None
     _work: asyncio.Event | None = None

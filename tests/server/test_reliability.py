@@ -24,7 +24,7 @@ from agentlightning.testing import MockLLMServer, MockReply
 import server_agents
 
 HERE = Path(__file__).parent
-FAST = Settings(lease_seconds=1.0, rollout_timeout=20.0, max_attempts=3, retry_backoff=0.01)
+FAST = Settings(lease_seconds=1.0, rollout_timeout=20.0, max_attempts=3, retry_backoff=0.01, requeue_delay=0.2)
 
 
 def _wait_for(predicate, timeout: float, what: str):  # noqa: ANN001, ANN202

@@ -103,7 +103,7 @@ def test_malformed_and_oversized_requests_get_4xx_and_server_keeps_serving(serve
     wrong = http.post(f"/rollouts/{rid}/result", json={"attempt": 0, "rollout": {"status": "exploded"}})
     assert wrong.status_code == 422 and "attempt" in wrong.json()["detail"]
     status = http.post(f"/rollouts/{rid}/result",
-                       json={"attempt": 1, "rollout": Rollout(rollout_id=rid, status="running").model_dump(mode="json")})
+                       json={"attempt": 1, "worker_id": "w1", "rollout": Rollout(rollout_id=rid, status="running").model_dump(mode="json")})
     assert status.status_code == 409 and "final status" in status.json()["detail"]
     lines = http.post("/datasets", content=b'{"a": 1}\n{oops\n', headers={"content-type": "application/jsonl"})
     assert lines.status_code == 400 and "line 2" in lines.json()["detail"]

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 
-from agentlightning.protocol import dataset_id_for
+from agentlightning.protocol import Task, dataset_id_for
 from agentlightning.server.store import Conflict, NotFound, SQLiteStore, StoreError
+from agentlightning.server.store._schema import SCHEMA
 from agentlightning.types import Call, ErrorInfo, Reward, Rollout
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> SQLiteStore:
-    s = SQLiteStore(tmp_path / "store.db")
+    s = SQLiteStore(tmp_path / "store.db", requeue_delay=0.0)
     yield s
     s.close()
 
@@ -237,3 +239,29 @@ def test_late_success_supersedes_the_running_attempt(store: SQLiteStore) -> None
     assert store.complete(rid, 1, "slow", _result(first)).status == "succeeded"
     assert [(a.attempt, a.status) for a in store.attempts(rid)] == [(1, "succeeded"), (2, "superseded")]
     assert store.complete(rid, 2, "fast", _result(second)).duplicate
+
+
+def test_a_retried_rollout_waits_its_delay_then_joins_the_back_of_the_queue(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "delay.db", requeue_delay=0.3)
+    first, second = store.enqueue([Task(task_id="a", payload={}), Task(task_id="b", payload={})])
+    lease = store.dequeue("w", 10.0)
+    assert lease.rollout_id == first and store.complete(first, 1, "w", _result(lease, status="failed")).retried
+    assert store.dequeue("w", 10.0).rollout_id == second  # not the retry, though it is older
+    assert store.dequeue("w", 10.0) is None  # the retry waits out its delay
+    time.sleep(0.35)
+    third = store.enqueue([Task(task_id="c", payload={})])[0]
+    assert [store.dequeue("w", 10.0).rollout_id for _ in range(2)] == [first, third]  # by when each became leasable
+    store.close()
+
+
+def test_a_store_from_before_re_lease_delays_opens_and_keeps_its_queue(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.executescript(SCHEMA.replace(",\n    not_before REAL)", ")").split("CREATE INDEX IF NOT EXISTS rollouts_by_queue")[0])
+    old.execute("INSERT INTO rollouts(rollout_id, task_id, task, status, attempt, max_attempts, created) "
+                "VALUES ('ro-old', 't', '{}', 'queued', 1, 3, 1.0)")
+    old.commit()
+    old.close()
+    store = SQLiteStore(path)
+    assert store.dequeue("w", 10.0).rollout_id == "ro-old"
+    store.close()

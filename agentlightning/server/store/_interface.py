@@ -21,6 +21,10 @@ class Conflict(StoreError):
     """A request that contradicts the stored state (e.g. a result for a rollout finished by another attempt)."""
 
 
+class StoreUnavailable(StoreError):
+    """The store cannot take writes now (file deleted, read-only or full disk): retryable, answered with a 503."""
+
+
 class Store(Protocol):
     """What the server needs from a store. Implementations must be safe to call from several threads."""
 
@@ -45,13 +49,15 @@ class Store(Protocol):
         """Queue ``group_size`` rollouts per task; returns their ids (grouped per task, in task order)."""
 
     def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
-        """Lease the oldest queued rollout to ``worker_id`` on the current model version (None if none is queued)."""
+        """Lease the oldest queued rollout to ``worker_id`` on the current model version (None if none is queued). A
+        rollout queued again after a failed attempt joins the back of the queue once its re-lease delay passed."""
 
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float) -> str:
-        """Extend a lease. Returns 'ok', or the reason the worker should abandon the attempt."""
+        """Extend ``worker_id``'s lease. Returns 'ok', or the reason the worker should abandon the attempt."""
 
     def complete(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout) -> ResultOutcome:
-        """Store a worker's result (idempotent per rollout and attempt); joins the proxy's calls."""
+        """Store the result of ``worker_id``'s attempt (idempotent; :class:`Conflict` for another worker's); joins the
+        proxy's calls."""
 
     def complete_and_dequeue(
         self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
@@ -69,13 +75,17 @@ class Store(Protocol):
 
     def record_proxy_call(self, call: dict[str, Any], attempt: int) -> None:
         """Remember a call the proxy forwarded for ``attempt`` of a rollout (JSON-ready :class:`Call` fields, validated
-        when read back). One landing after its attempt finished the rollout joins its calls, ``metadata["late"]``."""
+        when read back), committed before returning (kept for the next commit if that fails). One landing after its
+        attempt finished the rollout joins its calls, ``metadata["late"]``."""
 
     def proxy_calls(self, rollout_id: str, attempt: int | None = None) -> list[Call]:
         """Calls the proxy recorded for a rollout (one attempt, or all), by start time."""
 
     def flush(self) -> None:
-        """Write buffered records."""
+        """Write records whose earlier write failed (kept in memory meanwhile)."""
+
+    def health(self) -> str | None:
+        """None while the store can take writes, else why it cannot (cheap: no lock, no query)."""
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         """The rollout with its calls and rewards, or None."""

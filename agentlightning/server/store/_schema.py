@@ -1,7 +1,11 @@
-"""The store's SQLite file: its tables, and how it is opened (WAL, one connection shared under a lock)."""
+"""The store's SQLite file: its tables, how it is opened (WAL, one connection shared under a lock), whether it can
+still be written."""
 
+import os
 import sqlite3
 from pathlib import Path
+
+from agentlightning.server.store._interface import StoreUnavailable
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS datasets(
@@ -13,8 +17,10 @@ CREATE TABLE IF NOT EXISTS rollouts(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, rollout_id TEXT UNIQUE NOT NULL, task_id TEXT, dataset_id TEXT,
     group_id TEXT, task TEXT, status TEXT NOT NULL, attempt INTEGER NOT NULL, max_attempts INTEGER NOT NULL,
     timeout REAL, worker_id TEXT, lease_expires REAL, created REAL NOT NULL, started REAL, ended REAL,
-    final_reward REAL, model_version TEXT, n_calls INTEGER, record TEXT);
+    final_reward REAL, model_version TEXT, n_calls INTEGER, record TEXT,
+    not_before REAL);  -- when it may be leased: queued rollouts are leased in this order
 CREATE INDEX IF NOT EXISTS rollouts_by_status ON rollouts(status, seq);
+CREATE INDEX IF NOT EXISTS rollouts_by_queue ON rollouts(status, not_before, seq);
 CREATE INDEX IF NOT EXISTS rollouts_by_lease ON rollouts(status, lease_expires);
 CREATE INDEX IF NOT EXISTS rollouts_by_group ON rollouts(group_id);
 CREATE INDEX IF NOT EXISTS rollouts_by_task ON rollouts(task_id);
@@ -52,5 +58,29 @@ def open_database(path: str) -> sqlite3.Connection:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     db.execute("PRAGMA busy_timeout=10000")
+    columns = {row[1] for row in db.execute("PRAGMA table_info(rollouts)")}
+    if columns and "not_before" not in columns:  # a store from before re-lease delays
+        db.execute("ALTER TABLE rollouts ADD COLUMN not_before REAL")
+        db.execute("UPDATE rollouts SET not_before=created")
     db.executescript(SCHEMA)
     return db
+
+
+def file_identity(path: str) -> tuple[int, int] | None:
+    """(device, inode) of the store file, None for ``":memory:"``."""
+    if path == ":memory:":
+        return None
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino
+
+
+def check_writable(path: str, identity: tuple[int, int] | None) -> None:
+    """Raise :class:`StoreUnavailable` if the file opened as ``identity`` was deleted or replaced (writes would go into
+    a file nobody reads again), or it or its directory became read-only."""
+    if identity is None:
+        return
+    if not os.path.exists(path) or file_identity(path) != identity:
+        raise StoreUnavailable(f"the store file {path} was deleted or replaced while the server had it open; refusing "
+                               "work that would be lost (restore the file, or restart the server)")
+    if not os.access(path, os.W_OK) or not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+        raise StoreUnavailable(f"the store file {path} (or its directory) is not writable")

@@ -1,10 +1,14 @@
-"""The embedded store: one SQLite file in WAL mode, one connection serialised by a lock. Proxy calls, the hot write
-path, are buffered and written with the next commit (a result, a lease, the flush timer)."""
+"""The embedded store: one SQLite file in WAL mode, one connection serialised by a lock. Every write is committed
+before it is acknowledged; a write that fails raises :class:`StoreUnavailable` (proxy call records are kept for the
+next commit)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import re
+import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -12,23 +16,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
+from agentlightning._wire.read import json_text
 from agentlightning.protocol import (
     AttemptInfo, DatasetInfo, Lease, ModelVersion, ResultOutcome, RolloutSummary, Task, dataset_id_for, task_id_for,
 )
-from agentlightning._wire.read import json_text
 from agentlightning.server._join import join_calls, join_late_call
 from agentlightning.server._states import Decision, decide, event_for_status
-from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError
-from agentlightning.server.store._schema import open_database
+from agentlightning.server.store._codec import calls_from_json, check_task_ids, json_text_of
+from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError, StoreUnavailable
+from agentlightning.server.store._schema import check_writable, file_identity, open_database
 from agentlightning.types import FINISHED_STATUSES, Call, ErrorInfo, Reward, Rollout, new_id
 
 logger = logging.getLogger(__name__)
 
-# Proxy calls are written once this many are buffered, or with the next commit.
-PROXY_BATCH = 256
+_DATASET_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _INSERT_PROXY_CALL = "INSERT INTO proxy_calls(rollout_id, attempt, start_time, body) VALUES (?, ?, ?, ?)"
+_LEASABLE = "status='queued' AND not_before <= ?"
 _DATASETS = "SELECT dataset_id, name, size, created FROM datasets"
 _SUMMARIES = ("SELECT rollout_id, task_id, dataset_id, group_id, status, attempt, max_attempts, final_reward, "
               "model_version, worker_id, n_calls, created, started, ended FROM rollouts")
@@ -37,11 +40,14 @@ _SUMMARIES = ("SELECT rollout_id, task_id, dataset_id, group_id, status, attempt
 class SQLiteStore(Store):
     """The embedded store: one SQLite file in WAL mode (``":memory:"`` works for throwaway use)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, requeue_delay: float = 2.0, requeue_delay_max: float = 60.0) -> None:
         self.path = str(path)
+        self.requeue_delay, self.requeue_delay_max = requeue_delay, requeue_delay_max
         self._db = open_database(self.path)
+        self._identity = file_identity(self.path)
+        self._problem: str | None = None  # why the last write failed, until one succeeds
         self._lock = threading.RLock()
-        self._proxy_buffer: list[tuple[str, int, float, str]] = []
+        self._proxy_buffer: list[tuple[str, int, float, str]] = []  # records whose write failed
         self._running = dict(self._all("SELECT rollout_id, attempt FROM rollouts WHERE status='running'"))
 
     def add_dataset(
@@ -50,9 +56,15 @@ class SQLiteStore(Store):
         records = list(records)
         if not records:
             raise StoreError("dataset is empty: upload at least one task")
-        payloads = [_json_text(record, f"dataset record {index}") for index, record in enumerate(records)]
+        if dataset_id is not None and not (isinstance(dataset_id, str) and _DATASET_ID.fullmatch(dataset_id)):
+            raise StoreError(f"dataset_id must be 1-128 letters, digits and ._:- starting with a letter or digit, got "
+                             f"{dataset_id!r}")
+        if name is not None and not isinstance(name, str):
+            raise StoreError(f"dataset name must be a string, got {type(name).__name__}")
+        payloads = [json_text_of(record, f"dataset record {index}") for index, record in enumerate(records)]
         digest = dataset_id_for(records)
         dataset_id = dataset_id or digest
+        check_task_ids([(task_id_for(r, dataset_id, i), payloads[i]) for i, r in enumerate(records)])
         with self._lock:
             existing = self.get_dataset(dataset_id)
             if existing is not None:
@@ -96,22 +108,23 @@ class SQLiteStore(Store):
             raise StoreError(f"timeout must be > 0 seconds, got {timeout}")
         prefix = group_id or new_id("g")
         now = time.time()
-        payloads = [_json_text(task.payload, f"task {index}") for index, task in enumerate(tasks)]
+        payloads = [json_text_of(task.payload, f"task {index}") for index, task in enumerate(tasks)]
+        check_task_ids([(task.task_id, payload) for task, payload in zip(tasks, payloads)])
         rows = [
-            (new_id("ro"), task.task_id, dataset_id, f"{prefix}:{task.task_id}", payload, max_attempts, timeout, now)
+            (new_id("ro"), task.task_id, dataset_id, f"{prefix}:{task.task_id}", payload, max_attempts, timeout, now, now)
             for task, payload in zip(tasks, payloads) for _ in range(group_size)
         ]
         with self._lock, self._transaction():
             self._db.executemany(
                 "INSERT INTO rollouts(rollout_id, task_id, dataset_id, group_id, task, status, attempt, max_attempts,"
-                " timeout, created) VALUES (?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?)",
+                " timeout, created, not_before) VALUES (?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?, ?)",
                 rows,
             )
         return [row[0] for row in rows]
 
     def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
         with self._lock:
-            if self._one("SELECT 1 FROM rollouts WHERE status='queued' LIMIT 1") is None:
+            if self._one(f"SELECT 1 FROM rollouts WHERE {_LEASABLE} LIMIT 1", time.time()) is None:
                 return None  # an empty queue costs no write transaction
             with self._transaction():
                 lease = self._lease_oldest(worker_id, lease_seconds, time.time())
@@ -122,8 +135,8 @@ class SQLiteStore(Store):
     def _lease_oldest(self, worker_id: str, lease_seconds: float, now: float) -> Lease | None:
         """Lease the oldest queued rollout in the caller's transaction (the caller marks it running once committed)."""
         row = self._one(
-            "SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts "
-            "WHERE status='queued' ORDER BY seq LIMIT 1"
+            f"SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts WHERE {_LEASABLE} "
+            "ORDER BY not_before, seq LIMIT 1", now,
         )
         if row is None:
             return None
@@ -148,10 +161,12 @@ class SQLiteStore(Store):
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float) -> str:
         now = time.time()
         with self._lock:
-            status, current = self._rollout(rollout_id, "status, attempt")
+            status, current, holder = self._rollout(rollout_id, "status, attempt, worker_id")
             if status != "running" or current != attempt:
                 return (f"attempt {attempt} of rollout {rollout_id} is no longer running "
                         f"(rollout is {status}, attempt {current})")
+            if holder != worker_id:
+                return f"attempt {attempt} of rollout {rollout_id} is leased to worker {holder}, not {worker_id}"
             with self._transaction():
                 expires = now + lease_seconds
                 self._db.execute("UPDATE rollouts SET lease_expires=? WHERE rollout_id=?", (expires, rollout_id))
@@ -184,12 +199,9 @@ class SQLiteStore(Store):
     ) -> ResultOutcome:
         """Apply one result inside the caller's transaction."""
         state, current, max_attempts = self._rollout(rollout_id, "status, attempt, max_attempts")
-        ended = self._one(
-            "SELECT status FROM attempts WHERE rollout_id=? AND attempt=? AND ended IS NOT NULL "
-            "AND status != 'lease_expired'",
-            rollout_id, attempt,
-        )
-        if ended is not None or (state in FINISHED_STATUSES and current == attempt):
+        ended = self._one("SELECT status, ended IS NOT NULL AND status != 'lease_expired', worker_id FROM attempts "
+                          "WHERE rollout_id=? AND attempt=?", rollout_id, attempt)
+        if (ended is not None and ended[1]) or (state in FINISHED_STATUSES and current == attempt):
             reported = ended[0] if ended else state
             return ResultOutcome(
                 rollout_id=rollout_id, accepted=False, duplicate=True, status=state, attempt=current,
@@ -200,8 +212,11 @@ class SQLiteStore(Store):
                 f"rollout {rollout_id} already finished as {state} by attempt {current}; result of attempt "
                 f"{attempt} not stored"
             )
-        if attempt > current or attempt < 1:
+        if attempt > current or attempt < 1 or ended is None:
             raise Conflict(f"rollout {rollout_id} has no attempt {attempt} (current attempt is {current})")
+        if ended[2] != worker_id:
+            raise Conflict(f"attempt {attempt} of rollout {rollout_id} was leased to worker {ended[2]}, not "
+                           f"{worker_id}; result not stored")
         now = time.time()
         self._end_attempt(rollout_id, attempt, worker_id, result.status, result.error, result.logs, now)
         if attempt < current and event != "succeed":
@@ -221,9 +236,10 @@ class SQLiteStore(Store):
     def _finish(self, rollout_id: str, attempt: int, decision: Decision, result: Rollout, now: float) -> None:
         """End ``attempt`` as decided: queue the rollout for its next attempt, or store it as final ``result``."""
         if decision.retried:
+            delay = min(self.requeue_delay * 2 ** (decision.attempt - 2), self.requeue_delay_max)
             self._db.execute(
-                "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL WHERE rollout_id=?",
-                (decision.attempt, rollout_id),
+                "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL, not_before=? "
+                "WHERE rollout_id=?", (decision.attempt, time.time() + delay, rollout_id),
             )
         else:
             self._write_final(rollout_id, attempt, decision.state, result, now)
@@ -231,7 +247,7 @@ class SQLiteStore(Store):
     def _write_final(self, rollout_id: str, attempt: int, state: str, result: Rollout, now: float) -> None:
         """Store a finished rollout, its calls joined with the attempt's proxy calls. Its task, group and model
         version are the stored ones (the version was recorded when the attempt was leased)."""
-        calls = join_calls(rollout_id, list(result.calls), self._proxy_calls(rollout_id, attempt))
+        calls = join_calls(rollout_id, list(result.calls), self.proxy_calls(rollout_id, attempt))
         row = self._rollout(rollout_id, "task_id, group_id, task, model_version")
         record = result.model_copy(update={
             "calls": [], "rewards": [], "status": state, "attempt": attempt, "rollout_id": rollout_id, **row,
@@ -319,14 +335,9 @@ class SQLiteStore(Store):
         rollout_id = call["rollout_id"]
         entry = (rollout_id, attempt, call["start_time"], json_text(call))
         with self._lock:
-            if self._running.get(rollout_id) == attempt:
-                self._proxy_buffer.append(entry)
-                if len(self._proxy_buffer) >= PROXY_BATCH:
-                    self.flush()
-                return
-            with self._transaction():  # its attempt is over: store it now, joined if that attempt finished the rollout
-                self._db.execute(_INSERT_PROXY_CALL, entry)
-                joined = self._join_late(rollout_id, attempt, entry[3])
+            self._proxy_buffer.append(entry)  # written by the transaction, kept for the next one if it fails
+            with self._transaction():  # joined now if its attempt is over and finished the rollout
+                joined = self._running.get(rollout_id) != attempt and self._join_late(rollout_id, attempt, entry[3])
         if joined:
             logger.info("rollout %s: a proxy call of attempt %d landed after its result; joined as late",
                         rollout_id, attempt)
@@ -335,25 +346,20 @@ class SQLiteStore(Store):
         """Join a proxy call into its stored rollout if ``attempt`` finished it (inside a transaction)."""
         row = self._one("SELECT status, attempt, record IS NOT NULL FROM rollouts WHERE rollout_id=?", rollout_id)
         finished_by_it = row is not None and row[0] in FINISHED_STATUSES and row[1] == attempt and row[2]
-        late = _calls_from_json([body], rollout_id) if finished_by_it else []
+        late = calls_from_json([body], rollout_id) if finished_by_it else []
         if late:
             self._replace_calls(rollout_id, join_late_call(rollout_id, self._stored_calls(rollout_id), late[0]))
         return bool(late)
 
     def flush(self) -> None:
-        with self._lock:
+        with self._lock, contextlib.suppress(StoreUnavailable):  # logged by the failed transaction; kept for later
             if self._proxy_buffer:
                 with self._transaction():  # writes the buffer
                     pass
 
     def proxy_calls(self, rollout_id: str, attempt: int | None = None) -> list[Call]:
-        self.flush()
-        return self._proxy_calls(rollout_id, attempt)
-
-    def _proxy_calls(self, rollout_id: str, attempt: int | None) -> list[Call]:
-        """The written proxy calls of a rollout (one attempt, or all), by start time."""
         rows = self._all("SELECT attempt, body FROM proxy_calls WHERE rollout_id=? ORDER BY start_time, id", rollout_id)
-        return _calls_from_json([body for n, body in rows if attempt is None or n == attempt], rollout_id)
+        return calls_from_json([body for n, body in rows if attempt is None or n == attempt], rollout_id)
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         with self._lock:
@@ -427,9 +433,19 @@ class SQLiteStore(Store):
         rows = self._all("SELECT worker_id, first_seen, last_seen, leased FROM workers ORDER BY first_seen")
         return [dict(row) for row in rows]
 
+    def health(self) -> str | None:
+        try:
+            check_writable(self.path, self._identity)
+        except StoreUnavailable as exc:
+            return str(exc)
+        return self._problem
+
     def close(self) -> None:
         with self._lock:
             self.flush()
+            if self._proxy_buffer:
+                logger.error("closing the store with %d proxy call records unwritten: %s", len(self._proxy_buffer),
+                             self._problem)
             self._db.close()
 
     def _rollout(self, rollout_id: str, columns: str) -> Any:
@@ -450,29 +466,17 @@ class SQLiteStore(Store):
     @contextmanager
     def _transaction(self) -> Iterator[None]:
         """BEGIN IMMEDIATE ... COMMIT, rolled back on error, with the buffered proxy calls written first (they stay
-        buffered if the commit fails). The caller holds the lock."""
-        self._db.execute("BEGIN IMMEDIATE")
-        with self._db:  # commits, or rolls back and re-raises
-            self._db.executemany(_INSERT_PROXY_CALL, self._proxy_buffer)
-            yield
-        self._proxy_buffer = []
-
-
-def _json_text(value: Any, what: str) -> str:
-    """``value`` as JSON text, or a :class:`StoreError` naming ``what``."""
-    try:
-        return json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"{what} is not JSON-serialisable: {exc}") from None
-
-
-def _calls_from_json(bodies: Iterable[str], rollout_id: str) -> list[Call]:
-    """Stored proxy records as calls; a record that is not a valid call is skipped with a warning (one bad upstream
-    answer must not make its rollout's result unstorable)."""
-    calls: list[Call] = []
-    for body in bodies:
+        buffered if the commit fails). A store that cannot be written raises :class:`StoreUnavailable`. The caller
+        holds the lock."""
         try:
-            calls.append(Call.model_validate_json(body))
-        except ValidationError as exc:
-            logger.warning("rollout %s: skipping an invalid proxy call record: %s", rollout_id, exc)
-    return calls
+            check_writable(self.path, self._identity)
+            self._db.execute("BEGIN IMMEDIATE")
+            with self._db:  # commits, or rolls back and re-raises
+                self._db.executemany(_INSERT_PROXY_CALL, self._proxy_buffer)
+                yield
+        except (StoreUnavailable, sqlite3.OperationalError) as exc:  # disk I/O error, read-only, full, locked
+            if self._problem is None:
+                logger.error("the store cannot be written, refusing work until it can: %s", exc)
+            self._problem = str(exc) if isinstance(exc, StoreUnavailable) else f"{self.path} cannot be written ({exc})"
+            raise StoreUnavailable(self._problem) from None
+        self._proxy_buffer, self._problem = [], None

@@ -1,0 +1,82 @@
+"""Agents that kill their worker process (os._exit, a segfault) or wedge it (a hang holding the GIL), run by a real
+``agl client --nworkers 2`` process. Issue 21, defects 1, 11 and 12."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from _harness import agl, wait_for
+
+import fault_agents
+from agentlightning.client import start_workers
+from agentlightning.server import LightningServer, Settings
+from agentlightning.testing import MockLLMServer
+
+
+def test_crashing_tasks_at_the_head_of_the_queue_do_not_stop_the_client(tmp_path: Path) -> None:
+    """Crashes are crashed rollouts, retried after a delay while the healthy tasks run; the client keeps serving."""
+    crashing = [{"id": "exit-1", "mode": "exit"}, {"id": "segv", "mode": "segfault"}, {"id": "exit-2", "mode": "exit"}]
+    healthy = [{"id": f"ok-{i}", "calls": 2} for i in range(12)]
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in crashing + healthy))
+    settings = Settings(lease_seconds=10.0, max_attempts=2, requeue_delay=1.5)
+    with MockLLMServer() as mock, LightningServer(tmp_path / "s.db", upstream_url=mock.base_url,
+                                                  model_name="mock-model", settings=settings) as server:
+        client = agl("client", "--agent", "fault_agents:fault_agent", "--dataset", str(dataset), "--nworkers", "2",
+                     "--server-url", server.url, "--log-level", "WARNING")
+        try:
+            dataset_id = wait_for(lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None, 60,
+                                  "the client to attach its dataset")
+            assert client.poll() is None, client.stdout.read().decode()
+            ids = server.enqueue(dataset_id)
+            rollouts = server.wait(ids, timeout=120)
+            assert client.poll() is None, "the client stopped: " + client.stdout.read().decode()[-3000:]
+            server.request_stop()
+            assert client.wait(30) == 0
+        finally:
+            if client.poll() is None:
+                os.killpg(client.pid, signal.SIGKILL)
+        by_task = {r.task_id: r for r in rollouts}
+        assert all(by_task[t["id"]].status == "succeeded" and by_task[t["id"]].attempt == 1 for t in healthy)
+        for task in crashing:
+            rollout = by_task[task["id"]]
+            assert rollout.status == "failed" and rollout.attempt == 2 and rollout.error.type == "WorkerDied"
+            first, second = server.store.attempts(rollout.rollout_id)
+            logs = "\n".join(first.logs)  # the agent's own lines, kept with the attempt that died
+            assert f"agent line before {task['mode']} on {task['id']}" in logs
+            if task["mode"] == "exit":
+                assert "exited with code 1" in first.error.message and "printed before exit" in logs
+            else:
+                assert "signal 11" in first.error.message and "Segmentation fault" in logs
+            assert second.started >= first.ended + 1.0  # re-leased after the delay, not straight away
+        first_retry = min(server.store.attempts(by_task[t["id"]].rollout_id)[1].started for t in crashing)
+        healthy_starts = [r.timings["start"] for r in rollouts if r.task_id.startswith("ok-")]
+        assert sum(start < first_retry for start in healthy_starts) >= 2  # healthy tasks ran while crashes waited
+
+
+def test_a_hang_holding_the_gil_ends_as_timeout_with_its_logs_and_frees_the_slot(tmp_path: Path) -> None:
+    settings = Settings(lease_seconds=8.0, max_attempts=1, rollout_timeout=600.0)
+    with MockLLMServer() as mock, LightningServer(tmp_path / "s.db", upstream_url=mock.base_url,
+                                                  model_name="mock-model", settings=settings) as server:
+        pool = start_workers(fault_agents.fault_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"))
+        try:
+            [stuck] = server.enqueue([{"id": "gil", "mode": "gil", "question": "gil"}])
+            after = server.enqueue([{"id": "next", "question": "next"}])
+            started = time.monotonic()
+            [rollout] = server.wait([stuck], timeout=60)
+            took = time.monotonic() - started
+            [following] = server.wait(after, timeout=60)
+            [attempt] = server.store.attempts(stuck)
+        finally:
+            server.request_stop()
+            pool.wait(20)
+            pool.stop()
+    assert rollout.status == "timeout" and rollout.error.type == "Timeout", rollout.error
+    assert "was silent for" in rollout.error.message and "GIL" in rollout.error.message
+    assert took < settings.lease_seconds  # killed before its lease expired: not failed/LeaseExpired
+    assert any("agent line before gil on gil" in line for line in attempt.logs)
+    assert following.status == "succeeded"
