@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -20,9 +19,8 @@ import pydantic
 import wrapt
 
 from agentlightning._wire.messages import as_plain
-from agentlightning._wire.read import StreamFold, build_call, fill_answer, read_response, request_fields
-from agentlightning.capture import RolloutRecorder, current_recorder, current_role, emit_call_span, note_stray_call
-from agentlightning.types import new_id
+from agentlightning._wire.read import StreamFold, read_response
+from agentlightning.capture import LLMCall, RolloutRecorder, current_recorder, note_stray_call
 
 logger = logging.getLogger(__name__)
 
@@ -158,20 +156,11 @@ def _as_sent(kwargs: dict[str, Any]) -> dict[str, Any]:
     return as_plain(body)
 
 
-class _Call:
-    """One call: its position in the rollout is taken when it starts; its record is added when it ends."""
+class _Call(LLMCall):
+    """An openai client call: its result may be a stream or a raw response, recorded when consumed or read."""
 
     def __init__(self, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]) -> None:
-        self.api = api
-        self.recorder = recorder
-        self.fields = request_fields(api, _as_sent(kwargs))
-        self.fields.update(call_id=new_id("call"), rollout_id=recorder.rollout_id, role=current_role(),
-                           start_time=time.time())
-        self.fields["metadata"].update(endpoint=_endpoint(resource), api=api)
-        if recorder.model_version is not None:
-            self.fields["metadata"]["model_version"] = recorder.model_version
-        self.fields["sequence"] = recorder.start_call(self.fields["metadata"]["endpoint"])
-        self.finished = False
+        super().__init__(api, recorder, _endpoint(resource), _as_sent(kwargs))
 
     def handle(self, result: Any) -> Any:
         """Record ``result``, or return the proxy that records it when it is consumed (a stream) or read (a raw
@@ -193,29 +182,6 @@ class _Call:
         except Exception:  # noqa: BLE001
             logger.warning("openai capture failed to record a %s call; the agent continues", self.api, exc_info=True)
         return result
-
-    def finish(self, answer: dict[str, Any] | None, error: BaseException | None = None) -> None:
-        """Add the call's record to the rollout (once): what the response answered, and ``error`` if it failed (the
-        caller re-raises it)."""
-        if self.finished:
-            return
-        self.finished = True
-        try:
-            fields = self.fields
-            fields["end_time"] = time.time()
-            if answer is not None:
-                fill_answer(fields, answer, "response")
-            if error is not None:
-                fields.update(status="error", error=f"{type(error).__name__}: {error}")
-                fields["metadata"]["error_type"] = type(error).__name__
-                if getattr(error, "status_code", None):
-                    fields["metadata"]["http_status"] = error.status_code  # type: ignore[attr-defined]
-            call = build_call(fields)
-            self.recorder.add_call(call)
-            if self.recorder.traced:  # the span goes out now, under the agent's current trace context
-                emit_call_span(call)
-        except Exception:  # noqa: BLE001
-            logger.warning("openai capture failed on a %s call; the agent continues", self.api, exc_info=True)
 
 
 class _StreamEnd:
