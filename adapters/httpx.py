@@ -1,8 +1,9 @@
 """Capture of OpenAI-compatible requests an agent sends itself with ``httpx`` (``httpx.post(llm.base_url +
 "/chat/completions", json=...)``, ``httpx.Client`` / ``AsyncClient``, streamed or not): inside a rollout, each POST
 to a path ending in ``/chat/completions``, ``/completions`` or ``/responses`` becomes a ``Call``, read from the JSON
-body sent and the answer (a streamed body when it is read through or closed). The openai client's requests, marked
-with ``X-Stainless-*`` headers, are left to its adapter. Other HTTP clients are captured by the server's proxy.
+body sent and the answer (a streamed body when it is read through or closed). Requests of the openai and anthropic
+clients (marked with ``X-Stainless-*`` headers) are left to their adapters. Other HTTP clients are captured by the
+server's proxy.
 """
 
 from __future__ import annotations
