@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
-import wrapt
+from agentlightning.adapters._stainless import Patch
 
 from agentlightning._wire.read import ENDPOINTS, StreamFold, read_response
 from agentlightning.capture import LLMCall, current_recorder
@@ -131,26 +130,5 @@ async def _asend(call: LLMCall, pending: Any, streamed: bool) -> httpx.Response:
     return _observe(call, response, streamed)
 
 
-_lock = threading.Lock()
-_originals: list[tuple[type, Any]] = []
-
-
-def install() -> None:
-    """Wrap ``httpx.Client.send`` and ``httpx.AsyncClient.send`` (idempotent)."""
-    with _lock:
-        for cls in () if _originals else (httpx.Client, httpx.AsyncClient):
-            _originals.append((cls, cls.__dict__["send"]))
-            wrapt.wrap_function_wrapper(cls, "send", _send)
-
-
-def uninstall() -> None:
-    """Restore httpx's ``send`` methods (idempotent)."""
-    with _lock:
-        while _originals:
-            cls, original = _originals.pop()
-            cls.send = original
-
-
-def is_installed() -> bool:
-    """Whether httpx is wrapped now."""
-    return bool(_originals)
+_PATCH = Patch(extra=(("httpx", "Client", "send", _send), ("httpx", "AsyncClient", "send", _send)))
+install, uninstall, is_installed = _PATCH.install, _PATCH.uninstall, _PATCH.is_installed
