@@ -53,5 +53,3 @@ class LLMCall:
                 emit_call_span(call)
         except Exception:  # noqa: BLE001
             logger.warning("capture failed on a %s call; the agent continues", self.api, exc_info=True)
-
-
