@@ -290,12 +290,13 @@ def test_outside_rollout_nothing_recorded_but_remembered_while_one_runs(server: 
 
 def test_capture_bug_never_breaks_the_agent(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch,
                                             caplog: pytest.LogCaptureFixture) -> None:
+    from agentlightning.adapters import _stainless
     from agentlightning.adapters import openai as adapter
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("capture bug")
 
-    monkeypatch.setattr(adapter, "read_response", broken)
+    monkeypatch.setattr(_stainless, "read_response", broken)
     recorder = RolloutRecorder("ro")
     with recording(recorder):
         reply = sync_client(server).chat.completions.create(model="m", messages=MESSAGES)

@@ -1,7 +1,9 @@
-"""Chat messages: the text of a message, Responses API input as chat messages, objects as plain data."""
+"""Chat messages: the text of a message, Responses API input and Anthropic messages as chat messages, objects as plain
+data."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pydantic_core
@@ -54,3 +56,28 @@ def responses_input_to_messages(input_: Any, instructions: Any = None) -> list[d
         elif kind == "message" or "role" in item:
             messages.append({"role": item.get("role", "user"), "content": message_text(item.get("content"))})
     return messages
+
+
+def anthropic_to_messages(messages: Any, system: Any = None) -> list[dict[str, Any]]:
+    """Anthropic Messages API ``messages`` and ``system`` as chat messages: ``tool_use`` blocks become assistant
+    ``tool_calls``, ``tool_result`` blocks ``tool`` messages; other blocks (images, thinking, ...) are skipped."""
+    chat: list[dict[str, Any]] = [{"role": "system", "content": message_text(as_plain(system))}] if system else []
+    for message in as_plain(messages) or []:
+        if not isinstance(message, dict):
+            continue
+        role, content = message.get("role", "user"), message.get("content")
+        blocks = [block for block in content if isinstance(block, dict)] if isinstance(content, list) else []
+        if not blocks:
+            chat.append({"role": role, "content": message_text(content)})
+            continue
+        chat.extend({"role": "tool", "tool_call_id": block.get("tool_use_id"),
+                     "content": message_text(block.get("content"))} for block in blocks if block.get("type") == "tool_result")
+        texts = [block.get("text") or "" for block in blocks if block.get("type") == "text"]
+        calls = [{"id": block.get("id"), "type": "function",
+                  "function": {"name": block.get("name"), "arguments": json.dumps(block.get("input") or {})}}
+                 for block in blocks if block.get("type") == "tool_use"]
+        if texts or calls:
+            chat.append({"role": role, "content": "".join(texts) if texts else None})
+            if calls:
+                chat[-1]["tool_calls"] = calls
+    return chat

@@ -1,5 +1,5 @@
-"""Payloads to send: chat / completion / Responses bodies and their stream chunks and events, with vLLM-style token
-ids; built from a :class:`Reply` by the mock server and the Hugging Face backend."""
+"""Payloads to send: chat / completion / Responses / Anthropic Messages bodies and their stream chunks and events, with
+vLLM-style token ids; built from a :class:`Reply` by the mock server and the Hugging Face backend."""
 
 from __future__ import annotations
 
@@ -208,6 +208,56 @@ def response_events(reply: Reply) -> Iterator[dict[str, Any]]:
     events.append(("response.completed", {"response": final}))
     for sequence, (kind, fields) in enumerate(events):
         yield {"type": kind, "sequence_number": sequence, **fields}
+
+
+# Chat finish reasons as Anthropic stop reasons.
+_STOP_REASONS = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}
+
+
+def message_object(reply: Reply) -> dict[str, Any]:
+    """An Anthropic Messages API ``message`` (first choice). The API has no field for token ids or logprobs: with
+    ``token_ids``, they go at the top level as ``prompt_token_ids`` and ``token_ids`` (no logprobs)."""
+    choice = reply.choices[0]
+    content: list[dict[str, Any]] = [{"type": "text", "text": choice.content}] if choice.content else []
+    content += [{"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                 "input": json.loads(call["function"]["arguments"] or "{}")} for call in choice.tool_calls]
+    usage = reply.usage()
+    body: dict[str, Any] = {
+        "id": f"msg_{reply.response_id}", "type": "message", "role": "assistant", "model": reply.model,
+        "content": content, "stop_reason": _STOP_REASONS.get(choice.finish_reason, choice.finish_reason),
+        "stop_sequence": None,
+        "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},
+    }
+    if reply.token_ids:
+        body.update(prompt_token_ids=reply.prompt_token_ids, token_ids=choice.token_ids)
+    return body
+
+
+def message_events(reply: Reply) -> Iterator[dict[str, Any]]:
+    """The events of a streamed Anthropic message; with ``token_ids``, the prompt's ids on ``message_start``, the
+    completion's on each text delta and the rest on ``message_delta``."""
+    final, choice = message_object(reply), reply.choices[0]
+    start = {**final, "content": [], "stop_reason": None, "usage": {**final["usage"], "output_tokens": 0}}
+    start.pop("token_ids", None)
+    yield {"type": "message_start", "message": start}
+    *pieces, (_, rest) = _spans(choice, [(choice.content or "", len(choice.token_ids))])
+    if not choice.content:
+        pieces, rest = [], slice(0, None)
+    for index, block in enumerate(final["content"]):
+        if block["type"] == "text":
+            yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+            for text, ids in pieces:
+                delta = {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}
+                yield {**delta, "token_ids": choice.token_ids[ids]} if reply.token_ids else delta
+        else:
+            yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
+            yield {"type": "content_block_delta", "index": index,
+                   "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}}
+        yield {"type": "content_block_stop", "index": index}
+    end = {"type": "message_delta", "delta": {"stop_reason": final["stop_reason"], "stop_sequence": None},
+           "usage": {"output_tokens": final["usage"]["output_tokens"]}}
+    yield {**end, "token_ids": choice.token_ids[rest]} if reply.token_ids else end
+    yield {"type": "message_stop"}
 
 
 async def sse(events: Iterable[dict[str, Any]], *, done: bool = True, named: bool = False) -> AsyncIterator[bytes]:

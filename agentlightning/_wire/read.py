@@ -1,6 +1,8 @@
 """Reading a call off the wire into ``Call`` fields: :func:`request_fields` from the request as sent,
 :func:`fill_answer` with what :func:`read_response` (parsed ``openai`` objects or JSON dicts) or a :class:`StreamFold`
-read, then :func:`build_call`. Token ids are read where vLLM puts them with ``return_token_ids``.
+read, then :func:`build_call`. Token ids are read where vLLM puts them with ``return_token_ids``; the Anthropic
+Messages API (``api="messages"``) has no field for them, nor for logprobs: they are read from top-level
+``prompt_token_ids`` / ``token_ids`` of the message (and of its stream events) where a server sends them so.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 import pydantic
 import pydantic_core
 
-from agentlightning._wire.messages import responses_input_to_messages
+from agentlightning._wire.messages import anthropic_to_messages, as_plain, responses_input_to_messages
 from agentlightning.types import Call, TokenSource
 
 logger = logging.getLogger(__name__)
@@ -21,7 +23,7 @@ logger = logging.getLogger(__name__)
 ENDPOINTS: dict[str, str] = {"chat/completions": "chat.completions", "completions": "completions",
                              "responses": "responses"}
 # Request fields that are not sampling parameters (all others are recorded in metadata["sampling"]).
-_NOT_SAMPLING = frozenset({"model", "messages", "prompt", "input", "instructions", "tools", "stream"})
+_NOT_SAMPLING = frozenset({"model", "messages", "prompt", "input", "instructions", "system", "tools", "stream"})
 _TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 _FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
@@ -43,6 +45,8 @@ def request_fields(api: str, request: dict[str, Any]) -> dict[str, Any]:
         input_ = request.get("messages")
     elif api.startswith("responses"):
         input_ = responses_input_to_messages(request.get("input"), request.get("instructions"))
+    elif api.startswith("messages"):
+        input_ = anthropic_to_messages(request.get("messages"), request.get("system"))
     else:
         input_ = request.get("prompt")
     return {
@@ -132,6 +136,8 @@ def read_response(api: str, response: Any) -> dict[str, Any]:
     body = _view(response)
     if api.startswith("responses"):
         return _read_responses(body)
+    if api.startswith("messages"):
+        return _read_message(body)
     choices = body.get("choices") or []
     choice = _view(choices[0]) if choices else {}
     if api == "completions":
@@ -173,6 +179,22 @@ def _read_responses(body: dict[str, Any]) -> dict[str, Any]:
             "completion_logprobs": logprobs or None}
 
 
+def _tool_use(block: dict[str, Any], arguments: str) -> dict[str, Any]:
+    return {"id": block.get("id"), "type": "function", "function": {"name": block.get("name"), "arguments": arguments}}
+
+
+def _read_message(body: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic ``message``: text blocks as content, ``tool_use`` blocks as tool calls, its ``stop_reason``."""
+    blocks = list(map(_view, body.get("content") or []))
+    texts = [block.get("text") or "" for block in blocks if block.get("type") == "text"]
+    return {"output": {"content": "".join(texts) if texts else None, "finish_reason": body.get("stop_reason"),
+                       "tool_calls": [_tool_use(block, json.dumps(as_plain(block.get("input") or {})))
+                                      for block in blocks if block.get("type") == "tool_use"]},
+            "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
+            "prompt_token_ids": body.get("prompt_token_ids"), "completion_token_ids": body.get("token_ids"),
+            "completion_logprobs": None}
+
+
 class StreamFold:
     """Folds the chunks (chat, completions) or events (Responses) of a stream, objects or dicts, into what
     :func:`read_response` gives for a finished response. Only the first choice is kept."""
@@ -207,6 +229,9 @@ class StreamFold:
     def add(self, chunk: Any) -> None:
         """Add one parsed chunk or event."""
         body = _view(chunk)
+        if self.api.startswith("messages"):
+            self._add_message_event(body)
+            return
         if self.api.startswith("responses"):
             if body.get("type") in _FINAL_EVENTS:
                 self.final_response = body.get("response")
@@ -240,6 +265,28 @@ class StreamFold:
             slot["id"] = tool_call.get("id") or slot["id"]
             slot["function"]["name"] = function.get("name") or slot["function"]["name"]
             slot["function"]["arguments"] += function.get("arguments") or ""
+
+    def _add_message_event(self, body: dict[str, Any]) -> None:
+        """One event of an Anthropic Messages stream."""
+        kind, index = body.get("type"), body.get("index") or 0
+        if body.get("token_ids") is not None:
+            self.completion_ids = (self.completion_ids or []) + list(body["token_ids"])
+        if kind == "message_start":
+            message = _view(body.get("message"))
+            self.response_id, self.model, self.usage = message.get("id"), message.get("model"), message.get("usage")
+            self.prompt_ids = message.get("prompt_token_ids")
+        elif kind == "content_block_start" and (block := _view(body.get("content_block"))).get("type") == "tool_use":
+            self.tool_calls[index] = _tool_use(block, "")
+        elif kind == "content_block_delta":
+            delta = _view(body.get("delta"))
+            if delta.get("type") == "text_delta":
+                self.texts.append(delta.get("text") or "")
+            elif delta.get("type") == "input_json_delta" and index in self.tool_calls:
+                self.tool_calls[index]["function"]["arguments"] += delta.get("partial_json") or ""
+        elif kind == "message_delta":
+            self.finish_reason = _view(body.get("delta")).get("stop_reason") or self.finish_reason
+            counts = {key: value for key, value in _view(body.get("usage")).items() if value is not None}
+            self.usage = {**_view(self.usage), **counts}
 
     def answer(self, complete: bool = True) -> dict[str, Any]:
         """What the stream answered, as :func:`read_response` gives it; ``complete=False`` for a stream left before

@@ -16,11 +16,13 @@ from agentlightning.capture._context import (
 )
 from agentlightning.capture._diagnostics import explain_rollout
 from agentlightning.capture._instrument import enable_auto_instrumentation, installed_adapters, instrument, uninstrument
+from agentlightning.capture._llm_call import LLMCall
 from agentlightning.capture._reward import emit_reward
 from agentlightning.capture._role import role, role_matches, unmatched_patterns
 from agentlightning.capture._telemetry import emit_call_span
 
 __all__ = [
+    "LLMCall",
     "RolloutRecorder",
     "current_recorder",
     "current_role",

@@ -44,8 +44,8 @@ def _no_llm_call(rollout: Rollout, recorder: RolloutRecorder, expected: str) -> 
     if "openai" in adapters:
         parts.append(f"The openai client is patched (installed capture adapters: {', '.join(adapters)}).")
     elif "openai" not in sys.modules:
-        parts.append("The openai client was never imported in this process, so it is not patched; an agent using "
-                     "another HTTP client is only captured through the server's proxy.")
+        parts.append("The openai client was never imported in this process, so it is not patched; requests sent with "
+                     "httpx are captured too, any other HTTP client only through the server's proxy.")
     else:
         parts.append("The openai client is NOT patched (agl.uninstrument('openai') was called, or patching failed: "
                      "see logs).")

@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 # adapter name (its module in agentlightning.adapters) -> the framework module that triggers it
 ADAPTERS: dict[str, str] = {
     "openai": "openai",
+    "httpx": "httpx",
+    "anthropic": "anthropic",
     "langchain": "langchain_core",
     "openai_agents": "agents",
     "autogen": "autogen_agentchat",
@@ -41,7 +43,7 @@ def _trigger(name: str) -> str:
 
 
 def instrument(name: str) -> None:
-    """Install the adapter ``name`` ('openai', 'langchain', 'openai_agents', 'autogen') now.
+    """Install the adapter ``name`` ('openai', 'httpx', 'anthropic', 'langchain', 'openai_agents', 'autogen') now.
 
     Raises ``ImportError`` with the extra to install when its framework is missing. Installing twice is harmless.
     """

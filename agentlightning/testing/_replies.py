@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentlightning._wire.messages import message_text, responses_input_to_messages
+from agentlightning._wire.messages import anthropic_to_messages, message_text, responses_input_to_messages
 from agentlightning.testing._tokenizer import render_tool_calls
 
 
@@ -92,10 +92,12 @@ class MockRequest:
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        """The input as chat messages: chat messages as sent, Responses ``input`` / ``instructions`` converted, or a
-        legacy completions ``prompt`` as one user message."""
+        """The input as chat messages: chat messages as sent, Responses ``input`` / ``instructions`` or Anthropic
+        ``messages`` / ``system`` converted, or a legacy completions ``prompt`` as one user message."""
         if self.path.endswith("/chat/completions"):
             return list(self.body.get("messages") or [])
+        if self.path.endswith("/messages"):
+            return anthropic_to_messages(self.body.get("messages"), self.body.get("system"))
         if self.path.endswith("/responses"):
             return responses_input_to_messages(self.body.get("input"), self.body.get("instructions"))
         prompt = self.body.get("prompt")

@@ -1,4 +1,5 @@
-"""``MockLLMServer``: a local OpenAI-compatible endpoint (chat, completions, Responses, models) with scripted or
+"""``MockLLMServer``: a local OpenAI-compatible endpoint (chat, completions, Responses, models; and Anthropic's Messages
+API at ``/v1/messages``, for ``anthropic.Anthropic(base_url=server.url)``) with scripted or
 rule-based replies, vLLM-style token ids and logprobs on request, and injected latency, HTTP errors and hangs::
 
     with MockLLMServer(replies=[MockReply(content="SELECT 1")]) as server:
@@ -143,6 +144,7 @@ class MockLLMServer:
             Route("/v1/chat/completions", self._serve, methods=["POST"]),
             Route("/v1/completions", self._serve, methods=["POST"]),
             Route("/v1/responses", self._serve, methods=["POST"]),
+            Route("/v1/messages", self._serve, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
         ])
 
@@ -190,7 +192,7 @@ class MockLLMServer:
         return self._script[self._script_position - 1]
 
     def _respond(self, request: MockRequest, reply: MockReply) -> Response:
-        body, chat = request.body, request.path.endswith(("/chat/completions", "/responses"))
+        body, chat = request.body, request.path.endswith(("/chat/completions", "/responses", "/messages"))
         tokenizer = self.tokenizer
         prompt = render_chat_prompt(request.messages, request.tools) if chat else request.messages[0]["content"]
         content = reply.content if chat else reply.completion_text()
@@ -215,6 +217,10 @@ class MockLLMServer:
             if stream:
                 return _sse(payloads.response_events(answer), done=False, named=True)
             return JSONResponse(payloads.response_object(answer))
+        if request.path.endswith("/messages"):
+            if stream:
+                return _sse(payloads.message_events(answer), done=False, named=True)
+            return JSONResponse(payloads.message_object(answer))
         if stream:
             return _sse(payloads.completion_chunks(answer))
         return JSONResponse(payloads.completion(answer))

@@ -1,8 +1,8 @@
 """A local MCP server over stdio, for the adapter tests: ``add`` works, ``divide`` by zero fails."""
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.fastmcp import FastMCP
 
-server = MCPServer("calculator")
+server = FastMCP("calculator")
 
 
 @server.tool()

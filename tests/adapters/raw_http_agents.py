@@ -1,16 +1,35 @@
-"""An agent that speaks the OpenAI API with plain httpx (no openai client), at module level so that worker
-processes can import it by reference."""
+"""An agent whose LLM calls are made by another program (``curl``, standing for any non-Python client), at module
+level so that worker processes can import it by reference. Capture inside the agent's process cannot see them."""
 
 from __future__ import annotations
+
+import json
+import subprocess
 
 import httpx
 
 import agentlightning as agl
 
 
+def _curl(url: str, api_key: str, body: dict) -> str:
+    return subprocess.run(["curl", "-sSfN", "-X", "POST", url, "-H", "Content-Type: application/json",
+                           "-H", f"Authorization: Bearer {api_key}", "-d", json.dumps(body)],
+                          capture_output=True, text=True, check=True, timeout=30).stdout
+
+
 @agl.rollout
-def raw_http_agent(task: dict, llm: agl.LLM) -> float:
-    """Two chat calls sent by hand, one streamed, as an OpenAI-compatible server's docs show them."""
+def curl_agent(task: dict, llm: agl.LLM) -> float:
+    """Two chat calls, one streamed, as an OpenAI-compatible server's docs show them with curl."""
+    body = {"model": llm.model, "messages": [{"role": "user", "content": task["question"]}]}
+    answer = json.loads(_curl(f"{llm.base_url}/chat/completions", llm.api_key, body))
+    events = [line for line in _curl(f"{llm.base_url}/chat/completions", llm.api_key, {**body, "stream": True})
+              .splitlines() if line.startswith("data:")]
+    return float(task["question"] in answer["choices"][0]["message"]["content"] and len(events) > 1)
+
+
+@agl.rollout
+def httpx_agent(task: dict, llm: agl.LLM) -> float:
+    """The same two calls sent by hand with httpx, which capture records in the agent's process too."""
     body = {"model": llm.model, "messages": [{"role": "user", "content": task["question"]}]}
     headers = {"Authorization": f"Bearer {llm.api_key}"}
     answer = httpx.post(f"{llm.base_url}/chat/completions", json=body, headers=headers, timeout=30).json()

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -426,3 +428,39 @@ async def test_custom_agent_used_alone_is_named(serve) -> None:
     assert rollout.final_reward == 1.0
     for call in rollout.llm_calls:
         model.assert_server_token_ids(call)
+
+
+def mcp_rule(request: MockRequest) -> MockReply:
+    if request.messages[-1]["role"] == "tool":
+        return MockReply(content="2 + 3 = 5; 1 / 0 is undefined")
+    return MockReply(tool_calls=[MockToolCall(name="add", arguments={"a": 2, "b": 3}),
+                                 MockToolCall(name="divide", arguments={"a": 1, "b": 0})])
+
+
+async def test_mcp_workbench_tools_recorded_with_status(serve) -> None:
+    """AutoGen's MCP example: an ``McpWorkbench`` over a local stdio MCP server gives the agent its tools."""
+    from autogen_ext.tools.mcp import McpWorkbench, StdioServerParams
+
+    server, model = serve(mcp_rule)
+    params = StdioServerParams(command=sys.executable, args=[str(Path(__file__).with_name("mcp_calculator.py"))],
+                               read_timeout_seconds=30)
+
+    @agl.rollout(roles=["mathematician"])
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        async with McpWorkbench(server_params=params) as workbench:
+            mathematician = AssistantAgent("mathematician", model_client=model_client(llm), workbench=workbench,
+                                           reflect_on_tool_use=True)
+            result = await mathematician.run(task=task["question"])
+        return float("= 5" in result.messages[-1].content)
+
+    (rollout,) = await agl.arun(agent, [{"id": 1, "question": "2+3 and 1/0?"}], llm=server.llm())
+    assert rollout.final_reward == 1.0, rollout.error
+    assert timeline(rollout) == [("llm", "mathematician", "ok"), ("tool", "mathematician:add", "ok"),
+                                 ("tool", "mathematician:divide", "error"), ("llm", "mathematician", "ok")]
+    assert len(rollout.llm_calls) == len(server.requests) == 2
+    add_call, divide_call = (call for call in rollout.calls if call.kind == "tool")
+    assert add_call.input == {"a": 2, "b": 3} and add_call.output == "5"
+    assert "division by zero" in divide_call.error  # the text the MCP server sent
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+    assert len(agl.transitions([rollout], roles=["mathematician"])) == 2

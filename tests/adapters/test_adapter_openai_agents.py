@@ -343,6 +343,6 @@ async def test_mcp_tools_recorded_with_status(serve, request: pytest.FixtureRequ
     assert rollout.final_reward == 1.0 and len(rollout.llm_calls) == len(server.requests)
     add_call, divide_call = (call for call in rollout.calls if call.kind == "tool")
     assert add_call.input == {"a": 2, "b": 3} and "5" in str(add_call.output)
-    assert divide_call.error == "MCP tool error: Error executing tool divide"  # the text the MCP server sent
+    assert divide_call.error.startswith("MCP tool error: Error executing tool divide")  # the text the server sent
     for call in rollout.llm_calls:
         model.assert_server_token_ids(call)

@@ -7,11 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
+import shutil
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
+import pytest
 from adapter_support import timeline
 
 import agentlightning as agl
@@ -21,6 +25,8 @@ ANSWER = "the answer is forty two, said the model slowly"
 
 
 def answer(request: MockRequest) -> MockReply:
+    if request.last_user_text == "please fail":
+        return MockReply(status=400, error_message="bad request")
     return MockReply(content=f"{ANSWER} ({request.last_user_text})")
 
 
@@ -95,7 +101,7 @@ async def test_async_streams_left_early_are_recorded_when_closed(serve) -> None:
         return 1.0
 
     with no_cyclic_gc():
-        rollout = await agent.aexecute({}, server.llm())
+        (rollout,) = await agl.arun(agent, [{"id": 1}], llm=server.llm())
     assert timeline(rollout) == [("llm", None, "ok")] * 3
     assert len(rollout.llm_calls) == len(server.requests) == 3
     for call in rollout.llm_calls:
@@ -175,23 +181,30 @@ def test_calls_that_escape_the_rollout_are_reported_even_when_others_were_captur
     assert any("1 of the 2 LLM calls had no role" in note for note in rollout.diagnostics), rollout.diagnostics
 
 
-
-
-def test_raw_http_agent_trains_through_the_server_proxy(tmp_path) -> None:
-    """An agent that does not use the openai package: agl.run sees no call and says why; the Lightning server's
-    proxy, which client workers point the agent at, records every call with the server's token ids."""
+@pytest.mark.parametrize("name", ["curl_agent", "httpx_agent"])
+def test_raw_http_agent_trains_through_the_server_proxy(tmp_path, name: str) -> None:
+    """An agent whose calls another program makes (curl, for any non-Python client): agl.run sees no call and says
+    why; the Lightning server's proxy, which client workers point the agent at, records every call with the server's
+    token ids. An agent sending them with httpx is captured by agl.run too, and joined with the proxy's records."""
     import raw_http_agents
+
+    if name == "curl_agent" and shutil.which("curl") is None:
+        pytest.skip("needs curl, the non-Python client")
+    agent = getattr(raw_http_agents, name)
 
     from agentlightning.client import start_workers
     from agentlightning.server import LightningServer
 
     with MockLLMServer() as upstream:
-        (alone,) = agl.run(raw_http_agents.raw_http_agent, [{"id": 1, "question": "q"}], llm=upstream.llm())
-        assert alone.status == "succeeded" and alone.llm_calls == [] and len(upstream.requests) == 2
-        assert "only through the server's proxy" in alone.diagnostics[0], alone.diagnostics
+        (alone,) = agl.run(agent, [{"id": 1, "question": "q"}], llm=upstream.llm())
+        assert alone.status == "succeeded" and len(upstream.requests) == 2
+        if name == "curl_agent":
+            assert alone.llm_calls == [] and "only through the server's proxy" in alone.diagnostics[0]
+        else:
+            assert len(alone.llm_calls) == 2 and not alone.diagnostics, alone.diagnostics
         with LightningServer(tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model") as server:
             ids = server.enqueue([{"id": f"t{i}", "question": f"question {i}"} for i in range(2)])
-            pool = start_workers(raw_http_agents.raw_http_agent, server.url, nworkers=1,
+            pool = start_workers(agent, server.url, nworkers=1,
                                  spool_dir=str(tmp_path / "spool"))
             try:
                 rollouts = server.wait(ids, timeout=60)
@@ -224,3 +237,61 @@ def test_a_stream_never_read_is_reported_even_when_other_calls_were_captured(ser
     assert timeline(rollout) == [("llm", None, "ok")] and len(server.requests) == 2
     (lost,) = rollout.diagnostics
     assert lost.startswith(f"not every LLM call was captured: Calls to {server.base_url} started but never finished")
+
+
+def test_raw_httpx_agent_is_captured(serve) -> None:
+    """An agent that speaks the OpenAI API itself with httpx, as an OpenAI-compatible server's docs show it."""
+    server, model = serve(answer)
+
+    @agl.rollout(roles=["planner"])
+    def agent(task: dict, llm: agl.LLM) -> float:
+        headers = {"Authorization": f"Bearer {llm.api_key}"}
+        body = {"model": llm.model, "messages": question(task["question"]), "temperature": 0.5}
+        with agl.role("planner"):
+            plan = httpx.post(f"{llm.base_url}/chat/completions", json=body, headers=headers, timeout=30).json()
+        text = []
+        with httpx.Client(base_url=llm.base_url, headers=headers) as client:
+            with client.stream("POST", "/chat/completions", json={**body, "stream": True}) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {"):
+                        text += [c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"]]
+            failed = client.post("/chat/completions", json={**body, "messages": question("please fail")})
+            client.post("/responses", json={"model": llm.model, "input": "summarise"}).raise_for_status()
+        return float(ANSWER in plan["choices"][0]["message"]["content"] and ANSWER in "".join(text)
+                     and failed.status_code == 400)
+
+    (rollout,) = agl.run(agent, [{"id": 1, "question": "plan it"}], llm=server.llm())
+    assert timeline(rollout) == [("llm", "planner", "ok"), ("llm", None, "ok"), ("llm", None, "error"),
+                                 ("llm", None, "ok")]
+    assert rollout.final_reward == 1.0
+    assert len(rollout.llm_calls) == len(server.requests) == 4
+    plan, streamed, failed, summary = rollout.llm_calls
+    assert plan.metadata["sampling"] == {"temperature": 0.5} and plan.metadata["endpoint"] == server.base_url
+    assert streamed.metadata["stream"] is True and streamed.output["finish_reason"] == "stop"
+    assert failed.error.startswith("HTTPStatusError: HTTP 400")
+    assert summary.metadata["api"] == "responses" and summary.output["content"].startswith(ANSWER)
+    for call in (plan, streamed, summary):
+        model.assert_server_token_ids(call)
+    assert [t.role for t in agl.transitions([rollout], roles=["planner"])] == ["planner"]
+
+
+async def test_raw_async_httpx_agent_is_captured(serve) -> None:
+    server, model = serve(answer)
+
+    @agl.rollout
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        body = {"model": llm.model, "messages": question("async")}
+        async with httpx.AsyncClient(base_url=llm.base_url) as client:
+            replies = await asyncio.gather(*(client.post("/chat/completions", json=body) for _ in range(3)))
+            async with client.stream("POST", "/chat/completions", json={**body, "stream": True}) as response:
+                async for _line in response.aiter_lines():
+                    break  # left early: recorded as an incomplete stream when the block closes it
+        return float(all(reply.status_code == 200 for reply in replies))
+
+    with no_cyclic_gc():
+        (rollout,) = await agl.arun(agent, [{"id": 1}], llm=server.llm())
+    assert timeline(rollout) == [("llm", None, "ok")] * 4
+    assert len(rollout.llm_calls) == len(server.requests) == 4
+    for call in rollout.llm_calls[:3]:
+        model.assert_server_token_ids(call)
+    assert rollout.llm_calls[3].output["finish_reason"] == "incomplete_stream"

@@ -33,8 +33,9 @@ from collections.abc import Callable
 
 import httpx2
 import openai
-
+from agentlightning.adapters import _stainless
 from agentlightning.adapters import openai as adapter
+
 from agentlightning.capture._context import RolloutRecorder, recording
 
 MESSAGES = [{"role": "system", "content": "You are a SQL expert."}, {"role": "user", "content": "How many users?"}]
@@ -234,7 +235,7 @@ def capture_work(n: int = 5000) -> dict[str, float]:
     def stream() -> object:
         recorder = RolloutRecorder("ro-bench")
         call = adapter._Call("chat.completions", recorder, resource, {**kwargs, "stream": True})
-        list(adapter._observed(iter(chunks), call))
+        list(_stainless.observed(iter(chunks), call))
         return recorder.calls
 
     result["capture work, stream"] = _per_call(stream, n)
