@@ -101,7 +101,7 @@ class RolloutPipeline:
         waited = time.perf_counter()
         used: list[tuple[list[Rollout], list[Transition]]] = []
         set_aside: list[tuple[list[Rollout], list[Transition]]] = []
-        discarded = refills = 0
+        discarded = refills = dropped = 0
         problems: collections.Counter[str] = collections.Counter()
         while len(used) < self.tasks_per_step:
             short = self.tasks_per_step - len(used) - len(self.pending)
@@ -115,17 +115,19 @@ class RolloutPipeline:
             rollouts = group.future.result()
             extraction = extract_transitions(rollouts, self.roles, self.credit, self.air)
             problems.update(extraction.stats.problems())
-            if not self.filtering or self._has_signal(extraction.transitions, trained_version):
+            fresh = fresh_enough(extraction.transitions, trained_version, self.max_staleness)[0]
+            if not self.filtering or (fresh and self._has_signal(extraction.transitions)):
                 used.append((rollouts, extraction.transitions))
             else:
                 discarded += 1
-                set_aside.append((rollouts, extraction.transitions))  # reported, never trained on
+                dropped += len(extraction.transitions) - len(fresh)
+                set_aside.append((rollouts, extraction.transitions))  # in the step's reward metrics, never trained
         trainer_wait = time.perf_counter() - waited
         for line, count in problems.items():
             logger.warning("step %d: %s%s", step + 1, line, f" (in {count} groups)" if count > 1 else "")
         transitions = compute_advantages([row for _, rows in used for row in rows], estimator=self.algorithm)
         fresh, lags = fresh_enough(transitions, trained_version, self.max_staleness)
-        dropped = len(transitions) - len(fresh)
+        dropped += len(transitions) - len(fresh)
         self.dropped_stale_total += dropped
         self.refills_total += refills
         with self._lock:
@@ -160,10 +162,8 @@ class RolloutPipeline:
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
-    def _has_signal(self, transitions: Sequence[Transition], trained_version: int) -> bool:
-        """Some transition can be trained on and the group's rewards differ (GRPO's signal)."""
-        if not fresh_enough(transitions, trained_version, self.max_staleness)[0]:
-            return False
+    def _has_signal(self, transitions: Sequence[Transition]) -> bool:
+        """The group's rewards differ (GRPO's signal; other estimators learn from any reward)."""
         if self.algorithm not in ("grpo", "dr_grpo"):
             return True
         rewards: dict[str, set[float]] = {}

@@ -69,6 +69,7 @@ class ServerRollouts:
         self.server = LightningServer(store_path=store_path, settings=settings, logprobs=logprobs).start()
         self._logprobs = logprobs
         self._waiting = _waiters()
+        self._open: set[str] = set()  # rollouts submitted and not yet waited for
         try:
             self.pool = start_workers(
                 agent, self.server.url, nworkers, timeout=rollout_timeout, log_level=logging.WARNING
@@ -89,12 +90,30 @@ class ServerRollouts:
         if self.pool is not None and self.pool.error:
             raise RuntimeError(f"the worker pool failed: {self.pool.error}")
         groups = [self.server.enqueue([task], group_size=group_size, group_id=group_prefix) for task in tasks]
-        return [self._waiting.submit(self.server.wait, ids, timeout) for ids in groups]
+        self._open.update(rollout_id for ids in groups for rollout_id in ids)
+        return [self._waiting.submit(self._wait, ids, timeout) for ids in groups]
+
+    def _wait(self, ids: list[str], timeout: float | None) -> list[Rollout]:
+        try:
+            return self.server.wait(ids, timeout=timeout)
+        finally:
+            self._open.difference_update(ids)
+
+    def _cancel_open(self) -> None:
+        """Cancel the rollouts submitted and not waited for (groups ahead of the last step), so that a resumed
+        run's workers do not pick them up."""
+        for rollout_id in list(self._open):
+            try:
+                self.server.store.cancel(rollout_id)
+            except Exception:  # noqa: BLE001 - finished meanwhile, or the store is closing: nothing to cancel
+                logger.debug("could not cancel rollout %s", rollout_id, exc_info=True)
+        self._open.clear()
 
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
         return [rollout for group in self.submit(tasks, group_size, group_prefix, timeout) for rollout in group.result()]
 
     def close(self) -> None:
+        self._cancel_open()
         self.server.request_stop()
         try:
             if self.pool is not None:
@@ -112,8 +131,10 @@ class RemoteRollouts(ServerRollouts):
         self._logprobs = logprobs
         self.pool = None
         self._waiting = _waiters()
+        self._open: set[str] = set()  # rollouts submitted and not yet waited for
 
     def close(self) -> None:
+        self._cancel_open()
         self.server.request_stop()
         self._waiting.shutdown(wait=False, cancel_futures=True)
 

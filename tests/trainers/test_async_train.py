@@ -1,0 +1,89 @@
+"""Asynchronous training end to end on a tiny random model: weight updates while rollouts are in flight, the
+staleness bound and importance-sampling metrics of a real run, and a resume in the middle of the pipeline."""
+
+from __future__ import annotations
+
+import json
+
+import async_agents
+import torch
+from async_agents import two_call_agent
+from train_agents import echo_length_agent
+
+import agentlightning as agl
+from agentlightning.server import SQLiteStore
+from agentlightning.trainers.hf_backend import HFBackendServer
+from agentlightning.trainers.models import tiny_model
+from agentlightning.trainers.rollouts import LocalRollouts
+
+
+def test_an_update_while_a_rollout_is_in_flight_leaves_each_call_its_own_version():
+    model, tokenizer = tiny_model(seed=3)
+    async_agents.FIRST_CALL_DONE.clear()
+    async_agents.WEIGHTS_UPDATED.clear()
+    with HFBackendServer(model, tokenizer, model_version="v0", always_logprobs=True) as backend:
+        source = LocalRollouts(two_call_agent, nworkers=1)
+        source.set_model(backend.base_url, backend.model_name, backend.model_version)  # never told about v1
+        try:
+            (group,) = source.submit([{"id": "t0", "question": "hello"}], 1, "step0", timeout=60)
+            assert async_agents.FIRST_CALL_DONE.wait(timeout=60)
+            with backend.updating("v1"), torch.no_grad():  # the rollout is between its two calls
+                for parameter in model.parameters():
+                    parameter.add_(0.01)
+            async_agents.WEIGHTS_UPDATED.set()
+            (rollout,) = group.result(timeout=60)
+        finally:
+            source.close()
+    assert rollout.status == "succeeded", rollout.error
+    first, second = rollout.llm_calls
+    assert (first.metadata["model_version"], second.metadata["model_version"]) == ("v0", "v1")
+    assert rollout.model_version == "v0"  # the version the rollout started on
+    transitions = agl.transitions([rollout])
+    assert [row.model_version for row in transitions] == ["v0", "v1"]
+    assert all(len(row.completion_logprobs) == len(row.completion_token_ids) for row in transitions)
+
+
+def _train(tmp_path, steps, **options):
+    model, tokenizer = tiny_model(seed=1)
+    tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(12)]
+    return agl.train(
+        echo_length_agent, tasks, model=model, tokenizer=tokenizer, group_size=4, tasks_per_step=2, max_steps=steps,
+        learning_rate=1e-2, micro_batch_size=4, max_completion_length=8, output_dir=tmp_path / "run", nworkers=2,
+        progress=False, save_model=False, max_staleness=1, checkpoint_every=1, **options,
+    ), tasks
+
+
+def test_asynchronous_training_bounds_staleness_corrects_off_policy_and_resumes_mid_pipeline(tmp_path):
+    result, tasks = _train(tmp_path, 3)
+    rows = [row for row in result.history if row["step"] > 0]
+    assert len(rows) == 3
+    for row in rows:
+        assert row["async/staleness_max"] <= 1, row
+        assert row["async/queue_depth"] >= 1, "the next step's groups are already submitted"
+        assert row["async/trainer_wait_seconds"] >= 0 and row["async/sampler_wait_seconds"] >= 0
+    trained = [row for row in rows if not row.get("skipped_update")]
+    assert trained, "no step trained"
+    assert max(row["async/staleness_max"] for row in rows[1:]) == 1, "rollouts sampled ahead were trained on"
+    for row in trained:
+        # importance sampling is on by default with max_staleness > 0
+        assert 0 < row["train/sampling/raw_ratio/mean"] and "train/sampling/masked_tokens" in row, row
+    assert result.model_version == f"v{len(trained)}"
+
+    state = json.loads((tmp_path / "run" / "checkpoints" / "step-3" / "state.json").read_text())
+    pending = [tasks[index]["id"] for index in state["pending"]]
+    assert len(pending) >= 2, "the groups running ahead of step 3 are saved with the checkpoint"
+    store = SQLiteStore(tmp_path / "run" / "store.db")
+    try:
+        statuses = {info.status for info in store.list_rollouts(limit=1000) if info.group_id.startswith("step2")}
+    finally:
+        store.close()
+    assert "queued" not in statuses and "running" not in statuses, "rollouts left ahead are cancelled at the end"
+
+    resumed, _ = _train(tmp_path, 4, resume=True)
+    assert [row["step"] for row in resumed.history if row["step"] > 0] == [1, 2, 3, 4]
+    store = SQLiteStore(tmp_path / "run" / "store.db")
+    try:
+        step_four = {info.task_id for info in store.list_rollouts(limit=1000) if info.group_id.startswith("step3:")}
+    finally:
+        store.close()
+    assert set(pending) <= step_four, "the resumed run first re-runs the groups that were in flight"
