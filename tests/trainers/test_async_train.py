@@ -4,6 +4,7 @@ staleness bound and importance-sampling metrics of a real run, and a resume in t
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import async_agents
 import torch
@@ -15,6 +16,30 @@ from agentlightning.server import SQLiteStore
 from agentlightning.trainers.hf_backend import HFBackendServer
 from agentlightning.trainers.models import tiny_model
 from agentlightning.trainers.rollouts import LocalRollouts
+from agentlightning.types import Transition
+
+
+def test_the_weights_change_only_inside_weights_changing(tmp_path):
+    """What lets the HF backend keep generating through the forward and backward passes of an update."""
+    from agentlightning.rl import pack
+    from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+
+    model, tokenizer = tiny_model(seed=2)
+    trainer = LightningGRPOTrainer(model, grpo_config(str(tmp_path), micro_batch_size=4, learning_rate=1e-2), tokenizer)
+    weights = [parameter for parameter in trainer.model.parameters() if parameter.requires_grad]
+    initial = [parameter.detach().clone() for parameter in weights]
+    seen = []
+
+    @contextmanager
+    def changing():
+        seen.append(all(torch.equal(a, b) for a, b in zip(weights, initial, strict=True)))
+        yield
+        seen.append(all(torch.equal(a, b) for a, b in zip(weights, initial, strict=True)))
+
+    rows = [Transition(rollout_id=f"r{i}", group_id="g", index=0, prompt_token_ids=[5, 6, 7],
+                       completion_token_ids=[8, 9 + i], advantage=1.0 - i, weight=1.0) for i in range(3)]
+    trainer.step(pack(rows, tokenizer.pad_token_id), weights_changing=changing)
+    assert seen == [True, False], "unchanged through forward/backward, changed by the optimizer step inside the block"
 
 
 def test_an_update_while_a_rollout_is_in_flight_leaves_each_call_its_own_version():
