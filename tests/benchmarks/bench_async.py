@@ -26,9 +26,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import agentlightning as agl
-from agentlightning.demo.__main__ import split_problems
-from agentlightning.demo.task import calculator_agent
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # spinning OpenMP threads on a shared 2-core machine stall torch
+
+import agentlightning as agl  # noqa: E402 - after the thread setting
+from agentlightning.demo.__main__ import split_problems  # noqa: E402
+from agentlightning.demo.task import calculator_agent  # noqa: E402
 
 ENV_SECONDS = (0.5, 2.0)
 
