@@ -86,7 +86,7 @@ class RolloutPipeline:
         self._backlog = collections.deque(backlog)
         self._lock = threading.Lock()
         self._running = 0
-        self._idle_since: float | None = time.perf_counter()
+        self._idle_since: float | None = None  # since when no submitted rollout has been running
         self._idle = 0.0
         self.dropped_stale_total = 0
         self.refills_total = 0

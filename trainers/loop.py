@@ -99,7 +99,7 @@ class TrainingRun:
         pipeline = RolloutPipeline(
             source, self.dataset, sampler.next, tasks_per_step=self.config.tasks_per_step,
             group_size=self.config.group_size, max_staleness=self.config.max_staleness,
-            refill_cap=self.config.refill_cap, timeout=self._group_timeout(), roles=self.config.roles,
+            refill_cap=self.config.refill_cap, timeout=self._group_timeout(source), roles=self.config.roles,
             credit=self.config.credit, air=self.config.air, algorithm=self.config.algorithm,
             backlog=state.get("pending") or (),
         )
@@ -269,10 +269,15 @@ class TrainingRun:
             raise FileNotFoundError(f"agl.train(resume={str(self.config.resume)!r}): no such checkpoint directory")
         return path
 
-    def _group_timeout(self) -> float | None:
-        """How long the loop waits for a submitted group: its rollouts may queue behind ``max_staleness`` steps."""
+    def _group_timeout(self, source: Any) -> float | None:
+        """Seconds per rollout for threads; for a server, how long to wait for a submitted group, whose rollouts
+        may queue behind ``max_staleness`` steps of groups (the server times each attempt out itself)."""
+        from agentlightning.trainers.rollouts import LocalRollouts
+
         timeout = self.config.rollout_timeout
-        return None if timeout is None else timeout * (self.config.max_staleness + 1)
+        if timeout is None or isinstance(source, LocalRollouts):
+            return timeout
+        return timeout * (self.config.max_staleness + 1)
 
     def _rollout_source(self) -> Any:
         from agentlightning.trainers.rollouts import LocalRollouts, ServerRollouts

@@ -193,6 +193,9 @@ def _gathered(futures: list[Future[Rollout]]) -> Future[list[Rollout]]:
             remaining[0] -= 1
             if remaining[0]:
                 return
+        if any(future.cancelled() for future in futures):  # the source closed before they ran
+            group.cancel()
+            return
         failed = next((future.exception() for future in futures if future.exception() is not None), None)
         if failed is not None:
             group.set_exception(failed)
