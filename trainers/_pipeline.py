@@ -96,7 +96,7 @@ class RolloutPipeline:
         return [group.index for group in self.pending]
 
     def next_step(self, step: int, trained_version: int) -> StepData:
-        """Top up, then wait for the groups of step ``step`` (0-based), to update the weights of ``v<trained_version>``."""
+        """Top up, then wait for the groups of step ``step`` (0-based), which updates ``v<trained_version>``."""
         self._submit((self.max_staleness + 1) * self.tasks_per_step - len(self.pending), f"step{step}")
         waited = time.perf_counter()
         used: list[tuple[list[Rollout], list[Transition]]] = []

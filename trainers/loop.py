@@ -128,7 +128,7 @@ class TrainingRun:
                 history.append(row)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(_postfix(row), refresh=False)
+                    bar.set_postfix(_postfix(row, self.config.max_staleness > 0), refresh=False)
                 if (self.config.checkpoint_every and (step + 1) % self.config.checkpoint_every == 0) or step + 1 == self.config.max_steps:
                     checkpoint_path = save_checkpoint(trainer, self.output_dir, {
                         "step": step + 1, "global_step": trainer.state.global_step,
@@ -392,13 +392,17 @@ def _progress(enabled: bool, start: int, total: int) -> Any:
     return tqdm(total=total, initial=start, desc="agl.train", unit="step", dynamic_ncols=True)
 
 
-def _postfix(row: dict[str, Any]) -> dict[str, str]:
+def _postfix(row: dict[str, Any], asynchronous: bool = False) -> dict[str, str]:
     shown = {"reward": row.get("reward"), "acc": row.get("accuracy")}
-    if row.get("async/queue_depth"):  # the asynchronous loop: version lag of the used transitions, groups ahead
-        shown.update(lag=row.get("async/staleness_mean"), queue=row.get("async/queue_depth"))
     if "val/accuracy" in row:
         shown["val_acc"] = row["val/accuracy"]
-    return {key: f"{value:.2f}" for key, value in shown.items() if isinstance(value, (int, float))}
+    text = {key: f"{value:.2f}" for key, value in shown.items() if isinstance(value, (int, float))}
+    if asynchronous and "async/queue_depth" in row:  # version lag mean/max, groups ahead, dropped, waits (s)
+        text["lag"] = f"{row['async/staleness_mean']:.1f}/{row['async/staleness_max']:.0f}"
+        text["queue"] = f"{row['async/queue_depth']:.0f}"
+        text["stale"] = f"{row['async/dropped_stale_total']:.0f}"
+        text["wait"] = f"{row['async/trainer_wait_seconds']:.0f}/{row['async/sampler_wait_seconds']:.0f}"
+    return text
 
 
 def _fmt(values: dict[str, float] | None) -> str:

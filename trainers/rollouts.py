@@ -110,7 +110,7 @@ class ServerRollouts:
         self._open.clear()
 
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
-        return [rollout for group in self.submit(tasks, group_size, group_prefix, timeout) for rollout in group.result()]
+        return _results(self.submit(tasks, group_size, group_prefix, timeout))
 
     def close(self) -> None:
         self._cancel_open()
@@ -163,7 +163,7 @@ class LocalRollouts:
                 for task in tasks]
 
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
-        return [rollout for group in self.submit(tasks, group_size, group_prefix, timeout) for rollout in group.result()]
+        return _results(self.submit(tasks, group_size, group_prefix, timeout))
 
     def _one(self, task: Any, group_prefix: str, timeout: float | None) -> Rollout:
         from agentlightning._run import run
@@ -175,6 +175,11 @@ class LocalRollouts:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _results(groups: list[Future[list[Rollout]]]) -> list[Rollout]:
+    """The rollouts of ``groups``, in order, once all finished."""
+    return [rollout for group in groups for rollout in group.result()]
 
 
 def _waiters() -> ThreadPoolExecutor:

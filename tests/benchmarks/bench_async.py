@@ -2,10 +2,11 @@
 
 The demo's calculator agent (SmolLM2-135M-Instruct, LoRA, GRPO) whose every rollout also waits on an environment
 step of 0.5-2 s (uniform), as a tool call, SQL execution or retrieval would. Both modes run the same seeds, the
-same number of updates and the same tasks per step (dynamic sampling off in both), one after the other in one process (side by side on the same
-machine, so their ratio is what to read on a shared machine). Reported per seed: the mean wall time of a training
-step (rollouts waited for + update; validation excluded), its ratio sync / async, the held-out reward and accuracy
-before and after (greedy), and the asynchronous run's staleness, dropped transitions and waits.
+same number of updates and the same tasks per step (dynamic sampling off in both), one after the other in one
+process (side by side on the same machine, so their ratio is what to read on a shared machine). Reported per
+seed: the mean wall time of a training step (rollouts waited for + update; validation excluded), its ratio
+sync / async, the held-out reward and accuracy before and after (greedy), and the asynchronous run's staleness,
+dropped transitions and waits.
 
     python tests/benchmarks/bench_async.py                     # 3 seeds, 3 steps of 2 tasks x 4 rollouts
     python tests/benchmarks/bench_async.py --seeds 0 --steps 6
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{asyn['staleness_max']:.0f}, {asyn['dropped_stale']:.0f}, {asyn['trainer_wait']:.0f}/"
               f"{asyn['sampler_wait']:.0f}")
     ratios = [sync["step_seconds"] / asyn["step_seconds"] for sync, asyn in results]
-    print(f"sync / async wall time per step: {statistics.fmean(ratios):.2f}x (per seed {[round(r, 2) for r in ratios]})")
+    per_seed = [round(ratio, 2) for ratio in ratios]
+    print(f"sync / async wall time per step: {statistics.fmean(ratios):.2f}x (per seed {per_seed})")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1), encoding="utf-8")
     return 0

@@ -139,8 +139,8 @@ def test_sequence_importance_weights():
     assert stats["sampling/truncated_tokens"] == 2
     ratio, stats = importance_weights(TRAINED, SAMPLED, MASK, "sequence_mask", 0.5, 3.0)
     assert float(ratio) == pytest.approx(1.0) and stats["sampling/masked_tokens"] == 0
-    two = importance_weights(TRAINED.repeat(2, 1), torch.stack([SAMPLED[0], TRAINED[0] - math.log(4)]), MASK.repeat(2, 1),
-                             "sequence_mask", None, 3.0)
+    sampled = torch.stack([SAMPLED[0], TRAINED[0] - math.log(4)])
+    two = importance_weights(TRAINED.repeat(2, 1), sampled, MASK.repeat(2, 1), "sequence_mask", None, 3.0)
     assert torch.allclose(two[0], torch.tensor([[1.0], [0.0]]))  # the second sequence: 4 * 4 = 16 > 3, masked
     assert two[1]["sampling/masked_tokens"] == 2
     with pytest.raises(ValueError, match="mode"):
