@@ -1,13 +1,14 @@
 """The rollout pipeline of ``agl.train``: GRPO groups run ahead of the trainer by up to ``max_staleness`` steps.
 
 At the start of each step the pipeline tops its groups (one task's ``group_size`` rollouts) up to
-``(max_staleness + 1) * tasks_per_step`` submitted and not yet used. With ``max_staleness=0`` that is the
-synchronous loop: a step's groups start once the previous update is done. With ``K > 0`` the groups of the next
-``K`` steps run while this step trains. A step takes groups in the order they finish until it has
-``tasks_per_step`` of them; a transition sampled with model version ``v`` is kept for the update of version ``s``
-only if ``s - v <= K`` (otherwise dropped and counted). With dynamic sampling (``refill_cap > 0``), a group without
-a learning signal (all rewards equal, nothing trainable, or only stale transitions) is set aside and, when no other
-group can take its place, a new task is sampled, at most ``refill_cap`` times a step (DAPO's dynamic sampling).
+``(max_staleness + 1) * tasks_per_step`` submitted and not yet used (no more than the steps left need). With
+``max_staleness=0`` that is the synchronous loop: a step's groups start once the previous update is done. With
+``K > 0`` the groups of the next ``K`` steps run while this step trains. A step takes groups in the order they
+finish until it has ``tasks_per_step`` of them; a transition sampled with model version ``v`` is kept for the
+update of version ``s`` only if ``s - v <= K`` (otherwise dropped and counted). With dynamic sampling
+(``refill_cap > 0``), a group without a learning signal (all rewards equal, nothing trainable, or only stale
+transitions) is set aside and, when no other group can take its place, a new task is sampled, at most
+``refill_cap`` times a step (DAPO's dynamic sampling).
 """
 
 from __future__ import annotations
@@ -75,12 +76,13 @@ class RolloutPipeline:
     def __init__(
         self, source: Any, dataset: Sequence[Any], pick: Callable[[int], list[int]], *, tasks_per_step: int,
         group_size: int, max_staleness: int, refill_cap: int, timeout: float | None, roles: Any, credit: Any,
-        air: Any, algorithm: str, backlog: Sequence[int] = (),
+        air: Any, algorithm: str, backlog: Sequence[int] = (), max_steps: int | None = None,
     ) -> None:
         self.source, self.dataset, self.pick = source, dataset, pick
         self.tasks_per_step, self.group_size, self.max_staleness = tasks_per_step, group_size, max_staleness
         self.refill_cap, self.timeout = refill_cap, timeout
         self.roles, self.credit, self.air, self.algorithm = roles, credit, air, algorithm
+        self.max_steps = max_steps
         self.filtering = max_staleness > 0 or refill_cap > 0
         self.pending: list[_Group] = []
         self._backlog = collections.deque(backlog)
@@ -97,7 +99,8 @@ class RolloutPipeline:
 
     def next_step(self, step: int, trained_version: int) -> StepData:
         """Top up, then wait for the groups of step ``step`` (0-based), which updates ``v<trained_version>``."""
-        self._submit((self.max_staleness + 1) * self.tasks_per_step - len(self.pending), f"step{step}")
+        ahead = self.max_staleness if self.max_steps is None else min(self.max_staleness, self.max_steps - 1 - step)
+        self._submit((max(ahead, 0) + 1) * self.tasks_per_step - len(self.pending), f"step{step}")
         waited = time.perf_counter()
         used: list[tuple[list[Rollout], list[Transition]]] = []
         set_aside: list[tuple[list[Rollout], list[Transition]]] = []

@@ -101,7 +101,7 @@ class TrainingRun:
             group_size=self.config.group_size, max_staleness=self.config.max_staleness,
             refill_cap=self.config.refill_cap, timeout=self._group_timeout(source), roles=self.config.roles,
             credit=self.config.credit, air=self.config.air, algorithm=self.config.algorithm,
-            backlog=state.get("pending") or (),
+            backlog=state.get("pending") or (), max_steps=self.config.max_steps,
         )
         history = read_metrics(writer.path)
         initial_val = state.get("initial_validation")

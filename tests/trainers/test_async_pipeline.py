@@ -9,11 +9,12 @@ import pytest
 import torch
 from async_agents import scored_agent
 
+from agentlightning.server import SQLiteStore
 from agentlightning.testing import MockLLMServer
 from agentlightning.trainers._importance import importance_weights
 from agentlightning.trainers._pipeline import RolloutPipeline, fresh_enough, version_number
 from agentlightning.trainers.config import TrainConfig
-from agentlightning.trainers.rollouts import LocalRollouts
+from agentlightning.trainers.rollouts import LocalRollouts, ServerRollouts
 from agentlightning.types import Transition
 
 
@@ -101,6 +102,23 @@ def test_backlog_runs_first(mock_source):
     pipeline = _pipeline(source, _tasks([False] * 6), staleness=1, refills=0, backlog=[5, 4])
     step = pipeline.next_step(0, trained_version=0)
     assert sorted(pipeline.pending_indices() + [int(r.task_id[1:]) for r in step.rollouts[::3]]) == [0, 1, 4, 5]
+
+
+def test_rollouts_left_ahead_are_cancelled_when_the_source_closes(tmp_path):
+    with MockLLMServer(token_ids=True) as server:
+        source = ServerRollouts(scored_agent, tmp_path / "store.db", 1, rollout_timeout=30)
+        try:
+            source.set_model(server.base_url, "mock-model", "v0")
+            source.submit(_tasks([False] * 5), 4, "step0", timeout=30)
+        finally:
+            source.close()
+    store = SQLiteStore(tmp_path / "store.db")
+    try:
+        statuses = [info.status for info in store.list_rollouts(limit=100)]
+    finally:
+        store.close()
+    assert len(statuses) == 20 and "cancelled" in statuses
+    assert not set(statuses) & {"queued", "running"}, "a resumed run's workers must not pick them up"
 
 
 def test_config_resolves_dynamic_sampling_and_rejects_bad_values():

@@ -4,7 +4,12 @@ staleness bound and importance-sampling metrics of a real run, and a resume in t
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import async_agents
 import torch
@@ -68,24 +73,33 @@ def test_an_update_while_a_rollout_is_in_flight_leaves_each_call_its_own_version
     assert all(len(row.completion_logprobs) == len(row.completion_token_ids) for row in transitions)
 
 
-def _train(tmp_path, steps, **options):
+TRAINING = dict(group_size=4, tasks_per_step=2, learning_rate=1e-2, micro_batch_size=4, max_completion_length=8,
+                nworkers=2, progress=False, save_model=False, max_staleness=1, checkpoint_every=1)
+TASKS = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(12)]
+
+KILLED_RUN = """
+import sys
+sys.path.insert(0, {tests!r})
+from train_agents import echo_length_agent
+import agentlightning as agl
+from agentlightning.trainers.models import tiny_model
+model, tokenizer = tiny_model(seed=1)
+agl.train(echo_length_agent, {tasks!r}, model=model, tokenizer=tokenizer, max_steps=4, output_dir={output!r},
+          use_server=False, **{options!r})
+"""
+
+
+def test_asynchronous_training_bounds_staleness_and_corrects_off_policy(tmp_path):
     model, tokenizer = tiny_model(seed=1)
-    tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(12)]
-    return agl.train(
-        echo_length_agent, tasks, model=model, tokenizer=tokenizer, group_size=4, tasks_per_step=2, max_steps=steps,
-        learning_rate=1e-2, micro_batch_size=4, max_completion_length=8, output_dir=tmp_path / "run", nworkers=2,
-        progress=False, save_model=False, max_staleness=1, checkpoint_every=1, **options,
-    ), tasks
-
-
-def test_asynchronous_training_bounds_staleness_corrects_off_policy_and_resumes_mid_pipeline(tmp_path):
-    result, tasks = _train(tmp_path, 3)
+    result = agl.train(echo_length_agent, TASKS, model=model, tokenizer=tokenizer, max_steps=3,
+                       output_dir=tmp_path / "run", **TRAINING)
     rows = [row for row in result.history if row["step"] > 0]
     assert len(rows) == 3
     for row in rows:
         assert row["async/staleness_max"] <= 1, row
-        assert row["async/queue_depth"] >= 1, "the next step's groups are already submitted"
         assert row["async/trainer_wait_seconds"] >= 0 and row["async/sampler_wait_seconds"] >= 0
+    assert rows[0]["async/queue_depth"] + rows[0]["async/groups_used"] + rows[0]["async/groups_without_signal"] >= 4
+    assert rows[-1]["async/queue_depth"] == 0, "nothing is sampled ahead of the last step"
     trained = [row for row in rows if not row.get("skipped_update")]
     assert trained, "no step trained"
     assert max(row["async/staleness_max"] for row in rows[1:]) == 1, "rollouts sampled ahead were trained on"
@@ -94,21 +108,34 @@ def test_asynchronous_training_bounds_staleness_corrects_off_policy_and_resumes_
         assert 0 < row["train/sampling/raw_ratio/mean"] and "train/sampling/masked_tokens" in row, row
     assert result.model_version == f"v{len(trained)}"
 
-    state = json.loads((tmp_path / "run" / "checkpoints" / "step-3" / "state.json").read_text())
-    pending = [tasks[index]["id"] for index in state["pending"]]
-    assert len(pending) >= 2, "the groups running ahead of step 3 are saved with the checkpoint"
-    store = SQLiteStore(tmp_path / "run" / "store.db")
-    try:
-        statuses = {info.status for info in store.list_rollouts(limit=1000) if info.group_id.startswith("step2")}
-    finally:
-        store.close()
-    assert "queued" not in statuses and "running" not in statuses, "rollouts left ahead are cancelled at the end"
 
-    resumed, _ = _train(tmp_path, 4, resume=True)
-    assert [row["step"] for row in resumed.history if row["step"] > 0] == [1, 2, 3, 4]
-    store = SQLiteStore(tmp_path / "run" / "store.db")
+def test_a_run_killed_mid_pipeline_resumes_with_the_groups_that_were_in_flight(tmp_path):
+    output = tmp_path / "run"
+    script = KILLED_RUN.format(tests=str(Path(__file__).parent), tasks=TASKS, output=str(output), options=TRAINING)
+    process = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    checkpoint = output / "checkpoints" / "step-2" / "state.json"
     try:
-        step_four = {info.task_id for info in store.list_rollouts(limit=1000) if info.group_id.startswith("step3:")}
+        deadline = time.monotonic() + 240
+        while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert checkpoint.exists(), f"the run never reached step 2 (exit code {process.poll()})"
+    finally:
+        process.kill()  # mid-step 3: the groups sampled ahead die with it
+        process.wait(timeout=30)
+    state = json.loads(checkpoint.read_text())
+    pending = [TASKS[index]["id"] for index in state["pending"]]
+    assert len(pending) >= 2, "the groups running ahead of step 3 are saved with the checkpoint"
+
+    model, tokenizer = tiny_model(seed=1)
+    resumed = agl.train(echo_length_agent, TASKS, model=model, tokenizer=tokenizer, max_steps=4, output_dir=output,
+                        resume=True, **TRAINING)
+    steps = [row["step"] for row in resumed.history if row["step"] > 0]
+    assert steps[:2] == [1, 2] and steps[-2:] == [3, 4]
+    store = SQLiteStore(output / "store.db")
+    try:
+        step_three = {info.task_id for info in store.list_rollouts(limit=1000) if info.group_id.startswith("step2:")}
+        left = {info.status for info in store.list_rollouts(limit=1000)}
     finally:
         store.close()
-    assert set(pending) <= step_four, "the resumed run first re-runs the groups that were in flight"
+    assert set(pending) <= step_three, "the resumed run first re-runs the groups that were in flight"
+    assert not left & {"queued", "running"}, "nothing is left queued or running when a run ends"
