@@ -83,7 +83,7 @@ class RolloutPipeline:
         self.refill_cap, self.timeout = refill_cap, timeout
         self.roles, self.credit, self.air, self.algorithm = roles, credit, air, algorithm
         self.max_steps = max_steps
-        self.filtering = max_staleness > 0 or refill_cap > 0
+        self.filtering = refill_cap > 0  # set groups without signal aside (else pack drops the flat ones)
         self.pending: list[_Group] = []
         self._backlog = collections.deque(backlog)
         self._lock = threading.Lock()

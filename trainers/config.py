@@ -94,8 +94,9 @@ class TrainConfig:
     only if ``s - v <= K``, else dropped (``async/dropped_stale``); TRL's importance-sampling correction is on."""
     dynamic_sampling: int | None = None
     """DAPO's dynamic sampling: a group whose rewards are all equal (or with nothing fresh to train on) is set
-    aside and up to this many more tasks per step are sampled to fill the batch (``async/refills``); 0: train on
-    the groups left. None: ``tasks_per_step`` with ``max_staleness > 0``, else 0."""
+    aside, another finished group or up to this many more tasks per step take its place (``async/refills``);
+    0: train on the groups sampled (groups with equal rewards are dropped by ``pack``). None: ``tasks_per_step``
+    with ``max_staleness > 0``, else 0."""
 
     # -- validation -------------------------------------------------------------------------------------------
     val_every: int = 5

@@ -49,20 +49,23 @@ def test_versions_and_the_staleness_bound_by_hand():
     assert fresh_enough(rows, 3, 0)[0] == rows[3:]
 
 
-def test_a_transition_older_than_max_staleness_is_never_trained_on(mock_source):
+@pytest.mark.parametrize("refills", [0, 1], ids=["no-dynamic-sampling", "dynamic-sampling"])
+def test_a_transition_older_than_max_staleness_is_never_trained_on(mock_source, refills):
     source, _ = mock_source
-    pipeline = _pipeline(source, _tasks([False] * 8), staleness=1, refills=0)
+    pipeline = _pipeline(source, _tasks([False] * 8), staleness=1, refills=refills)
     first = pipeline.next_step(0, trained_version=0)
     assert first.metrics["async/groups_used"] == 2 and first.metrics["async/queue_depth"] == 2  # one step ahead
     assert {row.model_version for row in first.transitions} == {"v0"}
     pipeline.drain()  # the two groups sampled ahead by v0 have finished
     source.set_model(source.llm.base_url, "mock-model", "v2")  # two updates later
     second = pipeline.next_step(1, trained_version=2)
-    assert second.transitions and {row.model_version for row in second.transitions} == {"v2"}
     assert second.metrics["async/dropped_stale"] == 6  # the two v0 groups (3 transitions each), lag 2 > 1
-    assert second.metrics["async/groups_without_signal"] == 2
-    assert second.metrics["async/staleness_max"] == 0
     assert second.metrics["async/dropped_stale_total"] == 6
+    if refills:  # the stale groups are set aside and the fresh ones, already running, take their place
+        assert second.transitions and {row.model_version for row in second.transitions} == {"v2"}
+        assert second.metrics["async/groups_without_signal"] == 2 and second.metrics["async/staleness_max"] == 0
+    else:  # the step takes the first finished groups; their stale transitions are dropped, never trained on
+        assert second.transitions == [] and second.metrics["async/groups_used"] == 2
     pipeline.close()
 
 
