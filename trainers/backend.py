@@ -11,6 +11,10 @@ synced after each update). The training loop uses a backend like this::
         trainer.step()                                   # the weights change inside the block
     # from here on requests must use backend.model_name (it may change per version) and carry "v1"
     backend.stop()
+
+With ``agl.train(max_staleness=K > 0)`` rollouts keep running through :meth:`Backend.updating`: a request is
+answered by one set of weights (the HF backend pauses generation only for the optimizer step and reports the version
+with each response; vLLM's ``disk`` sync waits for running requests, ``lora`` sync keeps the previous adapter).
 """
 
 from __future__ import annotations

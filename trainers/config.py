@@ -87,6 +87,17 @@ class TrainConfig:
     trainer_args: dict[str, Any] = field(default_factory=dict)
     """Extra ``trl.GRPOConfig`` fields (e.g. ``num_iterations``, ``epsilon``, ``max_grad_norm``)."""
 
+    # -- asynchronous training --------------------------------------------------------------------------------
+    max_staleness: int = 0
+    """0: synchronous (a step's rollouts start once the previous update is done). K > 0: the rollouts of the next
+    K steps run while a step trains; a transition sampled by version ``v`` is used by the update of version ``s``
+    only if ``s - v <= K``, else dropped (``async/dropped_stale``); TRL's importance-sampling correction is on."""
+    dynamic_sampling: int | None = None
+    """DAPO's dynamic sampling: a group whose rewards are all equal (or with nothing fresh to train on) is set
+    aside, another finished group or up to this many more tasks per step take its place (``async/refills``);
+    0: train on the groups sampled (groups with equal rewards are dropped by ``pack``). None: ``tasks_per_step``
+    with ``max_staleness > 0``, else 0."""
+
     # -- validation -------------------------------------------------------------------------------------------
     val_every: int = 5
     """Evaluate ``val_dataset`` (one rollout per task) before training, every ``val_every`` steps and at the end."""
@@ -162,8 +173,21 @@ class TrainConfig:
             raise ValueError(f"agl.train(group_size={self.group_size}): GRPO needs at least 2 rollouts per task")
         if not (self.temperature > 0 and math.isfinite(self.temperature)):
             raise ValueError(f"agl.train(temperature={self.temperature!r}): must be > 0 for training rollouts")
+        for name in ("max_staleness", "dynamic_sampling"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"agl.train({name}={value!r}): must be an integer >= 0")
+        if self.max_staleness is None:
+            raise ValueError("agl.train(max_staleness=None): use 0 (synchronous) or a number of steps")
         if self.val_every < 0 or self.checkpoint_every < 0:
             raise ValueError("agl.train(val_every=..., checkpoint_every=...) must be >= 0 (0 = only at the end)")
+
+    @property
+    def refill_cap(self) -> int:
+        """Extra tasks a step may sample to replace groups without a learning signal (``dynamic_sampling``)."""
+        if self.dynamic_sampling is not None:
+            return self.dynamic_sampling
+        return self.tasks_per_step if self.max_staleness > 0 else 0
 
     @classmethod
     def from_options(cls, config: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:

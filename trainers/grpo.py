@@ -27,11 +27,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
+
+from agentlightning.trainers._importance import importance_weights
 
 if TYPE_CHECKING:
     from agentlightning.rl.batch import PackedBatch
@@ -110,6 +113,7 @@ class LightningGRPOTrainer(GRPOTrainer):
         )
         self.create_optimizer_and_scheduler(num_training_steps=max(args.max_steps, 1))
         self._sampler_correction = False
+        self._sampler_stats: dict[str, float] = {}
 
     # -- TRL hooks --------------------------------------------------------------------------------------------
 
@@ -153,8 +157,13 @@ class LightningGRPOTrainer(GRPOTrainer):
 
     # -- the update -----------------------------------------------------------------------------------------------
 
-    def step(self, batch: PackedBatch) -> dict[str, float]:
-        """One optimizer update (``num_iterations`` of them) on ``batch``; returns TRL's metrics for it."""
+    def step(
+        self, batch: PackedBatch, weights_changing: Callable[[], AbstractContextManager[Any]] | None = None
+    ) -> dict[str, float]:
+        """One optimizer update (``num_iterations`` of them) on ``batch``; returns TRL's metrics for it.
+
+        ``weights_changing()`` is entered around each optimizer step, the only moment the weights change (e.g. a
+        backend generating from them pauses there)."""
         if len(batch) == 0:
             raise ValueError("LightningGRPOTrainer.step: the batch has no rows (see batch.stats for what was dropped)")
         _check_batch(batch)
@@ -172,7 +181,8 @@ class LightningGRPOTrainer(GRPOTrainer):
             if self.args.max_grad_norm and self.args.max_grad_norm > 0:
                 norm = self._clip_grad_norm(self.model)
                 grad_norm = float(norm) if norm is not None else None
-            self.optimizer.step()
+            with weights_changing() if weights_changing is not None else nullcontext():
+                self.optimizer.step()
             self.lr_scheduler.step()
             self.model.zero_grad(set_to_none=True)
             self.state.global_step += 1
@@ -189,6 +199,7 @@ class LightningGRPOTrainer(GRPOTrainer):
             metrics["sampling/importance_sampling_ratio/mean"] = float(values.mean()) if values.numel() else 1.0
             difference = (inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]).abs()[mask]
             metrics["sampling/sampling_logp_difference/mean"] = float(difference.mean()) if difference.numel() else 0.0
+            metrics.update(self._sampler_stats)
         metrics["rows"] = float(len(batch))
         metrics["micro_batches"] = float(len(micro_batches))
         metrics["update_seconds"] = time.perf_counter() - started
@@ -241,20 +252,11 @@ class LightningGRPOTrainer(GRPOTrainer):
 
     def _sampler_ratio(self, trained: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """pi_trained / pi_sampler per token (or per sequence), truncated or masked as TRL's settings say."""
-        difference = torch.nan_to_num((trained - sampled) * mask, nan=0.0)
-        mode = self.args.vllm_importance_sampling_mode
-        if mode.startswith("sequence"):
-            difference = difference.sum(dim=-1, keepdim=True)
-        ratio = torch.exp(difference)
-        low, high = self.args.vllm_importance_sampling_clip_min, self.args.vllm_importance_sampling_clip_max
-        if mode.endswith("truncate"):
-            return torch.clamp(ratio, min=low, max=high)
-        outside = torch.zeros_like(ratio, dtype=torch.bool)
-        if low is not None:
-            outside |= ratio < low
-        if high is not None:
-            outside |= ratio > high
-        return ratio.masked_fill(outside, 0.0)
+        ratio, self._sampler_stats = importance_weights(
+            trained, sampled, mask, self.args.vllm_importance_sampling_mode,
+            self.args.vllm_importance_sampling_clip_min, self.args.vllm_importance_sampling_clip_max,
+        )
+        return ratio
 
 
 def _rewards_come_from_agents(*args: Any, **kwargs: Any) -> list[float]:

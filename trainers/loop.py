@@ -6,7 +6,9 @@ HFBackendServer` serving the live weights or a :class:`~agentlightning.trainers.
 in sync with them (:func:`make_backend`, behind the :class:`~agentlightning.trainers.backend.Backend` protocol),
 the rollout source (Lightning Server + workers, or in-process), the
 metrics writer and checkpoints. Model versions are ``v<global step>``: ``v0`` is the initial model, and a call
-recorded with ``v3`` was sampled from the weights after the third update.
+recorded with ``v3`` was sampled from the weights after the third update. Each step's groups come from a
+:class:`~agentlightning.trainers._pipeline.RolloutPipeline`, which with ``max_staleness > 0`` runs the rollouts of
+the next steps while a step trains.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning._decorator import RolloutAgent
-from agentlightning.rl.advantages import compute_advantages
 from agentlightning.rl.batch import pack
-from agentlightning.rl.transitions import extract_transitions
+from agentlightning.trainers._pipeline import RolloutPipeline
 from agentlightning.trainers.config import TrainConfig, TrainResult
 from agentlightning.types import Rollout
 
@@ -70,8 +71,10 @@ class TrainingRun:
             seed=self.config.seed,
             max_completion_length=self.config.max_completion_length or 512,
             # The HF backend samples from the very weights being trained, so the sampler/trainer importance ratio
-            # is 1 up to float noise and its extra forward pass is skipped; a separate sampler (vLLM) turns it on.
-            **{"vllm_importance_sampling_correction": self.config.backend != "hf", **self.config.trainer_args},
+            # is 1 up to float noise and its extra forward pass is skipped; a separate sampler (vLLM) or rollouts
+            # sampled by older weights (max_staleness > 0) turn it on.
+            **{"vllm_importance_sampling_correction": self.config.backend != "hf" or self.config.max_staleness > 0,
+               **self.config.trainer_args},
         )
         trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=_lora_config(self.config.lora))
         policy = trainer.model
@@ -93,6 +96,13 @@ class TrainingRun:
         backend.sampling_overrides = {"temperature": self.config.temperature}
         writer = MetricsWriter(self.output_dir, self.config.report_to, run_name=self.output_dir.name)
         source = self._rollout_source()
+        pipeline = RolloutPipeline(
+            source, self.dataset, sampler.next, tasks_per_step=self.config.tasks_per_step,
+            group_size=self.config.group_size, max_staleness=self.config.max_staleness,
+            refill_cap=self.config.refill_cap, timeout=self._group_timeout(source), roles=self.config.roles,
+            credit=self.config.credit, air=self.config.air, algorithm=self.config.algorithm,
+            backlog=state.get("pending") or (), max_steps=self.config.max_steps,
+        )
         history = read_metrics(writer.path)
         initial_val = state.get("initial_validation")
         final_val: dict[str, float] | None = None
@@ -108,26 +118,27 @@ class TrainingRun:
                 history.append(start_row)
             bar = _progress(self.config.progress, start_step, self.config.max_steps)
             for step in range(start_step, self.config.max_steps):
-                row = self._train_step(step, trainer, backend, source, sampler)
+                row = self._train_step(step, trainer, backend, source, pipeline)
                 if self.val_dataset and (
                     (self.config.val_every and (step + 1) % self.config.val_every == 0) or step + 1 == self.config.max_steps
                 ):
-                    final_val = self._validate_policy(source, backend, f"step {step + 1}")
+                    final_val = self._validate_policy(source, backend, f"step {step + 1}", pipeline)
                     row.update({f"val/{key}": value for key, value in final_val.items()})
                 writer.write(row)
                 history.append(row)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(_postfix(row), refresh=False)
+                    bar.set_postfix(_postfix(row, self.config.max_staleness > 0), refresh=False)
                 if (self.config.checkpoint_every and (step + 1) % self.config.checkpoint_every == 0) or step + 1 == self.config.max_steps:
                     checkpoint_path = save_checkpoint(trainer, self.output_dir, {
                         "step": step + 1, "global_step": trainer.state.global_step,
                         "model_version": backend.model_version, "order": sampler.order, "cursor": sampler.cursor,
-                        "initial_validation": initial_val,
+                        "pending": pipeline.pending_indices(), "initial_validation": initial_val,
                     })
             if bar is not None:
                 bar.close()
         finally:
+            pipeline.close()
             source.close()
             backend.stop()
             writer.close()
@@ -145,36 +156,40 @@ class TrainingRun:
         logger.info("training finished:\n%s", result.summary())
         return result
 
-    def _train_step(self, step: int, trainer: Any, backend: Any, source: Any, sampler: _TaskSampler) -> dict[str, Any]:
+    def _train_step(self, step: int, trainer: Any, backend: Any, source: Any, pipeline: RolloutPipeline
+                    ) -> dict[str, Any]:
         started = time.perf_counter()
-        indices = sampler.next(self.config.tasks_per_step)
-        tasks = [self.dataset[index] for index in indices]
         served_version = backend.model_version
-        rollouts = source.run(tasks, self.config.group_size, f"step{step}", self.config.rollout_timeout)
+        data = pipeline.next_step(step, trainer.state.global_step)
         rollout_seconds = time.perf_counter() - started
-        extraction = extract_transitions(rollouts, self.config.roles, self.config.credit, self.config.air)
-        for line in extraction.stats.problems():
-            logger.warning("step %d: %s", step, line)
-        transitions = compute_advantages(extraction.transitions, estimator=self.config.algorithm)  # type: ignore[arg-type]
+        transitions = data.transitions
         row: dict[str, Any] = {"step": step + 1, "model_version": served_version}
-        row.update(self._rollout_metrics(rollouts, "", served_version))
+        row.update(self._rollout_metrics(data.rollouts, "", served_version))
         row["transitions"] = len(transitions)
         row["rollout_seconds"] = rollout_seconds
+        row.update(data.metrics)
         batch = pack(
             transitions, tokenizer_pad(trainer), self.config.max_prompt_length, self.config.max_completion_length,
             drop_zero_variance_groups=True,
         ) if transitions else None
         if batch is None or len(batch) == 0:
             logger.warning(
-                "step %d: nothing to train on (%d transitions; every group had equal rewards or no tokens were "
-                "captured) — the model is unchanged", step + 1, len(transitions),
+                "step %d: nothing to train on (%d transitions; every group had equal rewards, was too stale or no "
+                "tokens were captured) — the model is unchanged", step + 1, len(transitions),
             )
             row["skipped_update"] = 1
             # The step still counts: the optimizer schedule and the version do not move.
             return row
-        with backend.updating(f"v{trainer.state.global_step + 1}"):
-            metrics = trainer.step(batch)
+        new_version = f"v{trainer.state.global_step + 1}"
+        if self.config.max_staleness and _live_weights(backend) and not (self.config.beta and self.config.lora):
+            # Rollouts keep generating through the forward and backward passes; only the optimizer step pauses
+            # them (with a LoRA reference, disabling the adapter for the KL term would change what they see).
+            metrics = trainer.step(batch, weights_changing=lambda: backend.updating(new_version))
             synced = time.perf_counter()
+        else:
+            with backend.updating(new_version):
+                metrics = trainer.step(batch)
+                synced = time.perf_counter()
         row["sync_seconds"] = time.perf_counter() - synced  # pushing the weights to the backend (vLLM)
         if getattr(backend, "last_logprob_gap", None) is not None:
             row["sync/logprob_gap"] = backend.last_logprob_gap  # largest |sampler - trainer| logprob after the sync
@@ -185,8 +200,11 @@ class TrainingRun:
         row["step_seconds"] = time.perf_counter() - started
         return row
 
-    def _validate_policy(self, source: Any, backend: Any, label: str) -> dict[str, float]:
+    def _validate_policy(self, source: Any, backend: Any, label: str, pipeline: RolloutPipeline | None = None
+                         ) -> dict[str, float]:
         assert self.val_dataset is not None
+        if pipeline is not None:
+            pipeline.drain()  # training rollouts still running must not be sampled at the validation temperature
         backend.sampling_overrides = {"temperature": self.config.val_temperature}
         _serve(source, backend)
         try:
@@ -251,6 +269,16 @@ class TrainingRun:
             raise FileNotFoundError(f"agl.train(resume={str(self.config.resume)!r}): no such checkpoint directory")
         return path
 
+    def _group_timeout(self, source: Any) -> float | None:
+        """Seconds per rollout for threads; for a server, how long to wait for a submitted group, whose rollouts
+        may queue behind ``max_staleness`` steps of groups (the server times each attempt out itself)."""
+        from agentlightning.trainers.rollouts import LocalRollouts
+
+        timeout = self.config.rollout_timeout
+        if timeout is None or isinstance(source, LocalRollouts):
+            return timeout
+        return timeout * (self.config.max_staleness + 1)
+
     def _rollout_source(self) -> Any:
         from agentlightning.trainers.rollouts import LocalRollouts, ServerRollouts
 
@@ -287,6 +315,7 @@ def make_backend(
             max_model_len=options.max_model_len, tensor_parallel_size=options.tensor_parallel_size,
             max_lora_rank=options.max_lora_rank, extra_args=options.extra_args, env=options.env,
             startup_timeout=options.startup_timeout, check_messages=_CHECK_MESSAGES if options.check_logprobs else None,
+            keep_previous=config.max_staleness > 0,
         )
     if getattr(config.backend, "policy", policy) is None:
         config.backend.policy = policy  # a Backend instance built before the trainer existed
@@ -295,6 +324,13 @@ def make_backend(
 
 _CHECK_MESSAGES = [{"role": "user", "content": "What is 2 + 3? Answer briefly."}]
 """The conversation whose sampled tokens are scored by both sides after each vLLM sync."""
+
+
+def _live_weights(backend: Any) -> bool:
+    """Whether ``backend`` generates from the trainer's own weights (the HF backend) rather than a copy (vLLM)."""
+    from agentlightning.trainers.hf_backend import HFBackendServer
+
+    return isinstance(backend, HFBackendServer)
 
 
 def _serve(source: Any, backend: Any) -> None:
@@ -356,11 +392,17 @@ def _progress(enabled: bool, start: int, total: int) -> Any:
     return tqdm(total=total, initial=start, desc="agl.train", unit="step", dynamic_ncols=True)
 
 
-def _postfix(row: dict[str, Any]) -> dict[str, str]:
+def _postfix(row: dict[str, Any], asynchronous: bool = False) -> dict[str, str]:
     shown = {"reward": row.get("reward"), "acc": row.get("accuracy")}
     if "val/accuracy" in row:
         shown["val_acc"] = row["val/accuracy"]
-    return {key: f"{value:.2f}" for key, value in shown.items() if isinstance(value, (int, float))}
+    text = {key: f"{value:.2f}" for key, value in shown.items() if isinstance(value, (int, float))}
+    if asynchronous and "async/queue_depth" in row:  # version lag mean/max, groups ahead, dropped, waits (s)
+        text["lag"] = f"{row['async/staleness_mean']:.1f}/{row['async/staleness_max']:.0f}"
+        text["queue"] = f"{row['async/queue_depth']:.0f}"
+        text["stale"] = f"{row['async/dropped_stale_total']:.0f}"
+        text["wait"] = f"{row['async/trainer_wait_seconds']:.0f}/{row['async/sampler_wait_seconds']:.0f}"
+    return text
 
 
 def _fmt(values: dict[str, float] | None) -> str:

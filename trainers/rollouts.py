@@ -7,12 +7,17 @@
   (token ids from the responses, ``token_source='response'``); no server, no extra processes. Only the HF backend
   can be served this way: it returns token ids and applies the sampling overrides unasked, which vLLM does only
   when the request says so (the proxy's job).
+
+:meth:`RolloutSource.submit` starts groups and returns one future per task, so the asynchronous loop
+(``max_staleness > 0``) can train on the groups that finished while others still run; ``run`` waits for all.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,7 +30,14 @@ logger = logging.getLogger(__name__)
 class RolloutSource(Protocol):
     """Runs ``group_size`` rollouts of each task on the model version currently served."""
 
+    def submit(
+        self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None
+    ) -> list[Future[list[Rollout]]]:
+        """Start the rollouts; one future per task resolves to its group (``group_id`` ``f"{group_prefix}:..."``)."""
+        ...
+
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
+        """:meth:`submit`, then every group's rollouts in task order."""
         ...
 
     def set_model(
@@ -56,6 +68,8 @@ class ServerRollouts:
         settings = Settings(rollout_timeout=rollout_timeout) if rollout_timeout is not None else Settings()
         self.server = LightningServer(store_path=store_path, settings=settings, logprobs=logprobs).start()
         self._logprobs = logprobs
+        self._waiting = _waiters()
+        self._open: set[str] = set()  # rollouts submitted and not yet waited for
         try:
             self.pool = start_workers(
                 agent, self.server.url, nworkers, timeout=rollout_timeout, log_level=logging.WARNING
@@ -70,18 +84,43 @@ class ServerRollouts:
         self.server.set_upstream(base_url, model_name, model_version, logprobs=self._logprobs,
                                  sampling_overrides=sampling_overrides or {})
 
-    def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
-        ids = self.server.enqueue(list(tasks), group_size=group_size, group_id=group_prefix)
-        if self.pool.error:
+    def submit(
+        self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None
+    ) -> list[Future[list[Rollout]]]:
+        if self.pool is not None and self.pool.error:
             raise RuntimeError(f"the worker pool failed: {self.pool.error}")
-        return self.server.wait(ids, timeout=timeout)
+        groups = [self.server.enqueue([task], group_size=group_size, group_id=group_prefix) for task in tasks]
+        self._open.update(rollout_id for ids in groups for rollout_id in ids)
+        return [self._waiting.submit(self._wait, ids, timeout) for ids in groups]
+
+    def _wait(self, ids: list[str], timeout: float | None) -> list[Rollout]:
+        try:
+            return self.server.wait(ids, timeout=timeout)
+        finally:
+            self._open.difference_update(ids)
+
+    def _cancel_open(self) -> None:
+        """Cancel the rollouts submitted and not waited for (groups ahead of the last step), so that a resumed
+        run's workers do not pick them up."""
+        for rollout_id in list(self._open):
+            try:
+                self.server.store.cancel(rollout_id)
+            except Exception:  # noqa: BLE001 - finished meanwhile, or the store is closing: nothing to cancel
+                logger.debug("could not cancel rollout %s", rollout_id, exc_info=True)
+        self._open.clear()
+
+    def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
+        return _results(self.submit(tasks, group_size, group_prefix, timeout))
 
     def close(self) -> None:
+        self._cancel_open()
         self.server.request_stop()
         try:
-            self.pool.stop(timeout=15)
+            if self.pool is not None:
+                self.pool.stop(timeout=15)
         finally:
             self.server.stop()
+            self._waiting.shutdown(wait=False, cancel_futures=True)
 
 
 class RemoteRollouts(ServerRollouts):
@@ -91,13 +130,13 @@ class RemoteRollouts(ServerRollouts):
         self.server = server
         self._logprobs = logprobs
         self.pool = None
-
-    def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
-        ids = self.server.enqueue(list(tasks), group_size=group_size, group_id=group_prefix)
-        return self.server.wait(ids, timeout=timeout)
+        self._waiting = _waiters()
+        self._open: set[str] = set()  # rollouts submitted and not yet waited for
 
     def close(self) -> None:
+        self._cancel_open()
         self.server.request_stop()
+        self._waiting.shutdown(wait=False, cancel_futures=True)
 
 
 class LocalRollouts:
@@ -107,6 +146,7 @@ class LocalRollouts:
         self.agent = agent
         self.nworkers = max(1, nworkers)
         self.llm: LLM | None = None
+        self._pool = ThreadPoolExecutor(max_workers=self.nworkers, thread_name_prefix="agl-local-rollout")
 
     def set_model(
         self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None
@@ -114,16 +154,59 @@ class LocalRollouts:
         # Only the HF backend is served this way (TrainConfig refuses another): it applies the overrides itself.
         self.llm = LLM(base_url=base_url, model=model_name, model_version=model_version)
 
-    def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
-        from agentlightning._run import run
-
+    def submit(
+        self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None
+    ) -> list[Future[list[Rollout]]]:
         if self.llm is None:
             raise RuntimeError("LocalRollouts.set_model() must be called before run()")
-        expanded = [task for task in tasks for _ in range(group_size)]
-        rollouts = run(self.agent, expanded, self.llm, n_workers=self.nworkers, timeout=timeout)
-        for rollout in rollouts:  # every attempt has a task id (the task's own, else its content hash)
-            rollout.group_id = f"{group_prefix}:{rollout.task_id}"
-        return rollouts
+        return [_gathered([self._pool.submit(self._one, task, group_prefix, timeout) for _ in range(group_size)])
+                for task in tasks]
+
+    def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
+        return _results(self.submit(tasks, group_size, group_prefix, timeout))
+
+    def _one(self, task: Any, group_prefix: str, timeout: float | None) -> Rollout:
+        from agentlightning._run import run
+
+        assert self.llm is not None
+        (rollout,) = run(self.agent, [task], self.llm, n_workers=1, timeout=timeout)  # the version served now
+        rollout.group_id = f"{group_prefix}:{rollout.task_id}"  # every attempt has a task id (own or content hash)
+        return rollout
 
     def close(self) -> None:
-        return None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _results(groups: list[Future[list[Rollout]]]) -> list[Rollout]:
+    """The rollouts of ``groups``, in order, once all finished."""
+    return [rollout for group in groups for rollout in group.result()]
+
+
+def _waiters() -> ThreadPoolExecutor:
+    """Threads that wait for submitted groups (a wait polls the store; it does not hold a worker)."""
+    return ThreadPoolExecutor(max_workers=64, thread_name_prefix="agl-group-wait")
+
+
+def _gathered(futures: list[Future[Rollout]]) -> Future[list[Rollout]]:
+    """One future for the results of ``futures``, in order (the first failure fails it)."""
+    group: Future[list[Rollout]] = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def settle(_: Future[Rollout]) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        if any(future.cancelled() for future in futures):  # the source closed before they ran
+            group.cancel()
+            return
+        failed = next((future.exception() for future in futures if future.exception() is not None), None)
+        if failed is not None:
+            group.set_exception(failed)
+        else:
+            group.set_result([future.result() for future in futures])
+
+    for future in futures:
+        future.add_done_callback(settle)
+    return group

@@ -7,8 +7,9 @@
 the trainer's weights, the new weights are pushed to the server by one of four sync modes:
 
 - ``"lora"`` (any hardware; the default for a LoRA policy): save the PEFT adapter (to ``/dev/shm`` when it exists),
-  hot-load it under a new name ``<model_name>-<version>`` (``/v1/load_lora_adapter``) and unload the previous one.
-  :attr:`model_name` changes with every version: requests must name the new adapter.
+  hot-load it under a new name ``<model_name>-<version>`` (``/v1/load_lora_adapter``) and unload the previous one
+  (with ``keep_previous=True``, for asynchronous training, one sync later: requests already running on it finish
+  there). :attr:`model_name` changes with every version: requests must name the new adapter.
 - ``"disk"`` (any hardware; full fine-tuning; a shared filesystem across machines): save the full weights, pause,
   reload them through the worker extension :mod:`agentlightning.trainers._vllm_worker` (which also re-ties a tied
   ``lm_head``), reset the prefix cache, set the weight version, resume.
@@ -93,6 +94,7 @@ class VLLMBackend:
         startup_timeout: float = 600.0,
         request_timeout: float = 300.0,
         check_messages: list[dict[str, Any]] | None = None,
+        keep_previous: bool = False,
     ) -> None:
         if (model is None) == (url is None):
             raise ValueError("VLLMBackend: give exactly one of model= (start vLLM here) or url= (use a running one)")
@@ -130,6 +132,8 @@ class VLLMBackend:
         self._log_path = Path()  # the started server's output, in its temporary directory
         self._http: httpx.Client | None = None
         self._adapter: str | None = None
+        self._keep_previous = keep_previous
+        self._retired: str | None = None  # the previous adapter, still loaded for requests running on it
         self._transfer: Any = None  # TRL's VLLMClient (nccl) or vLLM's IPC trainer engine (ipc)
 
     # -- the Backend protocol -------------------------------------------------------------------------------------
@@ -190,13 +194,14 @@ class VLLMBackend:
         if self.sync_mode == "nccl" and self._transfer is not None:
             self._transfer.close_communicator()
         self._transfer = None
-        if self._http is not None and self._process is None and self._adapter is not None:
-            # A server someone else runs keeps running: take back the adapter loaded here (its name may be reused).
-            try:
-                self._http.post("/v1/unload_lora_adapter", json={"lora_name": self._adapter}).raise_for_status()
-            except httpx.HTTPError as exc:
-                logger.warning("could not unload LoRA adapter %s: %s", self._adapter, exc)
-        self._adapter = None
+        for adapter in (self._adapter, self._retired):
+            if self._http is not None and self._process is None and adapter is not None:
+                # A server someone else runs keeps running: take back the adapters loaded here (names may be reused).
+                try:
+                    self._http.post("/v1/unload_lora_adapter", json={"lora_name": adapter}).raise_for_status()
+                except httpx.HTTPError as exc:
+                    logger.warning("could not unload LoRA adapter %s: %s", adapter, exc)
+        self._adapter = self._retired = None
         if self._http is not None:
             self._http.close()
             self._http = None
@@ -241,6 +246,8 @@ class VLLMBackend:
         self.policy.save_pretrained(path)
         self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
         previous, self._adapter, self._model_name = self._adapter, name, name
+        if self._keep_previous:
+            previous, self._retired = self._retired, previous
         if previous is not None:
             self._post("/v1/unload_lora_adapter", json={"lora_name": previous})
             shutil.rmtree(self._dir / previous, ignore_errors=True)

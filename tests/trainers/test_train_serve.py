@@ -7,6 +7,7 @@ import json
 import socket
 import threading
 
+import pytest
 from train_agents import echo_length_agent
 
 import agentlightning as agl
@@ -21,7 +22,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_server_with_model_trains_on_client_rollouts(tmp_path):
+@pytest.mark.parametrize("staleness", [0, 1], ids=["sync", "async"])
+def test_server_with_model_trains_on_client_rollouts(tmp_path, staleness):
     model, tokenizer = tiny_model(seed=4)
     model.save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")
@@ -31,7 +33,8 @@ def test_server_with_model_trains_on_client_rollouts(tmp_path):
     args = parser.parse_args(["--port", str(port), "--store", str(tmp_path / "store.db"),
                               "--model", str(tmp_path / "tiny")])
     trainer_options = ["--max-steps", "2", "--group-size", "2", "--tasks-per-step", "2", "--learning-rate", "0.01",
-                       "--max-completion-length", "6", "--output-dir", str(tmp_path / "out")]
+                       "--max-completion-length", "6", "--output-dir", str(tmp_path / "out"),
+                       "--set", f"max_staleness={staleness}"]
     outcome: dict[str, int] = {}
     server = threading.Thread(target=lambda: outcome.update(code=serve_training(server_from_args(args), args, trainer_options)), daemon=True)
     server.start()
@@ -43,5 +46,10 @@ def test_server_with_model_trains_on_client_rollouts(tmp_path):
     assert outcome.get("code") == 0
     rows = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2]
-    assert all(row["llm_calls"] == 4 for row in rows)
+    if staleness:  # the remote clients ran the next step's groups ahead; groups without signal were refilled
+        assert all(row["llm_calls"] >= 4 and row["async/staleness_max"] <= 1 for row in rows)
+        first = rows[0]  # two steps' groups were submitted at once: used, set aside (no signal) or still queued
+        assert first["async/groups_used"] + first["async/groups_without_signal"] + first["async/queue_depth"] >= 4
+    else:
+        assert all(row["llm_calls"] == 4 for row in rows)
     assert (tmp_path / "out" / "model" / "config.json").exists()

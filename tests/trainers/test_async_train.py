@@ -1,0 +1,141 @@
+"""Asynchronous training end to end on a tiny random model: weight updates while rollouts are in flight, the
+staleness bound and importance-sampling metrics of a real run, and a resume in the middle of the pipeline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import async_agents
+import torch
+from async_agents import two_call_agent
+from train_agents import echo_length_agent
+
+import agentlightning as agl
+from agentlightning.server import SQLiteStore
+from agentlightning.trainers.hf_backend import HFBackendServer
+from agentlightning.trainers.models import tiny_model
+from agentlightning.trainers.rollouts import LocalRollouts
+from agentlightning.types import Transition
+
+
+def test_the_weights_change_only_inside_weights_changing(tmp_path):
+    """What lets the HF backend keep generating through the forward and backward passes of an update."""
+    from agentlightning.rl import pack
+    from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+
+    model, tokenizer = tiny_model(seed=2)
+    trainer = LightningGRPOTrainer(model, grpo_config(str(tmp_path), micro_batch_size=4, learning_rate=1e-2), tokenizer)
+    weights = [parameter for parameter in trainer.model.parameters() if parameter.requires_grad]
+    initial = [parameter.detach().clone() for parameter in weights]
+    seen = []
+
+    @contextmanager
+    def changing():
+        seen.append(all(torch.equal(a, b) for a, b in zip(weights, initial, strict=True)))
+        yield
+        seen.append(all(torch.equal(a, b) for a, b in zip(weights, initial, strict=True)))
+
+    rows = [Transition(rollout_id=f"r{i}", group_id="g", index=0, prompt_token_ids=[5, 6, 7],
+                       completion_token_ids=[8, 9 + i], advantage=1.0 - i, weight=1.0) for i in range(3)]
+    trainer.step(pack(rows, tokenizer.pad_token_id), weights_changing=changing)
+    assert seen == [True, False], "unchanged through forward/backward, changed by the optimizer step inside the block"
+
+
+def test_an_update_while_a_rollout_is_in_flight_leaves_each_call_its_own_version():
+    model, tokenizer = tiny_model(seed=3)
+    async_agents.FIRST_CALL_DONE.clear()
+    async_agents.WEIGHTS_UPDATED.clear()
+    with HFBackendServer(model, tokenizer, model_version="v0", always_logprobs=True) as backend:
+        source = LocalRollouts(two_call_agent, nworkers=1)
+        source.set_model(backend.base_url, backend.model_name, backend.model_version)  # never told about v1
+        try:
+            (group,) = source.submit([{"id": "t0", "question": "hello"}], 1, "step0", timeout=60)
+            assert async_agents.FIRST_CALL_DONE.wait(timeout=60)
+            with backend.updating("v1"), torch.no_grad():  # the rollout is between its two calls
+                for parameter in model.parameters():
+                    parameter.add_(0.01)
+            async_agents.WEIGHTS_UPDATED.set()
+            (rollout,) = group.result(timeout=60)
+        finally:
+            source.close()
+    assert rollout.status == "succeeded", rollout.error
+    first, second = rollout.llm_calls
+    assert (first.metadata["model_version"], second.metadata["model_version"]) == ("v0", "v1")
+    assert rollout.model_version == "v0"  # the version the rollout started on
+    transitions = agl.transitions([rollout])
+    assert [row.model_version for row in transitions] == ["v0", "v1"]
+    assert all(len(row.completion_logprobs) == len(row.completion_token_ids) for row in transitions)
+
+
+TRAINING = dict(group_size=4, tasks_per_step=2, learning_rate=1e-2, micro_batch_size=4, max_completion_length=8,
+                nworkers=2, progress=False, save_model=False, max_staleness=1, checkpoint_every=1)
+TASKS = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(12)]
+
+KILLED_RUN = """
+import sys
+sys.path.insert(0, {tests!r})
+from train_agents import echo_length_agent
+import agentlightning as agl
+from agentlightning.trainers.models import tiny_model
+model, tokenizer = tiny_model(seed=1)
+agl.train(echo_length_agent, {tasks!r}, model=model, tokenizer=tokenizer, max_steps=4, output_dir={output!r},
+          use_server=False, **{options!r})
+"""
+
+
+def test_asynchronous_training_bounds_staleness_and_corrects_off_policy(tmp_path):
+    model, tokenizer = tiny_model(seed=1)
+    result = agl.train(echo_length_agent, TASKS, model=model, tokenizer=tokenizer, max_steps=3,
+                       output_dir=tmp_path / "run", **TRAINING)
+    rows = [row for row in result.history if row["step"] > 0]
+    assert len(rows) == 3
+    for row in rows:
+        assert row["async/staleness_max"] <= 1, row
+        assert row["async/trainer_wait_seconds"] >= 0 and row["async/sampler_wait_seconds"] >= 0
+    assert rows[0]["async/queue_depth"] + rows[0]["async/groups_used"] + rows[0]["async/groups_without_signal"] >= 4
+    assert rows[-1]["async/queue_depth"] == 0, "nothing is sampled ahead of the last step"
+    trained = [row for row in rows if not row.get("skipped_update")]
+    assert trained, "no step trained"
+    assert max(row["async/staleness_max"] for row in rows[1:]) == 1, "rollouts sampled ahead were trained on"
+    for row in trained:
+        # importance sampling is on by default with max_staleness > 0
+        assert 0 < row["train/sampling/raw_ratio/mean"] and "train/sampling/masked_tokens" in row, row
+    assert result.model_version == f"v{len(trained)}"
+
+
+def test_a_run_killed_mid_pipeline_resumes_with_the_groups_that_were_in_flight(tmp_path):
+    output = tmp_path / "run"
+    script = KILLED_RUN.format(tests=str(Path(__file__).parent), tasks=TASKS, output=str(output), options=TRAINING)
+    process = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    checkpoint = output / "checkpoints" / "step-2" / "state.json"
+    try:
+        deadline = time.monotonic() + 240
+        while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert checkpoint.exists(), f"the run never reached step 2 (exit code {process.poll()})"
+    finally:
+        process.kill()  # mid-step 3: the groups sampled ahead die with it
+        process.wait(timeout=30)
+    state = json.loads(checkpoint.read_text())
+    pending = [TASKS[index]["id"] for index in state["pending"]]
+    assert len(pending) >= 2, "the groups running ahead of step 3 are saved with the checkpoint"
+
+    model, tokenizer = tiny_model(seed=1)
+    resumed = agl.train(echo_length_agent, TASKS, model=model, tokenizer=tokenizer, max_steps=4, output_dir=output,
+                        resume=True, **TRAINING)
+    steps = [row["step"] for row in resumed.history if row["step"] > 0]
+    assert steps[:2] == [1, 2] and steps[-2:] == [3, 4]
+    store = SQLiteStore(output / "store.db")
+    try:
+        step_three = {info.task_id for info in store.list_rollouts(limit=1000) if info.group_id.startswith("step2:")}
+        left = {info.status for info in store.list_rollouts(limit=1000)}
+    finally:
+        store.close()
+    assert set(pending) <= step_three, "the resumed run first re-runs the groups that were in flight"
+    assert not left & {"queued", "running"}, "nothing is left queued or running when a run ends"

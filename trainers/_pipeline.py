@@ -1,0 +1,205 @@
+"""The rollout pipeline of ``agl.train``: GRPO groups run ahead of the trainer by up to ``max_staleness`` steps.
+
+At the start of each step the pipeline tops its groups (one task's ``group_size`` rollouts) up to
+``(max_staleness + 1) * tasks_per_step`` submitted and not yet used (no more than the steps left need). With
+``max_staleness=0`` that is the synchronous loop: a step's groups start once the previous update is done. With
+``K > 0`` the groups of the next ``K`` steps run while this step trains. A step takes groups in the order they
+finish until it has ``tasks_per_step`` of them; a transition sampled with model version ``v`` is kept for the
+update of version ``s`` only if ``s - v <= K`` (otherwise dropped and counted). With dynamic sampling
+(``refill_cap > 0``), a group without a learning signal (all rewards equal, nothing trainable, or only stale
+transitions) is set aside and, when no other group can take its place, a new task is sampled, at most
+``refill_cap`` times a step (DAPO's dynamic sampling).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentlightning.rl.advantages import compute_advantages, group_key
+from agentlightning.rl.transitions import extract_transitions
+from agentlightning.types import Rollout, Transition
+
+logger = logging.getLogger(__name__)
+
+
+def version_number(version: str | None) -> int | None:
+    """``"v3"`` -> 3 (the loop's versions are ``v<global step>``); None for anything else."""
+    if isinstance(version, str) and version.startswith("v") and version[1:].isdigit():
+        return int(version[1:])
+    return None
+
+
+def fresh_enough(transitions: Sequence[Transition], trained_version: int, max_staleness: int
+                 ) -> tuple[list[Transition], list[int]]:
+    """The transitions whose sampling version is at most ``max_staleness`` behind ``trained_version``, and the lags
+    of those kept. A transition without a ``v<N>`` version is kept (its lag is unknown; counted as 0)."""
+    kept, lags = [], []
+    for row in transitions:
+        sampled = version_number(row.model_version)
+        lag = 0 if sampled is None else trained_version - sampled
+        if lag <= max_staleness:
+            kept.append(row)
+            lags.append(lag)
+    return kept, lags
+
+
+@dataclass
+class StepData:
+    """What one training step gets from the pipeline."""
+
+    rollouts: list[Rollout]
+    transitions: list[Transition]
+    """Transitions of the used groups with advantages, stale ones removed."""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Group:
+    index: int  # dataset index of the task
+    future: Future[list[Rollout]]
+
+
+class RolloutPipeline:
+    """Feeds each training step with finished groups from ``source`` (see the module docstring).
+
+    ``pick(n)`` returns the dataset indices of the next ``n`` tasks; ``backlog`` are indices to run first (the
+    groups that were in flight when the checkpoint being resumed was written).
+    """
+
+    def __init__(
+        self, source: Any, dataset: Sequence[Any], pick: Callable[[int], list[int]], *, tasks_per_step: int,
+        group_size: int, max_staleness: int, refill_cap: int, timeout: float | None, roles: Any, credit: Any,
+        air: Any, algorithm: str, backlog: Sequence[int] = (), max_steps: int | None = None,
+    ) -> None:
+        self.source, self.dataset, self.pick = source, dataset, pick
+        self.tasks_per_step, self.group_size, self.max_staleness = tasks_per_step, group_size, max_staleness
+        self.refill_cap, self.timeout = refill_cap, timeout
+        self.roles, self.credit, self.air, self.algorithm = roles, credit, air, algorithm
+        self.max_steps = max_steps
+        self.filtering = refill_cap > 0  # set groups without signal aside (else pack drops the flat ones)
+        self.pending: list[_Group] = []
+        self._backlog = collections.deque(backlog)
+        self._lock = threading.Lock()
+        self._running = 0
+        self._idle_since: float | None = None  # since when no submitted rollout has been running
+        self._idle = 0.0
+        self.dropped_stale_total = 0
+        self.refills_total = 0
+
+    def pending_indices(self) -> list[int]:
+        """Dataset indices of the groups submitted and not yet used (saved in checkpoints)."""
+        return [group.index for group in self.pending]
+
+    def next_step(self, step: int, trained_version: int) -> StepData:
+        """Top up, then wait for the groups of step ``step`` (0-based), which updates ``v<trained_version>``."""
+        ahead = self.max_staleness if self.max_steps is None else min(self.max_staleness, self.max_steps - 1 - step)
+        self._submit((max(ahead, 0) + 1) * self.tasks_per_step - len(self.pending), f"step{step}")
+        waited = time.perf_counter()
+        used: list[tuple[list[Rollout], list[Transition]]] = []
+        set_aside: list[tuple[list[Rollout], list[Transition]]] = []
+        discarded = refills = dropped = 0
+        problems: collections.Counter[str] = collections.Counter()
+        while len(used) < self.tasks_per_step:
+            short = self.tasks_per_step - len(used) - len(self.pending)
+            if short > 0 and self.filtering and refills < self.refill_cap:  # sample more tasks, all at once
+                count = min(short, self.refill_cap - refills)
+                refills += count
+                self._submit(count, f"step{step}r{refills}")
+            if not self.pending:
+                break
+            group = self._next_finished()
+            rollouts = group.future.result()
+            extraction = extract_transitions(rollouts, self.roles, self.credit, self.air)
+            problems.update(extraction.stats.problems())
+            fresh = fresh_enough(extraction.transitions, trained_version, self.max_staleness)[0]
+            if not self.filtering or (fresh and self._has_signal(extraction.transitions)):
+                used.append((rollouts, extraction.transitions))
+            else:
+                discarded += 1
+                dropped += len(extraction.transitions) - len(fresh)
+                set_aside.append((rollouts, extraction.transitions))  # in the step's reward metrics, never trained
+        trainer_wait = time.perf_counter() - waited
+        for line, count in problems.items():
+            logger.warning("step %d: %s%s", step + 1, line, f" (in {count} groups)" if count > 1 else "")
+        transitions = compute_advantages([row for _, rows in used for row in rows], estimator=self.algorithm)
+        fresh, lags = fresh_enough(transitions, trained_version, self.max_staleness)
+        dropped += len(transitions) - len(fresh)
+        self.dropped_stale_total += dropped
+        self.refills_total += refills
+        with self._lock:
+            idle, self._idle = self._idle, 0.0
+            if self._idle_since is not None:  # nothing running now: the sampler is waiting for the update
+                idle += time.perf_counter() - self._idle_since
+                self._idle_since = time.perf_counter()
+        metrics = {
+            "async/staleness_mean": sum(lags) / len(lags) if lags else 0.0,
+            "async/staleness_max": float(max(lags, default=0)),
+            "async/dropped_stale": float(dropped),
+            "async/dropped_stale_total": float(self.dropped_stale_total),
+            "async/groups_used": float(len(used)),
+            "async/groups_without_signal": float(discarded),
+            "async/refills": float(refills),
+            "async/refills_total": float(self.refills_total),
+            "async/queue_depth": float(len(self.pending)),
+            "async/trainer_wait_seconds": trainer_wait,
+            "async/sampler_wait_seconds": idle,
+        }
+        rollouts = [rollout for group_rollouts, _ in used + set_aside for rollout in group_rollouts]
+        return StepData(rollouts, fresh, metrics)
+
+    def drain(self) -> None:
+        """Wait until every submitted group has finished (they stay pending for the next steps)."""
+        wait([group.future for group in self.pending])
+
+    def close(self) -> None:
+        for group in self.pending:
+            group.future.cancel()
+        self.pending.clear()
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _has_signal(self, transitions: Sequence[Transition]) -> bool:
+        """The group's rewards differ (GRPO's signal; other estimators learn from any reward)."""
+        if self.algorithm not in ("grpo", "dr_grpo"):
+            return True
+        rewards: dict[str, set[float]] = {}
+        for row in transitions:
+            rewards.setdefault(group_key(row), set()).add(row.reward)
+        return any(len(values) > 1 for values in rewards.values())
+
+    def _submit(self, count: int, prefix: str) -> None:
+        if count <= 0:
+            return
+        indices = [self._backlog.popleft() for _ in range(min(count, len(self._backlog)))]
+        indices += self.pick(count - len(indices))
+        futures = self.source.submit([self.dataset[index] for index in indices], self.group_size, prefix, self.timeout)
+        with self._lock:
+            if self._running == 0 and self._idle_since is not None:
+                self._idle += time.perf_counter() - self._idle_since
+                self._idle_since = None
+            self._running += len(futures)
+        for index, future in zip(indices, futures, strict=True):
+            self.pending.append(_Group(index, future))
+            future.add_done_callback(self._finished)
+
+    def _finished(self, _: Future[list[Rollout]]) -> None:
+        with self._lock:
+            self._running -= 1
+            if self._running == 0:
+                self._idle_since = time.perf_counter()
+
+    def _next_finished(self) -> _Group:
+        """The first finished pending group (waiting for one), removed from ``pending``."""
+        while True:
+            done = next((group for group in self.pending if group.future.done()), None)
+            if done is not None:
+                self.pending.remove(done)
+                return done
+            wait([group.future for group in self.pending], return_when=FIRST_COMPLETED)
