@@ -83,7 +83,8 @@ def child(steps: int, seed: int, output_dir: str) -> dict[str, Any]:
 
     def pre(module: Any, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
-        kind = "grad" if torch.is_grad_enabled() else ("decode" if ids is not None and ids.shape[-1] == 1 else "prefill")
+        kind = "decode" if ids is not None and ids.shape[-1] == 1 else "prefill"
+        kind = "grad" if torch.is_grad_enabled() else kind
         events.append((time.perf_counter(), f"{kind}+", 0 if ids is None else int(ids.numel())))
 
     def post(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
@@ -121,6 +122,7 @@ def child(steps: int, seed: int, output_dir: str) -> dict[str, Any]:
 
     LocalRollouts.run = timed_run
     info["matmul_flops"] = _matmul_rate()
+    info["source"] = str(Path(models.__file__).resolve().parent)
     started = time.perf_counter()
     main(["--steps", str(steps), "--seed", str(seed), "--output-dir", output_dir, "--val-every", str(steps)])
     info["wall"] = time.perf_counter() - started
@@ -215,6 +217,7 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
 # -- the parent: baseline and current side by side --------------------------------------------------------------
 
 def _baseline_tree(revision: str, directory: Path) -> Path:
+    directory.mkdir()
     archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "agentlightning", "adapters", "trainers"],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
@@ -255,7 +258,7 @@ def _report(results: dict[str, list[dict[str, Any]]]) -> str:
             seconds, limit = statistics.median(v["seconds"] for v in val), statistics.median(v["limit"] for v in val)
             lines.append(f"validation pass ({side}): {seconds:.2f} s, limit {limit:.2f} s, x{seconds / limit:.2f}")
         lines.append(f"{side}: matmul {med(side, lambda a: a['matmul_gflops']):.0f} GFLOP/s, "
-                     f"run wall {med(side, lambda a: a['wall']):.0f} s")
+                     f"run wall {med(side, lambda a: a['wall']):.0f} s, code from {results[side][0]['info']['source']}")
     return "\n".join(lines)
 
 
