@@ -14,7 +14,9 @@ What is overridden, and why:
   the trained model and the sampler when the batch carries sampling log-probabilities (TRL's
   ``vllm_importance_sampling_*`` settings, whatever the backend);
 - ``_prepare_inputs``: passes through the micro-batches built by :meth:`LightningGRPOTrainer.step` (TRL's version
-  would split a generation batch into equal parts and drop the remainder).
+  would split a generation batch into equal parts and drop the remainder);
+- ``_get_per_token_logps_and_entropies``: TRL's computation, with the prompt prefix the rows share (an agent's
+  system prompt, tools and examples: most of its prompt) run once per micro-batch instead of once per row.
 
 Per-row loss weights (``PackedBatch.weights``, e.g. ``1/n`` for a rollout with ``n`` transitions) scale each
 row's advantage. TRL's policy losses are linear in the advantage for a positive factor, so the update is that of
