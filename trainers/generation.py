@@ -313,14 +313,17 @@ class GenerationEngine:
         greedy = temperatures <= 0
         scaled = logits / torch.where(greedy, torch.ones_like(temperatures), temperatures).unsqueeze(1)
         log_probs = torch.log_softmax(scaled, dim=-1)
-        chosen = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-        for i, row in enumerate(rows):
-            if bool(greedy[i]):
-                chosen[i] = int(torch.argmax(log_probs[i]))
-                continue
-            filtered = _filter(log_probs[i], row.params.top_p, row.params.top_k)
-            probs = torch.softmax(filtered, dim=-1)
-            chosen[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
+        chosen = log_probs.argmax(dim=-1)  # what greedy rows keep
+        sampled = [i for i, row in enumerate(rows) if not bool(greedy[i])]
+        # Rows without a seed, top-p or top-k draw together from the global generator, the others one by one.
+        together = [i for i in sampled
+                    if generators[i] is None and rows[i].params.top_p >= 1 and not rows[i].params.top_k]
+        if together:
+            chosen[together] = torch.multinomial(log_probs[together].exp(), 1).squeeze(1)
+        for i in sampled:
+            if i not in together:
+                probs = torch.softmax(_filter(log_probs[i], rows[i].params.top_p, rows[i].params.top_k), dim=-1)
+                chosen[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
         return chosen, log_probs.gather(1, chosen.unsqueeze(1)).squeeze(1)
 
     def _hit_stop(self, row: _Row, tokens: list[int]) -> bool:

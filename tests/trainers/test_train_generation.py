@@ -46,7 +46,8 @@ def test_rows_join_a_running_batch_and_keep_exact_token_ids_and_logprobs():
     try:
         long_row = engine.submit(first, SamplingParams(max_tokens=300, temperature=0.7, seed=1))
         _wait_for(lambda: engine.batches_run == 1)
-        joined = [engine.submit(p, SamplingParams(max_tokens=12, temperature=0.7, seed=2 + i))
+        # One seeded row, one drawn with the other unseeded rows of the batch.
+        joined = [engine.submit(p, SamplingParams(max_tokens=12, temperature=0.7, seed=2 if i else None))
                   for i, p in enumerate(later)]
         greedy_joined = engine.submit(later[0], SamplingParams(max_tokens=12, temperature=0))
         samples = [future.result(timeout=60) for future in joined + [greedy_joined]]
