@@ -48,14 +48,14 @@ def print_steps(history: list[dict], target: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agentlightning.demo", description=(DEMO_DOC or "").split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=12, help="training steps (default 12)")
+    parser.add_argument("--steps", type=int, default=16, help="training steps (default 16)")
     parser.add_argument("--tasks-per-step", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--val-size", type=int, default=24, help="held-out problems")
-    parser.add_argument("--val-every", type=int, default=4)
+    parser.add_argument("--val-every", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--nworkers", type=int, default=16,
+    parser.add_argument("--nworkers", type=int, default=32,
                         help="agents running at once (threads, or worker processes with --server)")
     parser.add_argument("--model", default="smollm2", help="'smollm2' (bundled GGUF), a local path or a hub name")
     parser.add_argument("--output-dir", default="runs/demo")
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         learning_rate=args.learning_rate,
         lora={"r": 16, "lora_alpha": 32},
         temperature=0.7,
-        micro_batch_size=8,
+        micro_batch_size=16,
         max_completion_length=40,
         val_dataset=held_out,
         val_every=args.val_every,
