@@ -8,8 +8,9 @@ hooks on the policy model, PyTorch's global optimizer hooks, a wrapper around th
 
 - rollout prefill / decode: no-grad forwards of several tokens / of one token, during a training step's rollouts;
 - rollout other: the rest of those rollouts (HTTP, the agents, capture, waiting for a batch);
-- update forward / backward / optimizer / other: the TRL update (backward = from the logits' gradient to the next
-  optimizer step or forward; other = loss terms, micro-batch shaping, clipping);
+- update forward / backward / optimizer / other: the TRL update (forward = the backbone's forwards; backward =
+  from the gradient reaching the backbone's output to the next optimizer step or forward; other = the LM head and
+  its backward, loss terms, micro-batch shaping, clipping);
 - step other: the step's wall time outside its rollouts and update (transitions, advantages, packing);
 - validation: one greedy pass over the held-out set (prefill, decode, other), reported per pass.
 
