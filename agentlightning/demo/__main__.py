@@ -36,7 +36,8 @@ def print_steps(history: list[dict], target: float) -> None:
     start = next((row["elapsed_seconds"] for row in history if row["step"] == 0), 0.0)
     print(f"\nset-up and the held-out evaluation before training: {start:.0f} s")
     for row in history[1:]:
-        line = (f"step {row['step']:>2}  {row.get('step_seconds', 0):5.1f} s  "
+        seconds = f"{row['step_seconds']:5.1f} s" if "step_seconds" in row else "skipped"  # no reward variance
+        line = (f"step {row['step']:>2}  {seconds}  "
                 f"training {row['elapsed_seconds'] - start:5.0f} s  train reward {row.get('reward', 0):.2f}")
         if "val/accuracy" in row:
             line += f"  held-out accuracy {row['val/accuracy']:.3f} (reward {row['val/reward']:.3f})"
