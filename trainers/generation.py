@@ -1,9 +1,14 @@
 """Batched sampling for the in-process Hugging Face backend: exact token ids and per-token log-probabilities.
 
-Concurrent requests are queued; one worker thread takes whatever is waiting (up to ``max_batch_size`` rows),
-left-pads the prompts and decodes them together with a KV cache, each row with its own temperature, top-p,
-top-k, seed, stop strings and token budget. Log-probabilities are those of the sampling distribution
-(logits divided by the temperature, before top-p/top-k), which is what TRL's loss computes for the same tokens.
+Concurrent requests are queued and decoded together with a KV cache, continuously: rows that arrive while a batch
+is decoding join it at the next step (their prompts prefilled together), and finished rows leave it at once (their
+requests are answered then), so the batch stays full while requests keep coming. Each row has its own
+temperature, top-p, top-k, seed, stop strings and token budget. The prompt prefix that the rows share (system
+prompt, tools, examples) is computed once per model version and its KV cache reused by every row that starts with
+it. Log-probabilities are those of the sampling distribution (logits divided by the temperature, before
+top-p/top-k), which is what TRL's loss computes for the same tokens. A row is decoded from start to end by one
+model version: :meth:`GenerationEngine.paused` lets the running rows finish and admits no new ones until the
+weights have changed.
 """
 
 from __future__ import annotations
@@ -51,6 +56,21 @@ class _Row:
     prompt_ids: list[int]
     params: SamplingParams
     future: concurrent.futures.Future[Sample]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    budget: int = 0
+    generator: torch.Generator | None = None
+    finish: str | None = None
+
+
+@dataclass
+class _Batch:
+    """The rows being decoded, their KV cache and attention mask (one column per cached position, 0 = padding)."""
+
+    rows: list[_Row]
+    cache: Any
+    attention: torch.Tensor
+    positions: torch.Tensor  # [rows, 1]: position id of each row's last sampled token
 
 
 class GenerationEngine:
@@ -83,9 +103,14 @@ class GenerationEngine:
         self._queue: queue.Queue[_Row | None] = queue.Queue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._pausing = 0  # paused() callers waiting for the running rows to finish
+        self._pausing_lock = threading.Lock()
+        self._prefix_ids: list[int] = []  # the last shared prompt prefix, and its KV for one model version
+        self._prefix_kv: tuple[str | None, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
         self.model_version: str | None = None  # set by the owner while holding paused()
-        self.batches_run = 0
+        self.batches_run = 0  # prefill passes (groups of rows admitted together)
         self.rows_run = 0
+        self.rows_joined = 0  # rows admitted into a batch that was already decoding
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -108,9 +133,16 @@ class GenerationEngine:
 
     @contextmanager
     def paused(self) -> Iterator[None]:
-        """Block generation while the caller changes the model (e.g. an optimizer step)."""
-        with self._lock:
-            yield
+        """Block generation while the caller changes the model (e.g. an optimizer step): rows being decoded finish
+        on the current weights first, queued ones wait."""
+        with self._pausing_lock:
+            self._pausing += 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            with self._pausing_lock:
+                self._pausing -= 1
 
     # -- requests -------------------------------------------------------------------------------------------------
 
@@ -133,115 +165,143 @@ class GenerationEngine:
             first = self._queue.get()
             if first is None:
                 return
-            rows = [first]
-            deadline = time.monotonic() + self.batch_wait_s
-            stop = False
-            while len(rows) < self.max_batch_size:
-                timeout = deadline - time.monotonic()
-                try:
-                    row = self._queue.get(timeout=max(timeout, 0)) if timeout > 0 else self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if row is None:
-                    stop = True
-                    break
-                rows.append(row)
-            rows = [row for row in rows if row.future.set_running_or_notify_cancel()]
-            if rows:
-                try:
-                    with self._lock:
-                        samples = self._generate(rows)
-                        for sample in samples:
-                            sample.model_version = self.model_version
-                except Exception as exc:  # noqa: BLE001 - a failed batch fails its requests, not the server
-                    logger.exception("generation batch of %d rows failed", len(rows))
-                    for row in rows:
-                        row.future.set_exception(exc)
-                else:
-                    for row, sample in zip(rows, samples, strict=True):
-                        row.future.set_result(sample)
+            rows, stop = self._collect([first], self.batch_wait_s)
+            with self._lock:
+                batch: _Batch | None = None
+                while rows or batch is not None:
+                    rows = [row for row in rows if row.future.set_running_or_notify_cancel()]
+                    try:
+                        batch = self._step(batch, rows)
+                    except Exception as exc:  # noqa: BLE001 - a failed batch fails its requests, not the server
+                        failed = rows + (batch.rows if batch is not None else [])
+                        logger.exception("generation of %d rows failed", len(failed))
+                        for row in failed:
+                            if not row.future.done():
+                                row.future.set_exception(exc)
+                        batch = None
+                    rows = []
+                    room = self.max_batch_size - (len(batch.rows) if batch is not None else 0)
+                    if not stop and room > 0 and not self._pausing:
+                        rows, stop = self._collect([], 0.0, room)
             if stop:
                 return
 
+    def _collect(self, rows: list[_Row], wait_s: float, room: int | None = None) -> tuple[list[_Row], bool]:
+        """``rows`` plus what is queued (waiting up to ``wait_s`` for more), up to ``room`` rows; True when the
+        stop sentinel was met."""
+        room = self.max_batch_size if room is None else room
+        deadline = time.monotonic() + wait_s
+        while len(rows) < room:
+            timeout = deadline - time.monotonic()
+            try:
+                row = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if row is None:
+                return rows, True
+            rows.append(row)
+        return rows, False
+
     # -- decoding -------------------------------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def _generate(self, rows: list[_Row]) -> list[Sample]:
-        self.batches_run += 1
-        self.rows_run += len(rows)
-        device = next(self.model.parameters()).device
-        batch = len(rows)
-        shared = _shared_prefix([row.prompt_ids for row in rows]) if self.prefix_sharing else 0
-        width = max(len(row.prompt_ids) for row in rows) - shared
-        input_ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            suffix = row.prompt_ids[shared:]
-            input_ids[i, width - len(suffix) :] = torch.tensor(suffix)
-            attention[i, width - len(suffix) :] = 1
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        budgets = [max(1, min(row.params.max_tokens, self.max_model_len - len(row.prompt_ids))) for row in rows]
-        temperatures = torch.tensor([max(row.params.temperature, 0.0) for row in rows], device=device)
-        generators = [_generator(row.params.seed, device) for row in rows]
-
+    @torch.inference_mode()  # ~10% less CPU than no_grad() per decode step here
+    def _step(self, batch: _Batch | None, new_rows: list[_Row]) -> _Batch | None:
+        """Admit ``new_rows`` (prefill, first token) or, with none, decode one token for every row of ``batch``;
+        answer the rows that finished and return what is left to decode."""
         was_training = self.model.training
         self.model.eval()
         try:
-            cache = None
-            if shared:
-                # The rows' common prompt prefix (system prompt, tools, examples) is computed once and its KV
-                # cache repeated for every row; rows then continue with [padding][own suffix], padding masked.
-                prefix = torch.tensor([rows[0].prompt_ids[:shared]], device=device)
-                cache = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
-                cache.batch_repeat_interleave(batch)
-                attention = torch.cat([torch.ones((batch, shared), dtype=attention.dtype, device=device), attention], 1)
-            positions = ((attention.cumsum(-1) - 1).clamp(min=0))[:, shared:]
-            out = self.model(
-                input_ids=input_ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
-                use_cache=True, logits_to_keep=1,
-            )
-            tokens: list[list[int]] = [[] for _ in rows]
-            logprobs: list[list[float]] = [[] for _ in rows]
-            finish: list[str | None] = [None] * batch
-            for _step in range(max(budgets)):
-                logits = out.logits[:, -1, :].float()
-                chosen, chosen_logprobs = self._sample(logits, temperatures, rows, generators)
-                for i in range(batch):
-                    if finish[i] is not None:
-                        continue
-                    token = int(chosen[i])
-                    tokens[i].append(token)
-                    logprobs[i].append(float(chosen_logprobs[i]))
-                    if token in self.eos_token_ids or self._hit_stop(rows[i], tokens[i]):
-                        finish[i] = "stop"
-                    elif len(tokens[i]) >= budgets[i]:
-                        finish[i] = "length"
-                if all(reason is not None for reason in finish):
-                    break
-                next_ids = torch.tensor(
-                    [tokens[i][-1] if finish[i] is None else self.pad_token_id for i in range(batch)], device=device
-                ).unsqueeze(1)
-                attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], 1)
-                positions = positions[:, -1:] + 1
-                out = self.model(
-                    input_ids=next_ids,
-                    attention_mask=attention,
-                    position_ids=positions,
-                    past_key_values=out.past_key_values,
-                    use_cache=True,
-                )
+            if new_rows:
+                admitted = self._prefill(new_rows)
+                if batch is not None:
+                    self.rows_joined += len(new_rows)
+                    admitted = _merge(batch, admitted, self.model.config)
+                batch = admitted
+            elif batch is not None:
+                device = batch.attention.device
+                last = torch.tensor([[row.tokens[-1]] for row in batch.rows], device=device)
+                batch.attention = torch.cat([batch.attention, batch.attention.new_ones((len(batch.rows), 1))], 1)
+                batch.positions = batch.positions + 1
+                out = self.model(input_ids=last, attention_mask=batch.attention, position_ids=batch.positions,
+                                 past_key_values=batch.cache, use_cache=True)
+                batch.cache = out.past_key_values
+                self._sample_into(batch.rows, out.logits[:, -1, :].float())
+            else:
+                return None
         finally:
             if was_training:
                 self.model.train()
-        return [
-            Sample(
-                token_ids=tokens[i],
-                logprobs=logprobs[i],
-                text=self._text(rows[i], tokens[i]),
-                finish_reason=finish[i] or "length",
-            )
-            for i in range(batch)
-        ]
+        keep = [index for index, row in enumerate(batch.rows) if row.finish is None]
+        for row in batch.rows:
+            if row.finish is not None:
+                row.future.set_result(Sample(row.tokens, row.logprobs, self._text(row, row.tokens), row.finish,
+                                             self.model_version))
+        if not keep:
+            return None
+        if len(keep) < len(batch.rows):
+            index = torch.tensor(keep, device=batch.attention.device)
+            batch.cache.batch_select_indices(index)
+            batch.rows = [batch.rows[i] for i in keep]
+            batch.attention, batch.positions = batch.attention[index], batch.positions[index]
+        return batch
+
+    def _prefill(self, rows: list[_Row]) -> _Batch:
+        """Run the prompts of ``rows`` (the shared prefix from its cache) and sample each row's first token."""
+        self.batches_run += 1
+        self.rows_run += len(rows)
+        device = next(self.model.parameters()).device
+        for row in rows:
+            row.budget = max(1, min(row.params.max_tokens, self.max_model_len - len(row.prompt_ids)))
+            row.generator = _generator(row.params.seed, device)
+        shared, prefix = self._prefix([row.prompt_ids for row in rows], device)
+        width = max(len(row.prompt_ids) for row in rows) - shared
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), shared + width), dtype=torch.long)
+        attention[:, :shared] = 1
+        for i, row in enumerate(rows):
+            suffix = row.prompt_ids[shared:]
+            input_ids[i, width - len(suffix) :] = torch.tensor(suffix)
+            attention[i, shared + width - len(suffix) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        cache = None
+        if prefix is not None:
+            # Rows continue the shared prefix's KV with [padding][own suffix], the padding masked.
+            cache = _cache([(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in prefix],
+                           self.model.config)
+        positions = ((attention.cumsum(-1) - 1).clamp(min=0))[:, shared:]
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        self._sample_into(rows, out.logits[:, -1, :].float())
+        return _Batch(list(rows), out.past_key_values, attention, positions[:, -1:])
+
+    def _prefix(self, prompts: list[list[int]], device: torch.device) -> tuple[int, Any]:
+        """(length, per-layer KV) of the prompt prefix these rows share: the remembered one when every row starts
+        with it (recomputed once per model version), else the rows' own common prefix; (0, None) for none."""
+        if not self.prefix_sharing:
+            return 0, None
+        known = len(self._prefix_ids)
+        if not (known and all(len(p) > known and p[:known] == self._prefix_ids for p in prompts)):
+            known = _shared_prefix(prompts) if len(prompts) > 1 else 0
+            if not known:
+                return 0, None
+            self._prefix_ids, self._prefix_kv = list(prompts[0][:known]), None
+        if self._prefix_kv is None or self._prefix_kv[0] != self.model_version:
+            ids = torch.tensor([self._prefix_ids], device=device)
+            cache = self.model(input_ids=ids, use_cache=True, logits_to_keep=1).past_key_values
+            self._prefix_kv = (self.model_version, [(layer.keys, layer.values) for layer in cache.layers])
+        return known, self._prefix_kv[1]
+
+    def _sample_into(self, rows: list[_Row], logits: torch.Tensor) -> None:
+        """Sample one token per row from ``logits`` [rows, vocab]; record it and whether the row is finished."""
+        temperatures = torch.tensor([max(row.params.temperature, 0.0) for row in rows], device=logits.device)
+        chosen, chosen_logprobs = self._sample(logits, temperatures, rows, [row.generator for row in rows])
+        for row, token, logprob in zip(rows, chosen.tolist(), chosen_logprobs.tolist(), strict=True):
+            row.tokens.append(token)
+            row.logprobs.append(logprob)
+            if token in self.eos_token_ids or self._hit_stop(row, row.tokens):
+                row.finish = "stop"
+            elif len(row.tokens) >= row.budget:
+                row.finish = "length"
 
     def _sample(
         self,
@@ -253,14 +313,17 @@ class GenerationEngine:
         greedy = temperatures <= 0
         scaled = logits / torch.where(greedy, torch.ones_like(temperatures), temperatures).unsqueeze(1)
         log_probs = torch.log_softmax(scaled, dim=-1)
-        chosen = torch.empty(len(rows), dtype=torch.long, device=logits.device)
-        for i, row in enumerate(rows):
-            if bool(greedy[i]):
-                chosen[i] = int(torch.argmax(log_probs[i]))
-                continue
-            filtered = _filter(log_probs[i], row.params.top_p, row.params.top_k)
-            probs = torch.softmax(filtered, dim=-1)
-            chosen[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
+        chosen = log_probs.argmax(dim=-1)  # what greedy rows keep
+        sampled = [i for i, row in enumerate(rows) if not bool(greedy[i])]
+        # Rows without a seed, top-p or top-k draw together from the global generator, the others one by one.
+        together = [i for i in sampled
+                    if generators[i] is None and rows[i].params.top_p >= 1 and not rows[i].params.top_k]
+        if together:
+            chosen[together] = torch.multinomial(log_probs[together].exp(), 1).squeeze(1)
+        for i in sampled:
+            if i not in together:
+                probs = torch.softmax(_filter(log_probs[i], rows[i].params.top_p, rows[i].params.top_k), dim=-1)
+                chosen[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
         return chosen, log_probs.gather(1, chosen.unsqueeze(1)).squeeze(1)
 
     def _hit_stop(self, row: _Row, tokens: list[int]) -> bool:
@@ -289,6 +352,42 @@ def _shared_prefix(prompts: list[list[int]], minimum: int = 32) -> int:
             same += 1
         length = same
     return length if length >= minimum else 0
+
+
+def _cache(layers: list[tuple[torch.Tensor, torch.Tensor]], config: Any) -> Any:
+    from transformers import DynamicCache
+
+    return DynamicCache(ddp_cache_data=layers, config=config)
+
+
+def _merge(batch: _Batch, new: _Batch, config: Any) -> _Batch:
+    """One batch of both: caches and masks left-padded (masked) to a common length, leading columns that are
+    padding in every row dropped."""
+    if any(getattr(layer, "is_sliding", False) for layer in batch.cache.layers):
+        raise NotImplementedError("joining a running batch is not supported with sliding-window attention layers")
+    parts = []
+    for part in (batch, new):
+        used = part.attention.amax(dim=0)  # 1 where some row attends
+        skip = int(used.argmax())  # the first such column
+        parts.append((part, skip, part.attention.size(1) - skip))
+    length = max(width for _, _, width in parts)
+
+    def padded(tensor: torch.Tensor, skip: int, width: int) -> torch.Tensor:
+        dim = -2 if tensor.dim() == 4 else -1  # KV [rows, heads, positions, head_dim] or mask [rows, positions]
+        tensor = tensor.narrow(dim, skip, width)
+        if width == length:
+            return tensor
+        shape = list(tensor.shape)
+        shape[dim] = length - width
+        return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+    layers = []
+    for old_layer, new_layer in zip(batch.cache.layers, new.cache.layers, strict=True):
+        layers.append(tuple(torch.cat([padded(getattr(layer, name), skip, width)
+                                       for layer, (_, skip, width) in zip((old_layer, new_layer), parts, strict=True)])
+                            for name in ("keys", "values")))
+    attention = torch.cat([padded(part.attention, skip, width) for part, skip, width in parts])
+    return _Batch(batch.rows + new.rows, _cache(layers, config), attention, torch.cat([batch.positions, new.positions]))
 
 
 def _filter(log_probs: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:

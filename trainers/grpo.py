@@ -14,7 +14,9 @@ What is overridden, and why:
   the trained model and the sampler when the batch carries sampling log-probabilities (TRL's
   ``vllm_importance_sampling_*`` settings, whatever the backend);
 - ``_prepare_inputs``: passes through the micro-batches built by :meth:`LightningGRPOTrainer.step` (TRL's version
-  would split a generation batch into equal parts and drop the remainder).
+  would split a generation batch into equal parts and drop the remainder);
+- ``_get_per_token_logps_and_entropies``: TRL's computation, with the prompt prefix the rows share (an agent's
+  system prompt, tools and examples: most of its prompt) run once per micro-batch instead of once per row.
 
 Per-row loss weights (``PackedBatch.weights``, e.g. ``1/n`` for a rollout with ``n`` transitions) scale each
 row's advantage. TRL's policy losses are linear in the advantage for a positive factor, so the update is that of
@@ -150,6 +152,55 @@ class LightningGRPOTrainer(GRPOTrainer):
                 output["ref_per_token_logps"] = self._reference_logps(prompt_completion, attention, keep, chunk)
         return output
 
+    def _get_per_token_logps_and_entropies(  # type: ignore[override]
+        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+        batch_size: int | None = None, compute_entropy: bool = False, compute_aux_loss: bool = False, **extra: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """TRL's per-token log-probabilities and entropies, with the prompt prefix that every row of a chunk shares
+        (system prompt, tools, examples) run once and its KV cache repeated for the rows (gradients flow through
+        it). Multimodal or MoE inputs, and chunks without such a prefix, go through TRL's own forward."""
+        prompt_width = input_ids.size(1) - logits_to_keep
+        if compute_aux_loss or any(value is not None for value in extra.values()):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra
+            )
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
+            shared = _shared_prompt_prefix(ids, mask, prompt_width)
+            if shared == 0:
+                chunk_logps, chunk_entropies, _ = super()._get_per_token_logps_and_entropies(
+                    model, ids, mask, logits_to_keep, compute_entropy=compute_entropy
+                )
+            else:
+                chunk_logps, chunk_entropies = self._shared_prefix_logps(model, ids, mask, logits_to_keep, shared)
+            logps.append(chunk_logps)
+            entropies.append(chunk_entropies)
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+    def _shared_prefix_logps(
+        self, model: Any, ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int, shared: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = ids.size(0)
+        starts = (mask[:, : ids.size(1) - logits_to_keep] == 0).sum(dim=1)  # prompts are left-padded
+        first = int(starts.min())
+        # Each row without its prefix: [its extra left padding][rest of the prompt][completion], one common width.
+        keep = [torch.cat([torch.arange(first, int(s)), torch.arange(int(s) + shared, ids.size(1))]) for s in starts]
+        index = torch.stack(keep).to(ids.device)
+        rest, rest_mask = ids.gather(1, index), mask.gather(1, index)
+        full_mask = torch.cat([torch.ones((rows, shared), dtype=mask.dtype, device=mask.device), rest_mask], dim=1)
+        positions = (full_mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+        labels = rest.masked_fill(rest_mask == 0, -100)
+        labels[:, :-logits_to_keep] = -100
+        with self.accelerator.autocast():
+            prefix = ids[:1, int(starts[0]) : int(starts[0]) + shared]
+            cache = model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
+            cache.batch_repeat_interleave(rows)
+            outputs = model(input_ids=rest, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
+                            labels=labels, fused_lm_head=True)
+        return outputs.log_probs[:, -logits_to_keep:], outputs.entropy[:, -logits_to_keep:]
+
     def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:  # type: ignore[override]
         # Micro-batches are built by step(); TRL applies the sampler correction when this flag is set.
         self.use_vllm = "importance_sampling_ratio" in generation_batch
@@ -262,6 +313,20 @@ class LightningGRPOTrainer(GRPOTrainer):
 def _rewards_come_from_agents(*args: Any, **kwargs: Any) -> list[float]:
     """TRL insists on a reward source; ours is the agents' rollouts, already turned into advantages."""
     raise RuntimeError("LightningGRPOTrainer takes advantages from LightningRL; TRL reward functions are not used")
+
+
+def _shared_prompt_prefix(ids: torch.Tensor, mask: torch.Tensor, prompt_width: int, minimum: int = 32) -> int:
+    """Length of the real prompt tokens every row starts with (0 when under ``minimum`` or a single row), leaving at
+    least one prompt token per row to run with its completion."""
+    if ids.size(0) < 2:
+        return 0
+    starts = (mask[:, :prompt_width] == 0).sum(dim=1).tolist()
+    length = prompt_width - max(starts) - 1
+    first = ids[0, starts[0] : starts[0] + max(length, 0)]
+    for row, start in enumerate(starts[1:], 1):
+        same = (ids[row, start : start + first.numel()] == first).int()
+        length = min(length, int(same.cumprod(0).sum()))
+    return length if length >= minimum else 0
 
 
 def _check_batch(batch: PackedBatch) -> None:

@@ -57,6 +57,7 @@ class TrainingRun:
         from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
         from agentlightning.trainers.reporting import MetricsWriter, plot_curve, read_metrics
 
+        run_started = time.perf_counter()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         model, tokenizer, model_name = self._load_model()
         base_dir = self._vllm_base_dir(model, tokenizer)
@@ -113,6 +114,7 @@ class TrainingRun:
                 initial_val = self._validate_policy(source, backend, "initial")
                 logger.info("held-out before training: %s", _fmt(initial_val))
                 start_row = {"step": 0, "model_version": backend.model_version,
+                             "elapsed_seconds": time.perf_counter() - run_started,
                              **{f"val/{key}": value for key, value in initial_val.items()}}
                 writer.write(start_row)
                 history.append(start_row)
@@ -124,6 +126,7 @@ class TrainingRun:
                 ):
                     final_val = self._validate_policy(source, backend, f"step {step + 1}", pipeline)
                     row.update({f"val/{key}": value for key, value in final_val.items()})
+                row["elapsed_seconds"] = time.perf_counter() - run_started  # since run(), validation included
                 writer.write(row)
                 history.append(row)
                 if bar is not None:

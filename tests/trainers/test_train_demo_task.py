@@ -55,3 +55,22 @@ def test_agent_scores_what_the_model_did(reply, reward):
         (request,) = server.requests
     assert rollout.final_reward == reward
     assert request.tools and request.tools[0]["function"]["name"] == "calculator"
+
+
+def test_steps_are_printed_with_their_times_and_the_time_to_the_target(capsys):
+    from agentlightning.demo.__main__ import print_steps, time_to_accuracy
+
+    history = [{"step": 0, "elapsed_seconds": 30.0, "val/accuracy": 0.2, "val/reward": 0.25},
+               {"step": 1, "elapsed_seconds": 45.0, "step_seconds": 15.0, "reward": 0.4},
+               {"step": 2, "elapsed_seconds": 66.0, "step_seconds": 15.0, "reward": 0.6, "val/accuracy": 0.875,
+                "val/reward": 0.9},
+               {"step": 3, "elapsed_seconds": 87.0, "step_seconds": 15.0, "reward": 0.8, "val/accuracy": 0.917,
+                "val/reward": 0.93},
+               {"step": 4, "elapsed_seconds": 88.0, "reward": 1.0, "skipped_update": 1}]
+    assert time_to_accuracy(history, 0.9) == (3, 57.0)
+    assert time_to_accuracy(history, 0.95) is None
+    print_steps(history, 0.9)
+    out = capsys.readouterr().out
+    assert "before training: 30 s" in out and "step  3   15.0 s  training    57 s" in out
+    assert "held-out accuracy 0.917" in out and "step 3, 0.95 min of training" in out
+    assert "step  4  skipped" in out

@@ -89,3 +89,39 @@ def test_bad_batches_are_rejected_with_a_reason(tmp_path):
     batch.advantages[0] = float("nan")
     with pytest.raises(ValueError, match="non-finite"):
         trainer.step(batch)
+
+
+def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tmp_path):
+    """Rows sharing a long prompt prefix (left-padded prompts of different lengths, right-padded completions):
+    the prefix-sharing forward gives TRL's per-token log-probabilities, entropies and LoRA gradients."""
+    from peft import LoraConfig
+    from trl import GRPOTrainer
+
+    from agentlightning.trainers.grpo import _shared_prompt_prefix
+
+    model, tokenizer = tiny_model(seed=7)
+    config = grpo_config(str(tmp_path / "trl"), micro_batch_size=4, learning_rate=0.05, temperature=0.7)
+    trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], task_type="CAUSAL_LM", init_lora_weights=False))
+    prefix = [(7 * i) % 300 + 5 for i in range(40)]
+    rows = [_row(f"r{i}", prefix + suffix, completion, 1.0) for i, (suffix, completion) in enumerate(
+        [([11, 12], [13, 14, 15]), ([21, 22, 23, 24], [25]), ([31], [32, 33, 34, 35]), ([41, 42, 43], [44, 45])])]
+    batch = pack(rows, pad_token_id=0)
+    ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
+    mask = torch.cat([batch.prompt_mask, batch.completion_mask], 1)
+    keep = batch.completion_ids.size(1)
+    assert _shared_prompt_prefix(ids, mask, ids.size(1) - keep) == 40
+    trainer.model.train()
+    results = []
+    for method in (LightningGRPOTrainer._get_per_token_logps_and_entropies, GRPOTrainer._get_per_token_logps_and_entropies):
+        trainer.model.zero_grad()
+        logps, entropies, _ = method(trainer, trainer.model, ids, mask, keep, compute_entropy=True)
+        ((logps * batch.completion_mask).sum() + (entropies * batch.completion_mask).sum()).backward()
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+        results.append((logps * batch.completion_mask, entropies * batch.completion_mask, grads))
+    (shared_logps, shared_entropy, shared_grads), (plain_logps, plain_entropy, plain_grads) = results
+    assert torch.allclose(shared_logps, plain_logps, atol=1e-5)
+    assert torch.allclose(shared_entropy, plain_entropy, atol=1e-5)
+    assert shared_grads.keys() == plain_grads.keys() and shared_grads
+    for name, grad in plain_grads.items():
+        assert torch.allclose(shared_grads[name], grad, atol=1e-5), name
