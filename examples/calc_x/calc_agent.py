@@ -6,10 +6,8 @@ step by step, calls ``calculator`` for arithmetic and ends with ``### ANSWER: <n
 fail (AutoGen reports the error to the model, Agent Lightning records the tool call with status 'error', and the
 AIR rule in ``train.py`` turns it into a penalty on the LLM call that made it).
 
-The paper's setup serves the calculator over MCP. autogen-ext 0.7.5's MCP tools fail to import with mcp 2.x, the
-version openai-agents pulls into this project's environment, so this example uses the equivalent ``FunctionTool``
-(in an environment with ``mcp<2``, an ``McpWorkbench`` can replace it; the AutoGen adapter records MCP tool calls
-the same way).
+The paper's setup serves the calculator over MCP; this example uses the equivalent ``FunctionTool``. With the pinned
+mcp 1.30.0 an ``McpWorkbench`` can replace it (the AutoGen adapter records MCP tool calls the same way).
 """
 
 from __future__ import annotations
