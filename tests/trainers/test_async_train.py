@@ -13,7 +13,7 @@ from pathlib import Path
 
 import async_agents
 import torch
-from async_agents import two_call_agent
+from async_agents import sampled_together_agent, two_call_agent
 from train_agents import echo_length_agent
 
 import agentlightning as agl
@@ -90,9 +90,13 @@ agl.train(echo_length_agent, {tasks!r}, model=model, tokenizer=tokenizer, max_st
 
 
 def test_asynchronous_training_bounds_staleness_and_corrects_off_policy(tmp_path):
+    # The first step submits its own 2 groups and the 2 of the next step (16 rollouts), all running at once; none
+    # returns before all 16 made their call, so step 2 trains on groups sampled one version behind.
+    async_agents.SAMPLED_TOGETHER = 16
     model, tokenizer = tiny_model(seed=1)
-    result = agl.train(echo_length_agent, TASKS, model=model, tokenizer=tokenizer, max_steps=3,
-                       output_dir=tmp_path / "run", **TRAINING)
+    options = {**TRAINING, "use_server": False, "nworkers": 16}
+    result = agl.train(sampled_together_agent, TASKS, model=model, tokenizer=tokenizer, max_steps=3,
+                       output_dir=tmp_path / "run", **options)
     rows = [row for row in result.history if row["step"] > 0]
     assert len(rows) == 3
     for row in rows:
@@ -102,7 +106,7 @@ def test_asynchronous_training_bounds_staleness_and_corrects_off_policy(tmp_path
     assert rows[-1]["async/queue_depth"] == 0, "nothing is sampled ahead of the last step"
     trained = [row for row in rows if not row.get("skipped_update")]
     assert trained, "no step trained"
-    assert max(row["async/staleness_max"] for row in rows[1:]) == 1, "rollouts sampled ahead were trained on"
+    assert rows[1]["async/staleness_max"] == 1, "rollouts sampled ahead were trained on"
     for row in trained:
         # importance sampling is on by default with max_staleness > 0
         assert 0 < row["train/sampling/raw_ratio/mean"] and "train/sampling/masked_tokens" in row, row
