@@ -10,9 +10,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import httpx
+from polling import wait_for
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -22,17 +22,6 @@ from agentlightning._uvicorn import BackgroundServer
 from agentlightning.testing import MockLLMServer
 
 HERE = Path(__file__).parent
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """The first truthy value of ``predicate()``, polled until ``timeout`` seconds passed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def free_port() -> int:

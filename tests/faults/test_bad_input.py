@@ -12,7 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _harness import AglServer, free_port, wait_for
+from _harness import AglServer, free_port
+from polling import wait_for
 
 from agentlightning.server import LightningServer
 from agentlightning.types import Rollout

@@ -11,11 +11,12 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import fault_agents
 import httpx
 import pytest
-from _harness import AglServer, wait_for
+from _harness import AglServer
+from polling import wait_for
 
-import fault_agents
 from agentlightning.client import start_workers
 from agentlightning.server import LightningServer
 from agentlightning.testing import MockLLMServer

@@ -8,11 +8,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import fault_agents
 import httpx
 import pytest
-from _harness import FaultyUpstream, wait_for
+from _harness import FaultyUpstream
+from polling import wait_for
 
-import fault_agents
 from agentlightning.client import start_workers
 from agentlightning.server import LightningServer, Settings
 

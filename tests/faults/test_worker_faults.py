@@ -9,9 +9,10 @@ import signal
 import time
 from pathlib import Path
 
-from _harness import agl, wait_for
-
 import fault_agents
+from _harness import agl
+from polling import wait_for
+
 from agentlightning.client import start_workers
 from agentlightning.server import LightningServer, Settings
 from agentlightning.testing import MockLLMServer

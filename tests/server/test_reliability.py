@@ -15,26 +15,16 @@ from pathlib import Path
 
 import httpx
 import pytest
+import server_agents
+from polling import wait_for
 
 from agentlightning.client import start_workers
 from agentlightning.client._pool import WorkerPool
 from agentlightning.server import LightningServer, Settings
 from agentlightning.testing import MockLLMServer, MockReply
 
-import server_agents
-
 HERE = Path(__file__).parent
 FAST = Settings(lease_seconds=1.0, rollout_timeout=20.0, max_attempts=3, retry_backoff=0.01, requeue_delay=0.2)
-
-
-def _wait_for(predicate, timeout: float, what: str):  # noqa: ANN001, ANN202
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +56,7 @@ def test_hanging_agent_times_out_keeping_its_calls_and_worker_is_replaced(pool_s
     assert call.token_source == "server" and call.output["content"] == "echo: hang-q"
     assert any("hanging now" in line for line in rollout.logs)
     assert [r.status for r in server.wait(after, timeout=30)] == ["succeeded"] * 3
-    _wait_for(lambda: len(pool.pids) == 2 and set(pool.pids) != pids, 20, "a replacement worker")
+    wait_for(lambda: len(pool.pids) == 2 and set(pool.pids) != pids, 20, "a replacement worker")
 
 
 def test_crashing_agent_reported_with_traceback_and_logs_then_retried(pool_server) -> None:  # noqa: ANN001
@@ -89,7 +79,7 @@ def test_worker_killed_mid_rollout_is_reassigned(pool_server, tmp_path: Path) ->
     server, pool = pool_server
     [held] = server.enqueue([{"mode": "hold", "question": "held", "mark_dir": str(tmp_path)}])
     others = server.enqueue([{"mode": "ok", "question": f"other-{i}"} for i in range(4)])
-    mark = _wait_for(lambda: list(tmp_path.glob("held.*")), 30, "the agent to start")[0]
+    mark = wait_for(lambda: list(tmp_path.glob("held.*")), 30, "the agent to start")[0]
     pid = int(mark.read_text())
     assert pid in pool.pids
     (tmp_path / "release-held").write_text("")  # the next attempt may finish
@@ -127,14 +117,14 @@ def test_client_killed_lease_expires_and_rollout_is_reassigned(tmp_path: Path, u
                 dataset_id = server.wait_for_dataset(timeout=0.2)
             assert dataset_id is not None, client.stdout.read().decode()
             [rid] = server.enqueue(dataset_id)
-            _wait_for(lambda: list(tmp_path.glob("k1.*")), 30, "the agent to start in the client")
+            wait_for(lambda: list(tmp_path.glob("k1.*")), 30, "the agent to start in the client")
             os.killpg(client.pid, signal.SIGKILL)  # the whole client: supervisor and worker
             client.wait(10)
         finally:
             if client.poll() is None:
                 os.killpg(client.pid, signal.SIGKILL)
         (tmp_path / "release-k1").write_text("")
-        first = _wait_for(lambda: [a for a in server.store.attempts(rid) if a.status == "lease_expired"], 10,
+        first = wait_for(lambda: [a for a in server.store.attempts(rid) if a.status == "lease_expired"], 10,
                           "the lease to expire")[0]
         assert first.error.type == "LeaseExpired"
         pool = start_workers(server_agents.behaving_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"))
@@ -156,7 +146,7 @@ def test_ctrl_c_drains_running_rollouts_and_takes_no_new_ones(tmp_path: Path, up
         client = _agl("client", "--agent", "server_agents:behaving_agent", "--dataset-id", dataset_id,
                       "--nworkers", "1", "--server-url", server.url, "--log-level", "WARNING")
         try:
-            _wait_for(lambda: list(tmp_path.glob("c0.*")), 30, "the first rollout to start")
+            wait_for(lambda: list(tmp_path.glob("c0.*")), 30, "the first rollout to start")
             os.killpg(client.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
             time.sleep(0.3)
             (tmp_path / "release-c0").write_text("")
@@ -180,17 +170,17 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path) -> No
         server = _agl(*args)
         http = httpx.Client(base_url=url, timeout=10)
         try:
-            _wait_for(lambda: _healthy(http), 30, "the server to start")
+            wait_for(lambda: _healthy(http), 30, "the server to start")
             tasks = [{"id": f"r{i}", "question": f"q{i}", "calls": 2} for i in range(16)]
             ids = http.post("/rollouts", json={"tasks": tasks}).json()["rollout_ids"]
             pool = start_workers(server_agents.chat_agent, url, nworkers=2, spool_dir=str(tmp_path / "spool"))
             try:
-                done_before = _wait_for(lambda: _finished(http, 3), 60, "some rollouts to finish")
+                done_before = wait_for(lambda: _finished(http, 3), 60, "some rollouts to finish")
                 os.killpg(server.pid, signal.SIGKILL)
                 server.wait(10)
                 server = _agl(*args)  # same store, same port: clients reconnect
-                _wait_for(lambda: _healthy(http), 30, "the server to restart")
-                _wait_for(lambda: _finished(http, len(ids)), 90, "every rollout to finish after the restart")
+                wait_for(lambda: _healthy(http), 30, "the server to restart")
+                wait_for(lambda: _finished(http, len(ids)), 90, "every rollout to finish after the restart")
                 http.post("/stop")
                 assert pool.wait(30)
             finally:
@@ -241,7 +231,7 @@ def test_proxy_call_landing_after_the_timeout_result_is_joined_as_late(tmp_path:
             [rid] = server.enqueue([{"mode": "late", "question": "late-q"}], timeout=1.0, max_attempts=1)
             [timed_out] = server.wait([rid], timeout=30)
             assert timed_out.status == "timeout"
-            rollout = _wait_for(lambda: (r := server.store.get_rollout(rid)) is not None and len(r.llm_calls) == 2 and r,
+            rollout = wait_for(lambda: (r := server.store.get_rollout(rid)) is not None and len(r.llm_calls) == 2 and r,
                                 15, "the late call to join the stored rollout")
         finally:
             server.request_stop()
