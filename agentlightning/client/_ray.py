@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
+import shutil
 import socket
 import tempfile
 import threading
@@ -103,10 +104,11 @@ class RayWorkers:
     def stop(self, timeout: float = 30.0) -> None:
         """Drain for up to ``timeout`` seconds, kill what is left, free the actors' resources (and disconnect from a
         cluster this object joined)."""
-        if self._actors and not self.drain(timeout):
-            logger.warning("Ray workers still running after %.0f s; killing them", timeout)
-        self.kill()
-        self.wait(10)
+        if self._actors:
+            if not self._done.is_set() and not self.drain(timeout):
+                logger.warning("Ray workers still running after %.0f s; killing them", timeout)
+            self.kill()
+            self.wait(10)
         if self._owns_ray:
             _import_ray().shutdown()
             self._owns_ray = False
@@ -162,6 +164,7 @@ class _Actor:
             return int(exc.code or 0)
         finally:
             self.stop.set()
+            shutil.rmtree(self.config.log_dir, ignore_errors=True)
         return 0
 
     def drain(self) -> None:

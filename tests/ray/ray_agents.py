@@ -14,13 +14,15 @@ import agentlightning as agl
 
 @agl.rollout
 def chat_agent(task: dict, llm: agl.LLM) -> float:
-    """One chat call; with ``task["hold"]``, writes ``<mark_dir>/<question>.<pid>`` and waits for
+    """One chat call; with ``task["hang"]``, never returns; with ``task["hold"]``, writes ``<mark_dir>/<question>.<pid>`` and waits for
     ``<mark_dir>/release-<question>`` first (so a test can kill its process mid-rollout). Reward: the reply's
     length, so a GRPO group's rewards differ."""
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
     reply = client.chat.completions.create(
         model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=8
     )
+    if task.get("hang"):
+        time.sleep(3600)
     if task.get("hold"):
         marks = Path(task["mark_dir"])
         (marks / f"{task['question']}.{os.getpid()}").write_text(str(os.getpid()))

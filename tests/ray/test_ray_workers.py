@@ -94,6 +94,28 @@ def test_a_killed_actor_is_restarted_and_its_rollout_retried_with_nothing_lost(
         store.close()
 
 
+def test_a_hung_agent_times_out_and_ray_replaces_its_actor(cluster: str, tmp_path: Path,
+                                                          mock_llm_server: MockLLMServer) -> None:
+    settings = Settings(lease_seconds=3.0, rollout_timeout=60.0, requeue_delay=0.1, max_attempts=1)
+    with LightningServer(tmp_path / "s.db", upstream_url=mock_llm_server.base_url, model_name="mock-model",
+                         settings=settings) as server:
+        [hung] = server.enqueue([{"id": "hung", "question": "hung", "hang": True}])
+        others = server.enqueue([{"id": f"o{i}", "question": f"o{i}"} for i in range(3)])
+        workers = agl.RayWorkers(num_workers=1, num_cpus_per_worker=0.5)  # one actor: it must come back to finish
+        workers.start(ray_agents.chat_agent, server.url, timeout=2.0, spool_dir=str(tmp_path / "spool"))
+        try:
+            [timed_out] = server.wait([hung], timeout=60)
+            rollouts = server.wait(others, timeout=60)
+        finally:
+            server.request_stop()
+            assert workers.wait(30)
+            workers.stop()
+    assert timed_out.status == "timeout" and timed_out.error.type == "Timeout"
+    assert [r.status for r in rollouts] == ["succeeded"] * 3 and workers.error is None
+    [hung_pid] = {line.rsplit(" pid ", 1)[1] for line in timed_out.logs if " pid " in line}
+    assert all(f" pid {hung_pid}" not in " ".join(r.logs) for r in rollouts), "a new process took over"
+
+
 def test_an_agent_the_actors_cannot_import_stops_the_workers_with_the_reason(
         cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_llm_server: MockLLMServer) -> None:
     (tmp_path / "driver_only_agent.py").write_text("def agent(task, llm):\n    return 1.0\n")
