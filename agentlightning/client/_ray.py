@@ -1,9 +1,6 @@
-"""Rollout workers as Ray actors (``pip install 'agentlightning[ray]'``). Each actor runs the worker loop of
-:mod:`._worker` (the same leases, heartbeats, timeouts, retries, logs and spool as a local worker process) against a
-Lightning Server over HTTP. Ray restarts an actor that dies (``max_restarts``) and runs its loop again; the rollout
-it held comes back through the server's lease expiry. The agent travels by import path: its module must import on
-the cluster's nodes (installed there, or shipped with ``runtime_env={"working_dir": ...}`` or ``{"py_modules":
-[...]}``). Ray is imported here only, on use."""
+"""Rollout workers as Ray actors (``pip install 'agentlightning[ray]'``; Ray is imported here only, on use): each
+actor runs the worker loop of :mod:`._worker` against a Lightning Server over HTTP. Ray restarts an actor that dies;
+the rollout it held comes back through the server's lease expiry. See ``docs/scaling.md``."""
 
 from __future__ import annotations
 
@@ -26,17 +23,14 @@ logger = logging.getLogger(__name__)
 
 
 class RayWorkers:
-    """``num_workers`` Ray actors serving rollouts, each one at a time like a worker process: pass it to
-    ``agl.train(..., workers=RayWorkers(...))`` or ``agl.Client().train(..., workers=...)``, or run
-    ``agl client --ray [ADDRESS]``.
+    """``num_workers`` Ray actors serving rollouts one at a time each, like worker processes: for
+    ``agl.train(..., workers=...)``, ``agl.Client().train(..., workers=...)`` and ``agl client --ray [ADDRESS]``.
 
-    ``address``: the cluster (``"auto"``, ``"ray://head:10001"``; None: ``$RAY_ADDRESS``, else a cluster running on
-    this machine, else a new local one), used unless Ray is already initialised. ``num_workers=-1``: as many as the
-    cluster's CPUs allow. ``num_cpus_per_worker`` (fractions pack I/O-bound agents several per core) and
-    ``resources`` (custom Ray resources, e.g. ``{"agents": 1}``) place the actors; ``runtime_env`` ships code and
-    environment variables to them (Ray uploads local directories, e.g. ``{"working_dir": "."}``, only for the job:
-    when Ray is initialised already, give those to ``ray.init(runtime_env=...)``); ``max_restarts`` bounds Ray's
-    restarts of a dead actor (-1: always)."""
+    ``address``: the cluster (``"auto"``, ``"ray://head:10001"``; None: ``$RAY_ADDRESS``, else one on this machine,
+    else a new local one), unless Ray is initialised already. ``num_workers=-1``: as many as the CPUs allow.
+    ``num_cpus_per_worker`` (fractions pack I/O-bound agents) and ``resources`` place the actors; ``runtime_env``
+    ships code to them (local directories only at the job level: when Ray is initialised already, give those to
+    ``ray.init``); ``max_restarts``: Ray's restarts of a dead actor (-1: always)."""
 
     def __init__(self, address: str | None = None, num_workers: int = 4, num_cpus_per_worker: float = 1.0,
                  resources: dict[str, float] | None = None, runtime_env: dict[str, Any] | None = None,

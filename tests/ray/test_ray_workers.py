@@ -1,7 +1,7 @@
 """Rollout workers as Ray actors on a real local Ray cluster (2 CPUs, one per module): the worker loop
 leasing from a real Lightning Server over HTTP, the agent shipped through ``runtime_env``, a real SIGKILL of an
 actor's process mid-rollout, the SQLite store checked for lost or duplicated rollouts, ``agl client --ray`` as a
-process, and one ``agl.train`` step on the tiny model."""
+process, and one ``agl.train(workers="ray")`` step on the tiny model."""
 
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ def test_agl_client_ray_serves_a_dataset(cluster: str, tmp_path: Path, mock_llm_
     assert all(any("-ray-" in line for line in r.logs) for r in rollouts)
 
 
-def test_agl_train_with_ray_workers_makes_a_step(cluster: str, tmp_path: Path) -> None:
+def test_agl_train_with_workers_ray_makes_a_step(cluster: str, tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from agentlightning.trainers.models import tiny_model
 
@@ -167,7 +167,7 @@ def test_agl_train_with_ray_workers_makes_a_step(cluster: str, tmp_path: Path) -
     result = agl.train(
         ray_agents.chat_agent, tasks, model=model, tokenizer=tokenizer, group_size=4, tasks_per_step=2, max_steps=1,
         learning_rate=1e-2, micro_batch_size=4, max_completion_length=8, output_dir=tmp_path / "run",
-        nworkers=2, workers=agl.RayWorkers(num_workers=2, num_cpus_per_worker=0.5),
+        nworkers=2, workers="ray",  # RayWorkers(num_workers=2) on the cluster this process joined
         progress=False, save_model=False, val_every=0,
     )
     [step] = result.history
