@@ -1,4 +1,5 @@
-"""The Lightning Client: worker processes (or Ray actors) that lease rollouts from a server, run the agent, report results."""
+"""The Lightning Client: worker processes (or Ray actors) that lease rollouts from a server, run the agent and
+report results."""
 
 from agentlightning.client._api import ServerAPI
 from agentlightning.client._client import Client, load_records

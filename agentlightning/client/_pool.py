@@ -76,8 +76,8 @@ class WorkerPool:
         for index in range(self.nworkers):
             self._spawn(index)
         threading.Thread(target=self._supervise, name="agl-worker-pool", daemon=True).start()
-        threading.Thread(target=resend_every, args=(self._api, self._config.spool_dir, self.spool_retry_seconds, self._done),
-                         name="agl-spool", daemon=True).start()
+        threading.Thread(target=resend_every, name="agl-spool", daemon=True,
+                         args=(self._api, self._config.spool_dir, self.spool_retry_seconds, self._done)).start()
         logger.info("started %d workers for %s against %s", self.nworkers, self._config.agent_ref,
                     self._config.server_url)
         return self

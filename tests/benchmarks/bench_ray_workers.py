@@ -5,8 +5,9 @@ Both sides serve the same agent (``tests/ray/ray_agents.py:chat_agent``: one cha
 URL with the real ``openai`` client) from a fresh Lightning Server (SQLite store on disk) in front of the mock
 upstream, with N workers each. Each side first runs N rollouts to warm up (imports, connections), then R rollouts
 are enqueued at once and timed until all are stored. The local side runs before and after the Ray side (their mean
-is the baseline), so that drifting machine load hits both alike. The Ray side runs on a new local cluster of N CPUs (this
-machine only), so the ratio is what Ray's actors cost here next to plain processes; start-up times are printed too.
+is the baseline), so that drifting machine load hits both alike. The Ray side runs on a new local cluster of N CPUs
+(this machine only), so the ratio is what Ray's actors cost here next to plain processes; start-up times are
+printed too.
 
     python tests/benchmarks/bench_ray_workers.py [--workers 2] [--rollouts 200]
     python -m pytest -q -s tests/benchmarks/bench_ray_workers.py

@@ -14,9 +14,9 @@ import agentlightning as agl
 
 @agl.rollout
 def chat_agent(task: dict, llm: agl.LLM) -> float:
-    """One chat call; with ``task["hang"]``, never returns; with ``task["hold"]``, writes ``<mark_dir>/<question>.<pid>`` and waits for
-    ``<mark_dir>/release-<question>`` first (so a test can kill its process mid-rollout). Reward: the reply's
-    length, so a GRPO group's rewards differ."""
+    """One chat call; then with ``task["hang"]``, never returns; with ``task["hold"]``, writes
+    ``<mark_dir>/<question>.<pid>`` and waits for ``<mark_dir>/release-<question>`` (so a test can kill its process
+    mid-rollout). Reward: the reply's length, so a GRPO group's rewards differ."""
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
     reply = client.chat.completions.create(
         model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=8

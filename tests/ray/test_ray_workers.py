@@ -138,9 +138,9 @@ def test_agl_client_ray_serves_a_dataset(cluster: str, tmp_path: Path, mock_llm_
     with LightningServer(tmp_path / "s.db", upstream_url=mock_llm_server.base_url, model_name="mock-model",
                          settings=FAST) as server:
         client = subprocess.Popen(
-            [sys.executable, "-m", "agentlightning._cli", "client", "--ray", cluster, "--agent", "ray_agents:chat_agent",
-             "--dataset", str(dataset), "--nworkers", "2", "--cpus-per-worker", "0.5", "--server-url", server.url,
-             "--runtime-env-json", json.dumps(SHIP), "--log-level", "WARNING"],
+            [sys.executable, "-m", "agentlightning._cli", "client", "--ray", cluster,
+             "--agent", "ray_agents:chat_agent", "--dataset", str(dataset), "--nworkers", "2", "--cpus-per-worker", "0.5",
+             "--server-url", server.url, "--runtime-env-json", json.dumps(SHIP), "--log-level", "WARNING"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             dataset_id = None
