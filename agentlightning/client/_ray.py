@@ -121,7 +121,7 @@ class RayWorkers:
                 (finished,), pending = ray.wait(pending, num_returns=1)
                 try:
                     code = ray.get(finished)
-                except Exception as exc:  # noqa: BLE001 - the loop raised (the agent does not import...), or Ray gave up
+                except Exception as exc:  # noqa: BLE001 - the loop raised (the agent did not import...), Ray gave up
                     if not self._killed:
                         self._fail(f"Ray worker {runs[finished]} failed: {getattr(exc, 'cause', None) or exc}")
                     continue
