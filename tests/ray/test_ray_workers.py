@@ -140,7 +140,8 @@ def test_agl_client_ray_serves_a_dataset(cluster: str, tmp_path: Path, mock_llm_
         client = subprocess.Popen(
             [sys.executable, "-m", "agentlightning._cli", "client", "--ray", cluster,
              "--agent", "ray_agents:chat_agent", "--dataset", str(dataset), "--nworkers", "2",
-             "--cpus-per-worker", "0.5", "--server-url", server.url, "--runtime-env-json", json.dumps(SHIP), "--log-level", "WARNING"],
+             "--cpus-per-worker", "0.5", "--server-url", server.url, "--runtime-env-json", json.dumps(SHIP),
+             "--log-level", "WARNING"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             dataset_id = None
