@@ -29,6 +29,7 @@ _EXPORTS: dict[str, str] = {
     "transitions": "agentlightning.rl.transitions",
     "train": "agentlightning._train",
     "Client": "agentlightning.client",
+    "RayWorkers": "agentlightning.client",
 }
 
 __all__ = sorted(_EXPORTS)

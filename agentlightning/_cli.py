@@ -169,15 +169,26 @@ def _client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--server-url", help="default $AGL_SERVER_URL (or $AgentLightningServerUrl)")
     parser.add_argument("--token", help="default $AGL_SERVER_TOKEN")
     parser.add_argument("--timeout", type=float, help="seconds per rollout (default: the server's)")
+    parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                        help="run the workers as Ray actors on the cluster at ADDRESS (auto, ray://head:10001; "
+                             "default $RAY_ADDRESS, else a local cluster); --nworkers -1: as many as its CPUs allow")
+    parser.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs each Ray worker reserves")
+    parser.add_argument("--runtime-env-json", type=json.loads, metavar="JSON",
+                        help='Ray runtime environment of the workers, e.g. \'{"working_dir": "."}\' to ship the agent')
 
 
 def _client(args: argparse.Namespace) -> int:
     from agentlightning.client import Client
 
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
+    workers = None
+    if args.ray is not None:
+        from agentlightning.client import RayWorkers
+
+        workers = RayWorkers(args.ray or None, args.nworkers, args.cpus_per_worker, runtime_env=args.runtime_env_json)
     client = Client(args.server_url, token=args.token)
     client.train(args.agent, dataset=args.dataset, dataset_id=args.dataset_id, nworkers=args.nworkers,
-                 timeout=args.timeout, log_level=logging.getLogger().level)
+                 timeout=args.timeout, workers=workers, log_level=logging.getLogger().level)
     return 0
 
 

@@ -66,7 +66,7 @@ def test_editable_install_imports_adapters_and_trainers(tmp_path: Path) -> None:
 def test_public_api_imports_no_torch_and_no_framework() -> None:
     # DESIGN: the core never imports torch or a framework; adapters patch a framework only once it is imported.
     heavy = ("torch", "numpy", "transformers", "trl", "peft", "vllm", "openai", "langchain_core", "langgraph",
-             "agents", "autogen_agentchat", "autogen_core")
+             "agents", "autogen_agentchat", "autogen_core", "ray")
     code = (
         "import sys, agentlightning as agl\n"
         "for name in agl.__all__: getattr(agl, name)\n"

@@ -44,6 +44,7 @@ class VLLMOptions:
     """After each sync, sample a few tokens and record the largest |vLLM - trainer| logprob (``sync/logprob_gap``)."""
     startup_timeout: float = 600.0
 
+from agentlightning.client import RayWorkers
 from agentlightning.rl.advantages import ESTIMATORS
 from agentlightning.types import Rollout
 
@@ -121,6 +122,9 @@ class TrainConfig:
     False runs them in threads of this process (``backend="hf"`` only: the proxy is what asks vLLM for token ids
     and enforces the training temperature)."""
     nworkers: int = 4
+    workers: Any = "local"
+    """Who runs the agent for the server: ``"local"`` (``nworkers`` worker processes), ``"ray"`` (``nworkers`` Ray
+    actors, ``pip install 'agentlightning[ray]'``) or an ``agl.RayWorkers(...)`` (see ``docs/scaling.md``)."""
     rollout_timeout: float | None = 300.0
     max_batch_size: int = 64
     """Largest generation batch of the Hugging Face backend."""
@@ -161,6 +165,10 @@ class TrainConfig:
                 "agl.train(use_server=False) works with backend='hf' only: vLLM returns token ids and uses the "
                 "training temperature only when each request asks, which the Lightning proxy does (use_server=True)"
             )
+        if self.workers not in ("local", "ray") and not isinstance(self.workers, RayWorkers):
+            raise ValueError(f"agl.train(workers={self.workers!r}): use 'local', 'ray' or an agl.RayWorkers(...)")
+        if not self.use_server and self.workers != "local":
+            raise ValueError(f"agl.train(use_server=False, workers={self.workers!r}): Ray workers need the server")
         if self.algorithm not in ESTIMATORS:
             raise ValueError(f"agl.train(algorithm={self.algorithm!r}): use one of {list(ESTIMATORS)}")
         for name in ("group_size", "tasks_per_step", "max_steps", "micro_batch_size"):

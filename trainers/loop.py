@@ -289,7 +289,8 @@ class TrainingRun:
             return self.source
         if self.config.use_server:
             return ServerRollouts(
-                self.agent, self.output_dir / "store.db", self.config.nworkers, rollout_timeout=self.config.rollout_timeout
+                self.agent, self.output_dir / "store.db", self.config.nworkers, rollout_timeout=self.config.rollout_timeout,
+                workers=self.config.workers,
             )
         return LocalRollouts(self.agent, self.config.nworkers)
 

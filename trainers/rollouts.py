@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,7 +52,8 @@ class RolloutSource(Protocol):
 
 
 class ServerRollouts:
-    """Rollouts through an in-process Lightning Server (proxy + SQLite store) and worker processes."""
+    """Rollouts through an in-process Lightning Server (proxy + SQLite store) and worker processes (or Ray actors:
+    ``workers="ray"`` or an ``agl.RayWorkers``)."""
 
     def __init__(
         self,
@@ -61,19 +63,23 @@ class ServerRollouts:
         *,
         rollout_timeout: float | None,
         logprobs: bool = True,
+        workers: Any = "local",
     ) -> None:
-        from agentlightning.client._pool import start_workers
+        from agentlightning.client import RayWorkers, start_workers
         from agentlightning.server import LightningServer, Settings
 
         settings = Settings(rollout_timeout=rollout_timeout) if rollout_timeout is not None else Settings()
-        self.server = LightningServer(store_path=store_path, settings=settings, logprobs=logprobs).start()
+        ray_workers = RayWorkers(num_workers=nworkers) if workers == "ray" else None if workers == "local" else workers
+        token = secrets.token_urlsafe(16) if ray_workers else None  # Ray nodes reach it beyond loopback
+        self.server = LightningServer(store_path=store_path, settings=settings, logprobs=logprobs, token=token,
+                                      host=ray_workers.connect() if ray_workers else "127.0.0.1").start()
         self._logprobs = logprobs
         self._waiting = _waiters()
         self._open: set[str] = set()  # rollouts submitted and not yet waited for
         try:
-            self.pool = start_workers(
-                agent, self.server.url, nworkers, timeout=rollout_timeout, log_level=logging.WARNING
-            )
+            options: dict[str, Any] = {"timeout": rollout_timeout, "log_level": logging.WARNING}
+            self.pool = (ray_workers.start(agent, self.server.url, token=token, **options) if ray_workers
+                         else start_workers(agent, self.server.url, nworkers, **options))
         except Exception:
             self.server.stop()
             raise

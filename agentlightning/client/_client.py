@@ -10,6 +10,7 @@ from typing import Any
 
 from agentlightning.client._api import ServerAPI, resolve_token
 from agentlightning.client._pool import WorkerPool
+from agentlightning.client._ray import RayWorkers
 from agentlightning._decorator import RolloutAgent
 from agentlightning.protocol import ServerError, dataset_id_for
 
@@ -73,12 +74,13 @@ class Client:
 
     def train(self, agent: RolloutAgent | Callable[..., Any] | str, dataset: str | Path | Sequence[Any] | None = None,
               *, dataset_id: str | None = None, nworkers: int = -1, timeout: float | None = None,
-              **pool_options: Any) -> str:
+              workers: RayWorkers | None = None, **pool_options: Any) -> str:
         """Serve rollouts of ``agent`` until the server says stop; returns the dataset id.
 
         Give ``dataset`` (a JSONL/JSON path or a list of tasks; uploaded if the server lacks it) or ``dataset_id``
-        (already uploaded). ``nworkers=-1`` runs one worker process per core. ``timeout`` overrides the server's
-        per-rollout timeout. Ctrl-C drains (running rollouts finish and are reported); a second Ctrl-C kills.
+        (already uploaded). ``nworkers=-1`` runs one worker process per core; ``workers=RayWorkers(...)`` runs Ray
+        actors instead. ``timeout`` overrides the server's per-rollout timeout. Ctrl-C drains (running rollouts
+        finish and are reported); a second Ctrl-C kills.
         """
         if (dataset is None) == (dataset_id is None):
             raise ValueError("Client.train: give exactly one of dataset=... (path or list) or dataset_id=...")
@@ -91,15 +93,19 @@ class Client:
                 raise
             raise ValueError(f"the server at {self.server_url} has no dataset {dataset_id!r}; upload it with "
                              "dataset=... first") from None
-        with WorkerPool(agent, self.server_url, nworkers, token=self.token, timeout=timeout, **pool_options) as pool:
+        options = {"token": self.token, "timeout": timeout, **pool_options}
+        pool: WorkerPool | RayWorkers = (workers.start(agent, self.server_url, **options) if workers is not None
+                                         else WorkerPool(agent, self.server_url, nworkers, **options).start())
+        try:
+            pool.wait()
+        except KeyboardInterrupt:
+            logger.warning("Ctrl-C: letting running rollouts finish (Ctrl-C again to kill them)")
             try:
-                pool.wait()
+                pool.drain()
             except KeyboardInterrupt:
-                logger.warning("Ctrl-C: letting running rollouts finish (Ctrl-C again to kill them)")
-                try:
-                    pool.drain()
-                except KeyboardInterrupt:
-                    pool.kill()
+                pool.kill()
+        finally:
+            pool.stop()
         if pool.error:
             raise RuntimeError(f"Client.train stopped: {pool.error}")
         return dataset_id

@@ -19,8 +19,8 @@ from typing import Any
 
 from agentlightning.client._agentref import agent_ref
 from agentlightning.client._api import ServerAPI
-from agentlightning.client._worker import (EXIT_ABANDONED, EXIT_AUTH, WorkerConfig, WorkerSlot, resend_spooled,
-                                           worker_main)
+from agentlightning.client._worker import (EXIT_ABANDONED, EXIT_AUTH, WorkerConfig, WorkerSlot, default_spool_dir,
+                                           resend_every, resend_spooled, worker_main)
 from agentlightning.protocol import ProtocolError
 from agentlightning.types import ErrorInfo, Rollout, new_id
 
@@ -58,7 +58,7 @@ class WorkerPool:
         self._api = ServerAPI(server_url, token)
         self._config = WorkerConfig(
             agent_ref=agent_ref(agent), server_url=self._api.server_url, token=token, worker_id="",
-            spool_dir=spool_dir or os.environ.get("AGL_SPOOL_DIR") or str(Path.home() / ".cache/agentlightning/spool"),
+            spool_dir=spool_dir or default_spool_dir(),
             log_dir=self._log_dir, timeout=timeout, upload_retry_seconds=upload_retry_seconds,
             reconnect_seconds=reconnect_seconds, log_level=log_level,
         )
@@ -76,7 +76,8 @@ class WorkerPool:
         for index in range(self.nworkers):
             self._spawn(index)
         threading.Thread(target=self._supervise, name="agl-worker-pool", daemon=True).start()
-        threading.Thread(target=self._resend_spooled, name="agl-spool", daemon=True).start()
+        threading.Thread(target=resend_every, name="agl-spool", daemon=True,
+                         args=(self._api, self._config.spool_dir, self.spool_retry_seconds, self._done)).start()
         logger.info("started %d workers for %s against %s", self.nworkers, self._config.agent_ref,
                     self._config.server_url)
         return self
@@ -119,8 +120,7 @@ class WorkerPool:
     def _spawn(self, index: int) -> None:
         self._generation += 1
         config = dataclasses.replace(self._config, worker_id=f"{self.client_id}-w{index}.{self._generation}")
-        raw = self._ctx.RawValue
-        slot = WorkerSlot(raw("d", 0.0), raw("i", 0), self._ctx.RawArray("c", 64), raw("d", 0.0), raw("d", 0.0))
+        slot = WorkerSlot.create(self._ctx)
         process = self._ctx.Process(target=worker_main, args=(config, slot, self._drain), name=config.worker_id,
                                     daemon=True)
         process.start()
@@ -180,14 +180,6 @@ class WorkerPool:
                 return [line for line in log.read().decode(errors="replace").splitlines() if line.strip()]
         except OSError:
             return []
-
-    def _resend_spooled(self) -> None:
-        """Re-send spooled results while the pool runs (a server that had refused them may take them now)."""
-        while not self._done.wait(self.spool_retry_seconds):
-            try:
-                resend_spooled(self._api, self._config.spool_dir, retry_for=0.0)
-            except Exception:  # noqa: BLE001 - a broken spool file must not stop the pool
-                logger.exception("re-sending spooled results failed")
 
     def _fail(self, error: str) -> None:
         """Stop the whole pool: its workers cannot do their job (``error`` says why)."""

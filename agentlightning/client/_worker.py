@@ -8,7 +8,7 @@ from __future__ import annotations
 import faulthandler
 import json
 import logging
-import multiprocessing.synchronize
+import multiprocessing
 import os
 import signal
 import socket
@@ -23,7 +23,7 @@ from agentlightning._attempt import Attempt
 from agentlightning._decorator import RolloutAgent
 from agentlightning.capture import current_recorder, enable_auto_instrumentation
 from agentlightning.client._agentref import load_agent
-from agentlightning.client._api import ServerAPI
+from agentlightning.client._api import ServerAPI, StopSignal
 from agentlightning.protocol import Lease, ServerError, Unreachable
 from agentlightning.types import Rollout
 
@@ -61,6 +61,12 @@ class WorkerSlot:
     lease_seconds: Any
     alive: Any  # monotonic clock, stamped twice a second by a thread of the worker (stops when the process is stuck)
 
+    @classmethod
+    def create(cls, ctx: Any = multiprocessing) -> WorkerSlot:
+        """A slot in shared memory of ``ctx`` (a multiprocessing context, or the module for one process)."""
+        raw = ctx.RawValue
+        return cls(raw("d", 0.0), raw("i", 0), ctx.RawArray("c", 64), raw("d", 0.0), raw("d", 0.0))
+
     def running(self) -> tuple[str, int, float] | None:
         """(rollout id, attempt, deadline) of the rollout being run, or None."""
         deadline = self.deadline.value
@@ -76,9 +82,10 @@ class WorkerSlot:
         self.deadline.value = 0.0
 
 
-def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.synchronize.Event) -> None:
-    """Entry point of a worker process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the pool drains us
+def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> None:
+    """Entry point of a worker process (or of a Ray actor's thread, :mod:`._ray`)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the pool drains us
     logging.basicConfig(level=config.log_level,
                         format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "httpcore"):  # a line per request would flood the logs and every rollout's logs
@@ -122,7 +129,7 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: multiprocessing.s
 
 
 def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerConfig, slot: WorkerSlot,
-              drain: multiprocessing.synchronize.Event) -> tuple[bool, Lease | None, bool]:
+              drain: StopSignal) -> tuple[bool, Lease | None, bool]:
     """Run one leased rollout, heart-beating, and report it, taking the next lease with the report unless ``drain``
     is set. Returns (the agent's thread was left running (hung), the next lease, the server says stop)."""
     timeout = config.timeout if config.timeout is not None else lease.timeout
@@ -201,6 +208,11 @@ def spool(result: Rollout, attempt: int, config: WorkerConfig) -> Path:
     return path
 
 
+def default_spool_dir() -> str:
+    """``$AGL_SPOOL_DIR``, else ``~/.cache/agentlightning/spool`` (of the machine the worker runs on)."""
+    return os.environ.get("AGL_SPOOL_DIR") or str(Path.home() / ".cache/agentlightning/spool")
+
+
 def resend_spooled(api: ServerAPI, spool_dir: str, retry_for: float = 10.0) -> int:
     """Upload spooled results; returns how many the server took. One it refused for good is removed; others stay."""
     sent = 0
@@ -219,6 +231,15 @@ def resend_spooled(api: ServerAPI, spool_dir: str, retry_for: float = 10.0) -> i
             sent += 1
         path.unlink(missing_ok=True)
     return sent
+
+
+def resend_every(api: ServerAPI, spool_dir: str, seconds: float, done: StopSignal) -> None:
+    """Re-send spooled results every ``seconds`` until ``done`` (a server that had refused them may take them now)."""
+    while not done.wait(seconds):
+        try:
+            resend_spooled(api, spool_dir, retry_for=0.0)
+        except Exception:  # noqa: BLE001 - a broken spool file must not stop the workers
+            logger.exception("re-sending spooled results failed")
 
 
 def _stamp(slot: WorkerSlot) -> None:
