@@ -45,35 +45,50 @@ def test_two_ranks_train_like_one_process_and_only_rank_0_serves(tmp_path):
                "--main_process_port", str(_free_port()), str(HERE / "distributed_train.py"), str(two)]
     launch = subprocess.Popen(command, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        reference = distributed_train.train(one)  # the same run in this one process, meanwhile
+        reference = distributed_train.train(one)  # the same runs in this one process, meanwhile
+        reference_resumed = distributed_train.train(one, **distributed_train.resumed(one))
         output, _ = launch.communicate(timeout=300)
     finally:
         if launch.poll() is None:
             launch.kill()
             launch.communicate()
     assert launch.returncode == 0, output[-4000:]
-    rank0, rank1 = (torch.load(two / f"rank{rank}.pt", weights_only=True) for rank in (0, 1))
+    saved = {(rank, tag): torch.load(two / f"rank{rank}{tag}.pt", weights_only=True)
+             for rank in (0, 1) for tag in ("", "-resumed", "-live")}
+    rank0, rank1 = saved[0, ""], saved[1, ""]
 
-    # Every rank holds the same weights after the updates, equal (up to float rounding) to one process's.
+    # Every rank holds the same weights after the updates, equal (up to float rounding) to one process's; so after
+    # a resumed third step (rank 1 loads the checkpoint rank 0 chose).
     initial = tiny_model(seed=3)[0].state_dict()
-    single = {name: value.detach() for name, value in reference.model.state_dict().items()}
-    assert max(float((single[name] - initial[name]).abs().max()) for name in single) > 1e-2  # the updates moved it
-    for name, value in rank0["weights"].items():
-        assert torch.equal(value, rank1["weights"][name]), name
-        assert torch.allclose(value, single[name], rtol=0, atol=1e-6), (name, float((value - single[name]).abs().max()))
-    assert rank0["steps"] == rank1["steps"] == len(reference.history) == 2
-    assert rank0["version"] == rank1["version"] == reference.model_version == "v2"
+    for tag, result, steps in (("", reference, 2), ("-resumed", reference_resumed, 3)):
+        single = {name: value.detach() for name, value in result.model.state_dict().items()}
+        assert max(float((single[name] - initial[name]).abs().max()) for name in single) > 1e-2  # it moved
+        for name, value in saved[0, tag]["weights"].items():
+            assert torch.equal(value, saved[1, tag]["weights"][name]), (tag, name)
+            gap = float((value - single[name]).abs().max())
+            assert torch.allclose(value, single[name], rtol=0, atol=1e-6), (tag, name, gap)
+        assert saved[0, tag]["steps"] == saved[1, tag]["steps"] == len(result.history) == steps
+        assert saved[0, tag]["version"] == saved[1, tag]["version"] == result.model_version == f"v{steps}"
+    third = {name: value - rank0["weights"][name] for name, value in saved[0, "-resumed"]["weights"].items()}
+    assert max(float(delta.abs().max()) for delta in third.values()) > 1e-3  # the third step trained
+
+    # The Hugging Face backend on rank 0 sampled from rank 0's live weights, which DDP kept equal to rank 1's.
+    live0, live1 = saved[0, "-live"], saved[1, "-live"]
+    assert live0["version"] == live1["version"] == "v2"
+    assert all(torch.equal(value, live1["weights"][name]) for name, value in live0["weights"].items())
+    live = [json.loads(line) for line in (two / "live" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["model_version_after"] for row in live] == ["v1", "v2"] and all(row["transitions"] for row in live)
 
     # Only rank 0 started the backend, the Lightning Server and the workers, and wrote the run's files.
     assert sorted(path.name for path in two.glob("backend-started-*")) == ["backend-started-rank0"]
     assert "agentlightning.server" in rank0["modules"] and "agentlightning.client._pool" in rank0["modules"]
-    assert rank1["modules"] == []
+    assert saved[1, ""]["modules"] == saved[1, "-live"]["modules"] == []
     rows = [json.loads(line) for line in (two / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows] == [1, 2]
+    assert [row["step"] for row in rows] == [1, 2, 3]
     assert all(row["train/rows"] == 5 and row["train/micro_batches"] == 2 for row in rows)  # 3 rows a rank
     with sqlite3.connect(two / "run" / "store.db") as store:
-        assert store.execute("SELECT status, COUNT(*) FROM rollouts GROUP BY status").fetchall() == [("succeeded", 10)]
-    assert sorted(path.name for path in (two / "run" / "checkpoints").iterdir()) == ["step-2"]
+        assert store.execute("SELECT status, COUNT(*) FROM rollouts GROUP BY status").fetchall() == [("succeeded", 15)]
+    assert sorted(path.name for path in (two / "run" / "checkpoints").iterdir()) == ["step-2", "step-3"]
 
 
 def test_shards_split_the_rows_and_pad_short_ranks_with_rows_that_add_nothing():
