@@ -13,7 +13,8 @@ model in ``DistributedDataParallel``. Then:
   serves them (the Hugging Face backend generates from rank 0's live model).
 
 DeepSpeed and FSDP shard the weights and optimizer state across ranks; the backend's weight sync and the
-checkpoints read them whole on rank 0, so those configs are refused with an explanation (see ``docs/scaling.md``).
+checkpoints read them whole on rank 0, so those configs are refused with an explanation (see ``docs/scaling.md``),
+with one process too (where TRL would otherwise ignore them, the model never being prepared for them).
 """
 
 from __future__ import annotations
@@ -78,18 +79,18 @@ def shard(batch: PackedBatch, rank: int, processes: int) -> tuple[PackedBatch, B
 
 def wrap_model(trainer: Any) -> Any:
     """``trainer``'s model for the update: DDP-wrapped (accelerate's ``prepare_model``) when run across processes."""
-    from accelerate.utils import DistributedType
-
     accelerator = trainer.accelerator
-    if accelerator.num_processes == 1:
-        return trainer.model_wrapped
-    if accelerator.distributed_type in (DistributedType.DEEPSPEED, DistributedType.FSDP):
+    if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
+        engine = "DeepSpeed" if trainer.is_deepspeed_enabled else "FSDP"
         raise NotImplementedError(
-            f"agl.train under accelerate launch trains with DDP; this launch uses {accelerator.distributed_type.value}, "
+            f"agl.train trains with DDP; this run is configured for {engine}, "
             "which shards the weights and optimizer state across ranks, while the model backend on rank 0 serves "
             "(and the checkpoints save) rank 0's whole copy. Launch with a multi-GPU (DDP) accelerate config, e.g. "
-            "`accelerate launch --multi_gpu --num_processes 8 train.py`; see docs/scaling.md"
+            "`accelerate launch --multi_gpu --num_processes 8 train.py`, and use lora=True for large models; see "
+            "docs/scaling.md"
         )
+    if accelerator.num_processes == 1:
+        return trainer.model_wrapped
     return accelerator.prepare_model(trainer.model)
 
 
