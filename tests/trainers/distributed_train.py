@@ -84,12 +84,13 @@ def resumed(out: Path) -> dict[str, Any]:
 
 
 def train_live(out: Path) -> Any:
-    """The Hugging Face backend on rank 0's live weights, the next step's rollouts sampled during the update."""
+    """A LoRA adapter trained on the Hugging Face backend (rank 0's live weights), the next step's rollouts sampled
+    during the update."""
     model, tokenizer = tiny_model(seed=4)
     return agl.train(
         reply_length_agent, TASKS, model=model, tokenizer=tokenizer, output_dir=out / "live", use_server=False,
         nworkers=4, tasks_per_step=1, group_size=4, max_steps=2, max_staleness=1, micro_batch_size=2,
-        learning_rate=0.05, save_model=False, progress=False, rollout_timeout=60, temperature=1.0,
+        lora={"r": 4, "lora_alpha": 8}, learning_rate=0.05, save_model=False, progress=False, rollout_timeout=60,
     )
 
 

@@ -72,10 +72,13 @@ def test_two_ranks_train_like_one_process_and_only_rank_0_serves(tmp_path):
     third = {name: value - rank0["weights"][name] for name, value in saved[0, "-resumed"]["weights"].items()}
     assert max(float(delta.abs().max()) for delta in third.values()) > 1e-3  # the third step trained
 
-    # The Hugging Face backend on rank 0 sampled from rank 0's live weights, which DDP kept equal to rank 1's.
+    # The Hugging Face backend on rank 0 sampled from rank 0's live weights, which DDP kept equal to rank 1's (a LoRA
+    # adapter, trained).
     live0, live1 = saved[0, "-live"], saved[1, "-live"]
     assert live0["version"] == live1["version"] == "v2"
     assert all(torch.equal(value, live1["weights"][name]) for name, value in live0["weights"].items())
+    adapter = [value for name, value in live0["weights"].items() if "lora_B" in name]
+    assert adapter and max(float(value.abs().max()) for value in adapter) > 0  # lora_B starts at zero
     live = [json.loads(line) for line in (two / "live" / "metrics.jsonl").read_text().splitlines()]
     assert [row["model_version_after"] for row in live] == ["v1", "v2"] and all(row["transitions"] for row in live)
 
