@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from agentlightning.trainers._distributed import BatchTotals, mean_over_ranks, shard, wrap_model
 from agentlightning.trainers._importance import importance_weights
 
 if TYPE_CHECKING:
@@ -77,6 +78,10 @@ def grpo_config(output_dir: str, micro_batch_size: int = 8, **overrides: Any) ->
         "bf16": False,
         "use_cpu": not cuda,
         "max_steps": 1000,
+        # Under accelerate launch: no buffer broadcast in each DDP forward (an LLM's buffers are constants), and
+        # ranks other than 0 may wait for a step's rollouts and validation a long time.
+        "ddp_broadcast_buffers": False,
+        "ddp_timeout": 6 * 3600,
     }
     settings.update(overrides)
     return GRPOConfig(**settings)
@@ -114,6 +119,7 @@ class LightningGRPOTrainer(GRPOTrainer):
             callbacks=list(callbacks) if callbacks else None,
         )
         self.create_optimizer_and_scheduler(num_training_steps=max(args.max_steps, 1))
+        self.model_wrapped = wrap_model(self)  # DDP under accelerate launch; step() trains each rank on its shard
         self._sampler_correction = False
         self._sampler_stats: dict[str, float] = {}
 
@@ -214,21 +220,25 @@ class LightningGRPOTrainer(GRPOTrainer):
         """One optimizer update (``num_iterations`` of them) on ``batch``; returns TRL's metrics for it.
 
         ``weights_changing()`` is entered around each optimizer step, the only moment the weights change (e.g. a
-        backend generating from them pauses there)."""
+        backend generating from them pauses there). Under ``accelerate launch`` every rank calls this with the
+        whole batch and trains on its shard: the update is the single-process one."""
         if len(batch) == 0:
             raise ValueError("LightningGRPOTrainer.step: the batch has no rows (see batch.stats for what was dropped)")
         _check_batch(batch)
         started = time.perf_counter()
         self.model.train()
+        batch, totals = shard(batch, self.accelerator.process_index, self.accelerator.num_processes)
         inputs = self._generate_and_score_completions(batch)
-        micro_batches = self._micro_batches(inputs)
+        micro_batches = self._micro_batches(inputs, totals)
         self.current_gradient_accumulation_steps = len(micro_batches)
         losses = []
         grad_norm: float | None = None
         for _ in range(self.num_iterations):
             for index, micro in enumerate(micro_batches):
-                self.accelerator.gradient_state._set_sync_gradients(index == len(micro_batches) - 1)
-                losses.append(float(self.training_step(self.model, micro, micro["num_items_in_batch"])))
+                last = index == len(micro_batches) - 1
+                self.accelerator.gradient_state._set_sync_gradients(last)
+                with nullcontext() if last else self.accelerator.no_sync(self.model_wrapped):  # DDP syncs once
+                    losses.append(float(self.training_step(self.model_wrapped, micro, micro["num_items_in_batch"])))
             if self.args.max_grad_norm and self.args.max_grad_norm > 0:
                 norm = self._clip_grad_norm(self.model)
                 grad_norm = float(norm) if norm is not None else None
@@ -240,7 +250,7 @@ class LightningGRPOTrainer(GRPOTrainer):
         self.use_vllm = False
         metrics = {name: float(sum(values) / len(values)) for name, values in self._metrics["train"].items() if values}
         self._metrics["train"].clear()
-        metrics["loss"] = float(sum(losses))
+        metrics["loss"] = mean_over_ranks(float(sum(losses)), self)
         metrics["learning_rate"] = float(self.lr_scheduler.get_last_lr()[0])
         if grad_norm is not None:
             metrics["grad_norm"] = grad_norm
@@ -251,30 +261,31 @@ class LightningGRPOTrainer(GRPOTrainer):
             difference = (inputs["old_per_token_logps"] - inputs["sampling_per_token_logps"]).abs()[mask]
             metrics["sampling/sampling_logp_difference/mean"] = float(difference.mean()) if difference.numel() else 0.0
             metrics.update(self._sampler_stats)
-        metrics["rows"] = float(len(batch))
+        metrics["rows"] = float(totals.rows)
         metrics["micro_batches"] = float(len(micro_batches))
         metrics["update_seconds"] = time.perf_counter() - started
         return metrics
 
-    def _micro_batches(self, inputs: dict[str, Any]) -> list[dict[str, Any]]:
-        """Split the batch into micro-batches with weight-scaled advantages (see the module docstring)."""
+    def _micro_batches(self, inputs: dict[str, Any], totals: BatchTotals) -> list[dict[str, Any]]:
+        """Split the (rank's share of the) batch into micro-batches with weight-scaled advantages (see the module
+        docstring), normalised by the whole batch's ``totals``; DDP averages the ranks' gradients."""
         rows = inputs["prompt_ids"].size(0)
         size = self.args.per_device_train_batch_size
         count = math.ceil(rows / size)
         weights = inputs["weights"]
         if not torch.all(torch.isfinite(weights)) or bool((weights <= 0).any()):
             raise ValueError(f"PackedBatch.weights must be finite and > 0, got {weights.tolist()}")
-        relative = weights / weights.mean()
-        tokens = inputs["completion_mask"].sum()
+        relative = weights / totals.mean_weight
+        tokens = torch.tensor(totals.tokens, device=weights.device)
         micro_batches = []
         for start in range(0, rows, size):
             part = slice(start, min(start + size, rows))
             micro = {key: value[part] for key, value in inputs.items() if key != "weights"}
             scale = relative[part]
             if self.loss_type in _ROW_MEAN_LOSSES:
-                scale = scale * (micro["prompt_ids"].size(0) * count / rows)
+                scale = scale * (micro["prompt_ids"].size(0) * count * totals.processes / totals.rows)
             elif self.loss_type in _TOKEN_MEAN_LOSSES:
-                scale = scale * (micro["completion_mask"].sum() * count / tokens.clamp(min=1))
+                scale = scale * (micro["completion_mask"].sum() * count * totals.processes / tokens.clamp(min=1))
             micro["advantages"] = micro["advantages"] * scale
             # dapo/cispo/vespo divide by num_items_in_batch * accumulation / steps_per_generation: make that the
             # batch's token count.

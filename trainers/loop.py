@@ -23,6 +23,7 @@ from typing import Any
 
 from agentlightning._decorator import RolloutAgent
 from agentlightning.rl.batch import pack
+from agentlightning.trainers._distributed import Ranks
 from agentlightning.trainers._pipeline import RolloutPipeline
 from agentlightning.trainers.config import TrainConfig, TrainResult
 from agentlightning.types import Rollout
@@ -60,7 +61,6 @@ class TrainingRun:
         run_started = time.perf_counter()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         model, tokenizer, model_name = self._load_model()
-        base_dir = self._vllm_base_dir(model, tokenizer)
         config = grpo_config(
             str(self.output_dir / "trl"),
             micro_batch_size=self.config.micro_batch_size,
@@ -77,15 +77,19 @@ class TrainingRun:
             **{"vllm_importance_sampling_correction": self.config.backend != "hf" or self.config.max_staleness > 0,
                **self.config.trainer_args},
         )
+        ranks = Ranks()  # under `accelerate launch`, rank 0 runs the loop and the others follow (_distributed.py)
+        base_dir = self._vllm_base_dir(model, tokenizer) if ranks.main else None
         trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=_lora_config(self.config.lora))
         policy = trainer.model
 
-        checkpoint = self._resume_path(latest_checkpoint)
+        checkpoint = ranks.resume_path(self._resume_path(latest_checkpoint) if ranks.main else None)
         state: dict[str, Any] = {"step": 0, "order": [], "cursor": 0}
         if checkpoint is not None:
             state = load_checkpoint(trainer, checkpoint)
-        elif (self.output_dir / "metrics.jsonl").exists():
+        elif ranks.main and (self.output_dir / "metrics.jsonl").exists():
             (self.output_dir / "metrics.jsonl").unlink()  # a fresh run in a reused directory starts a fresh log
+        if not ranks.main:
+            return ranks.follow(trainer, tokenizer)
         start_step = int(state["step"])
         sampler = _TaskSampler(len(self.dataset), self.config.seed, state.get("order") or None, int(state.get("cursor", 0)))
 
@@ -120,7 +124,7 @@ class TrainingRun:
                 history.append(start_row)
             bar = _progress(self.config.progress, start_step, self.config.max_steps)
             for step in range(start_step, self.config.max_steps):
-                row = self._train_step(step, trainer, backend, source, pipeline)
+                row = self._train_step(step, trainer, backend, source, pipeline, ranks)
                 if self.val_dataset and (
                     (self.config.val_every and (step + 1) % self.config.val_every == 0) or step + 1 == self.config.max_steps
                 ):
@@ -140,6 +144,9 @@ class TrainingRun:
                     })
             if bar is not None:
                 bar.close()
+        except BaseException as error:
+            ranks.abort(trainer, error)
+            raise
         finally:
             pipeline.close()
             source.close()
@@ -156,11 +163,12 @@ class TrainingRun:
             initial_validation=initial_val, final_validation=final_val, metrics_path=writer.path, curve_path=curve,
             checkpoint_path=checkpoint_path, model_path=model_path, model=policy, tokenizer=tokenizer,
         )
+        ranks.finish(result)
         logger.info("training finished:\n%s", result.summary())
         return result
 
-    def _train_step(self, step: int, trainer: Any, backend: Any, source: Any, pipeline: RolloutPipeline
-                    ) -> dict[str, Any]:
+    def _train_step(self, step: int, trainer: Any, backend: Any, source: Any, pipeline: RolloutPipeline,
+                    ranks: Ranks) -> dict[str, Any]:
         started = time.perf_counter()
         served_version = backend.model_version
         data = pipeline.next_step(step, trainer.state.global_step)
@@ -184,6 +192,7 @@ class TrainingRun:
             # The step still counts: the optimizer schedule and the version do not move.
             return row
         new_version = f"v{trainer.state.global_step + 1}"
+        ranks.send_step(trainer, batch)  # every rank trains on its shard of the batch
         if self.config.max_staleness and _live_weights(backend) and not (self.config.beta and self.config.lora):
             # Rollouts keep generating through the forward and backward passes; only the optimizer step pauses
             # them (with a LoRA reference, disabling the adapter for the KL term would change what they see).

@@ -26,3 +26,18 @@ def reply_length_agent(task: dict, llm: agl.LLM) -> float:
         model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=8
     )
     return len(reply.choices[0].message.content or "") / 50.0
+
+
+COUNTED_SYSTEM = "You are a careful assistant. Think about the question, then answer with one number only."
+
+
+@agl.rollout
+def counted_reply_agent(task: dict, llm: agl.LLM) -> float:
+    """One chat call behind a shared system prompt, rewarded by the number the reply ends with (a mock server that
+    counts its replies per prompt makes a group's rewards distinct and the same whatever order the rollouts run)."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    reply = client.chat.completions.create(
+        model=llm.model, max_tokens=16,
+        messages=[{"role": "system", "content": COUNTED_SYSTEM}, {"role": "user", "content": task["question"]}],
+    )
+    return float((reply.choices[0].message.content or "0").split()[-1]) / 10.0

@@ -1,0 +1,111 @@
+"""One ``agl.train`` run of tests/trainers/test_distributed.py: ``accelerate launch ... distributed_train.py OUT``
+runs it across processes, :func:`train` in one. The rollouts' replies come from a mock server (a deterministic
+backend), so every run trains on the same batches; each rank saves its final weights, and which server/client
+modules it loaded, to ``OUT/rank<N>.pt``; then the run resumed for a third step (``rank<N>-resumed.pt``) and a run
+on the Hugging Face backend (``rank<N>-live.pt``)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from train_agents import counted_reply_agent, reply_length_agent
+
+import agentlightning as agl
+from agentlightning.testing import MockLLMServer, MockReply, MockRequest
+from agentlightning.trainers.models import tiny_model
+
+TASKS = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(3)]
+
+
+class CountingBackend:
+    """A :class:`~agentlightning.trainers.backend.Backend` over the mock server: the k-th reply to a prompt is
+    ``"answer k"``. It leaves ``backend-started-rank<N>`` in ``marks`` when it starts. ``version``: of the weights
+    it stands for (a resumed run's)."""
+
+    def __init__(self, marks: Path, version: str = "v0") -> None:
+        self.marks, self.sampling_overrides, self._version = marks, {}, version
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+        self._server = MockLLMServer(handler=self._reply, token_ids=True)
+
+    def _reply(self, request: MockRequest) -> MockReply:
+        with self._lock:
+            self._counts[request.last_user_text] += 1
+            return MockReply(content=f"answer {self._counts[request.last_user_text]}")
+
+    @property
+    def base_url(self) -> str:
+        return self._server.base_url
+
+    @property
+    def model_name(self) -> str:
+        return "mock-model"
+
+    @property
+    def model_version(self) -> str:
+        return self._version
+
+    def start(self) -> CountingBackend:
+        from accelerate import PartialState
+
+        (self.marks / f"backend-started-rank{PartialState().process_index}").touch()
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    @contextlib.contextmanager
+    def updating(self, new_version: str) -> Any:
+        yield
+        self._version = new_version
+
+
+def train(out: Path, **options: Any) -> Any:
+    """The compared run: two steps against the counting mock server (``options`` replace settings)."""
+    model, tokenizer = tiny_model(seed=3)  # the same random weights on every rank
+    settings = dict(
+        backend=CountingBackend(out), output_dir=out / "run", tasks_per_step=1, group_size=5, max_steps=2,
+        micro_batch_size=2, nworkers=1, learning_rate=0.5, save_model=False, progress=False, rollout_timeout=60,
+        trainer_args={"optim": "sgd", "vllm_importance_sampling_correction": False},
+    )
+    return agl.train(counted_reply_agent, TASKS, model=model, tokenizer=tokenizer, **{**settings, **options})
+
+
+def resumed(out: Path) -> dict[str, Any]:
+    """The options that continue the run in ``out`` for a third step."""
+    return {"max_steps": 3, "resume": True, "backend": CountingBackend(out, "v2")}
+
+
+def train_live(out: Path) -> Any:
+    """A LoRA adapter trained on the Hugging Face backend (rank 0's live weights), the next step's rollouts sampled
+    during the update."""
+    model, tokenizer = tiny_model(seed=4)
+    return agl.train(
+        reply_length_agent, TASKS, model=model, tokenizer=tokenizer, output_dir=out / "live", use_server=False,
+        nworkers=4, tasks_per_step=1, group_size=4, max_steps=2, max_staleness=1, micro_batch_size=2,
+        lora={"r": 4, "lora_alpha": 8}, learning_rate=0.05, save_model=False, progress=False, rollout_timeout=60,
+    )
+
+
+def _save(result: Any, path: Path) -> None:
+    loaded = sorted(name for name in sys.modules if name.startswith(("agentlightning.server", "agentlightning.client")))
+    torch.save({"weights": {k: v.detach().cpu() for k, v in result.model.state_dict().items()},
+                "steps": len(result.history), "version": result.model_version, "modules": loaded}, path)
+
+
+if __name__ == "__main__":
+    from accelerate import PartialState
+
+    out = Path(sys.argv[1])
+    rank = train(out)  # initialises the process group (TRL's TrainingArguments)
+    index = PartialState().process_index
+    _save(rank, out / f"rank{index}.pt")
+    _save(train(out, **resumed(out)), out / f"rank{index}-resumed.pt")
+    _save(train_live(out), out / f"rank{index}-live.pt")
