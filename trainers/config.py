@@ -44,7 +44,6 @@ class VLLMOptions:
     """After each sync, sample a few tokens and record the largest |vLLM - trainer| logprob (``sync/logprob_gap``)."""
     startup_timeout: float = 600.0
 
-from agentlightning.client import RayWorkers
 from agentlightning.rl.advantages import ESTIMATORS
 from agentlightning.types import Rollout
 
@@ -165,7 +164,7 @@ class TrainConfig:
                 "agl.train(use_server=False) works with backend='hf' only: vLLM returns token ids and uses the "
                 "training temperature only when each request asks, which the Lightning proxy does (use_server=True)"
             )
-        if self.workers not in ("local", "ray") and not isinstance(self.workers, RayWorkers):
+        if self.workers not in ("local", "ray") and not _is_ray_workers(self.workers):
             raise ValueError(f"agl.train(workers={self.workers!r}): use 'local', 'ray' or an agl.RayWorkers(...)")
         if not self.use_server and self.workers != "local":
             raise ValueError(f"agl.train(use_server=False, workers={self.workers!r}): Ray workers need the server")
@@ -281,3 +280,9 @@ class TrainResult:
             if path is not None:
                 lines.append(f"{label}: {path}")
         return "\n".join(lines)
+
+
+def _is_ray_workers(value: Any) -> bool:
+    from agentlightning.client import RayWorkers  # here: a run with local workers imports no client module
+
+    return isinstance(value, RayWorkers)
