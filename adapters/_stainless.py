@@ -1,9 +1,8 @@
 """What capture of the Stainless-generated clients (``openai``, ``anthropic``) shares: their resource methods wrapped
-with wrapt (:class:`Patch`, which the httpx adapter uses too; every client instance is covered), the request body as sent read from the keyword arguments, and a
-call recorded when it ends: a response when it returns, a stream when it is consumed, fails or is closed early, a
-raw response when it is parsed. Outside a rollout a wrapped call costs one ContextVar lookup; a failure of capture
-itself is logged and never breaks the agent's call.
-"""
+with wrapt (:class:`Patch`, which the other adapters use too; every client instance is covered), the request body as
+sent read from the keyword arguments, and a call recorded when it ends: a response when it returns, a stream when it
+is consumed, fails or is closed early, a raw response when it is parsed. Outside a rollout a wrapped call costs one
+ContextVar lookup; a failure of capture itself is logged and never breaks the agent's call."""
 
 from __future__ import annotations
 
@@ -88,7 +87,7 @@ class ClientCall(LLMCall):
 class Patch:
     """The wrapped methods of one package: ``targets`` are the client methods whose calls ``call`` records (module,
     class, method, api recorded in ``Call.metadata["api"]``, is_async); ``extra`` are (module, class, method, wrapper)
-    for other methods (a client's helpers, httpx's ``send``)."""
+    for other methods (a client's helpers, httpx's ``send``, the framework adapters' hooks)."""
 
     def __init__(self, call: type[ClientCall] = ClientCall, targets: tuple[tuple[str, str, str, str, bool], ...] = (),
                  extra: tuple[tuple[str, str, str, Wrapper], ...] = ()) -> None:
