@@ -37,12 +37,12 @@ def endpoint(resource: Any) -> str | None:
 
 
 class ClientCall(LLMCall):
-    """A call of a client package ``sdk``: its result may be a stream or a raw response, recorded when consumed or
-    read."""
+    """A call of a client package ``sdk`` (its Stream, AsyncStream, APIResponse, AsyncAPIResponse, NotGiven, Omit):
+    its result may be a stream or a raw response, recorded when consumed or read."""
 
-    sdk: ModuleType  # the client package: its Stream, AsyncStream, APIResponse, AsyncAPIResponse, NotGiven, Omit
-
-    def __init__(self, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]) -> None:
+    def __init__(self, sdk: ModuleType, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]
+                 ) -> None:
+        self.sdk = sdk
         super().__init__(api, recorder, endpoint(resource), self.as_sent(kwargs))
 
     def as_sent(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -85,13 +85,13 @@ class ClientCall(LLMCall):
 
 
 class Patch:
-    """The wrapped methods of one package: ``targets`` are the client methods whose calls ``call`` records (module,
-    class, method, api recorded in ``Call.metadata["api"]``, is_async); ``extra`` are (module, class, method, wrapper)
-    for other methods (a client's helpers, httpx's ``send``, the framework adapters' hooks)."""
+    """The wrapped methods of one package: ``targets`` are the methods of the client package ``sdk`` whose calls are
+    recorded (module, class, method, api recorded in ``Call.metadata["api"]``, is_async); ``extra`` are (module, class,
+    method, wrapper) for other methods (a client's helpers, httpx's ``send``, the framework adapters' hooks)."""
 
-    def __init__(self, call: type[ClientCall] = ClientCall, targets: tuple[tuple[str, str, str, str, bool], ...] = (),
+    def __init__(self, sdk: ModuleType | None = None, targets: tuple[tuple[str, str, str, str, bool], ...] = (),
                  extra: tuple[tuple[str, str, str, Wrapper], ...] = ()) -> None:
-        self.call, self.targets, self.extra = call, targets, extra
+        self.sdk, self.targets, self.extra = sdk, targets, extra
         self.lock = threading.Lock()
         self.originals: list[tuple[type, str, Any]] = []
 
@@ -131,7 +131,7 @@ class Patch:
             note_stray_call(endpoint(instance))  # for the diagnostics of a rollout that captured nothing
             return None
         try:
-            return self.call(api, recorder, instance, kwargs)
+            return ClientCall(self.sdk, api, recorder, instance, kwargs)
         except Exception:  # noqa: BLE001 - a capture bug must not break the agent
             logger.warning("capture failed at the start of a %s call; it is not recorded", api, exc_info=True)
             return None
