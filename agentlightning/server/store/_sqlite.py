@@ -32,9 +32,8 @@ logger = logging.getLogger(__name__)
 _DATASET_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _INSERT_PROXY_CALL = "INSERT INTO proxy_calls(rollout_id, attempt, start_time, body) VALUES (?, ?, ?, ?)"
 _LEASABLE = "status='queued' AND not_before <= ?"
-_DATASETS = "SELECT dataset_id, name, size, created FROM datasets"
-_SUMMARIES = ("SELECT rollout_id, task_id, dataset_id, group_id, status, attempt, max_attempts, final_reward, "
-              "model_version, worker_id, n_calls, created, started, ended FROM rollouts")
+_DATASETS = f"SELECT {', '.join(DatasetInfo.model_fields)} FROM datasets"
+_SUMMARIES = f"SELECT {', '.join(RolloutSummary.model_fields)} FROM rollouts"
 
 
 class SQLiteStore(Store):
@@ -382,8 +381,7 @@ class SQLiteStore(Store):
         return info
 
     def current_model(self) -> ModelVersion | None:
-        row = self._one("SELECT version, model_name, upstream_url, created FROM model_versions "
-                        "ORDER BY seq DESC LIMIT 1")
+        row = self._one(f"SELECT {', '.join(ModelVersion.model_fields)} FROM model_versions ORDER BY seq DESC LIMIT 1")
         return None if row is None else ModelVersion(**row)
 
     def workers(self) -> list[dict[str, Any]]:
