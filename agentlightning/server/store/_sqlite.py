@@ -22,9 +22,10 @@ from agentlightning.protocol import (
 )
 from agentlightning.server._join import join_calls, join_late_call
 from agentlightning.server._states import Decision, decide, event_for_status
-from agentlightning.server.store._codec import calls_from_json, check_task_ids, json_text_of
 from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError, StoreUnavailable
-from agentlightning.server.store._schema import check_writable, file_identity, open_database
+from agentlightning.server.store._schema import (
+    calls_from_json, check_task_ids, check_writable, file_identity, json_text_of, open_database,
+)
 from agentlightning.types import FINISHED_STATUSES, Call, ErrorInfo, Reward, Rollout, new_id
 
 logger = logging.getLogger(__name__)
