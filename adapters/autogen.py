@@ -81,14 +81,8 @@ def _tool_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
             return await wrapped(*args, **kwargs)
         try:
             tool_call = tool_call_of(args, kwargs)
-            pending = PendingTool(
-                recorder,
-                name=tool_call.name,
-                arguments=parse_arguments(tool_call.arguments),
-                role=agent_name(args, kwargs),
-                adapter="autogen",
-                tool_call_id=tool_call.id,
-            )
+            pending = PendingTool(recorder, tool_call.name, parse_arguments(tool_call.arguments),
+                                  agent_name(args, kwargs), "autogen", tool_call_id=tool_call.id)
         except Exception:  # capture must never break the agent
             logger.exception("autogen adapter: could not start recording a tool call")
             return await wrapped(*args, **kwargs)

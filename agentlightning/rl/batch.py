@@ -148,18 +148,13 @@ def pack(transitions: Sequence[Transition], pad_token_id: int, max_prompt_length
     if not kept_rows:
         logger.warning("pack(): every one of the %d transitions was dropped: %s", len(rows), stats.as_dict())
     return PackedBatch(
-        prompt_ids=torch.from_numpy(prompt_ids),
-        prompt_mask=torch.from_numpy(prompt_mask.astype(np.int64)),
+        prompt_ids=torch.from_numpy(prompt_ids), prompt_mask=torch.from_numpy(prompt_mask.astype(np.int64)),
         completion_ids=torch.from_numpy(completion_ids),
         completion_mask=torch.from_numpy(completion_mask.astype(np.int64)),
         advantages=torch.from_numpy(advantages[kept].astype(np.float32)),
-        weights=torch.from_numpy(weights[kept].astype(np.float32)),
-        old_logprobs=old_logprobs,
-        stats=stats,
-        rollout_ids=[row.rollout_id for row in kept_rows],
-        call_ids=[row.call_id for row in kept_rows],
-        group_ids=[row.group_id for row in kept_rows],
-        model_versions=[row.model_version for row in kept_rows],
+        weights=torch.from_numpy(weights[kept].astype(np.float32)), old_logprobs=old_logprobs, stats=stats,
+        rollout_ids=[row.rollout_id for row in kept_rows], call_ids=[row.call_id for row in kept_rows],
+        group_ids=[row.group_id for row in kept_rows], model_versions=[row.model_version for row in kept_rows],
     )
 
 

@@ -58,16 +58,9 @@ class MockLLMServer:
     request had ``"return_token_ids": true``.
     """
 
-    def __init__(
-        self,
-        handler: Handler | None = None,
-        replies: Iterable[MockReply | str] | None = None,
-        *,
-        token_ids: bool = False,
-        models: Sequence[str] = ("mock-model",),
-        host: str = "127.0.0.1",
-        port: int = 0,
-    ) -> None:
+    def __init__(self, handler: Handler | None = None, replies: Iterable[MockReply | str] | None = None, *,
+                 token_ids: bool = False, models: Sequence[str] = ("mock-model",), host: str = "127.0.0.1",
+                 port: int = 0) -> None:
         if handler is not None and replies is not None:
             raise ValueError("MockLLMServer: give either handler= or replies=, not both")
         self.tokenizer = MockTokenizer()
