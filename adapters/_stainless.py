@@ -139,32 +139,37 @@ class Patch:
     def _sync_wrapper(self, api: str) -> Wrapper:
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             call = self.start(api, instance, kwargs)
-            if call is None:
-                return wrapped(*args, **kwargs)
-            try:
-                result = wrapped(*args, **kwargs)
-            except BaseException as exc:
-                call.finish(None, error=exc)
-                raise
-            return call.handle(result)
+            return wrapped(*args, **kwargs) if call is None else recorded(call, wrapped, args, kwargs, call.handle)
 
         return wrapper
 
     def _async_wrapper(self, api: str) -> Wrapper:
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             call = self.start(api, instance, kwargs)
-            return wrapped(*args, **kwargs) if call is None else _acall(call, wrapped(*args, **kwargs))
+            return wrapped(*args, **kwargs) if call is None else arecorded(call, wrapped(*args, **kwargs), call.handle)
 
         return wrapper
 
 
-async def _acall(call: ClientCall, pending: Any) -> Any:
+def recorded(call: LLMCall, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             then: Callable[[Any], Any]) -> Any:
+    """``then(wrapped(*args, **kwargs))``; a call that raises is recorded as failed (and the error re-raised)."""
+    try:
+        result = wrapped(*args, **kwargs)
+    except BaseException as exc:
+        call.finish(None, error=exc)
+        raise
+    return then(result)
+
+
+async def arecorded(call: LLMCall, pending: Any, then: Callable[[Any], Any]) -> Any:
+    """``then(await pending)``, as :func:`recorded`."""
     try:
         result = await pending
     except BaseException as exc:
         call.finish(None, error=exc)
         raise
-    return call.handle(result)
+    return then(result)
 
 
 class _StreamEnd:
