@@ -1,32 +1,10 @@
 """Advantage estimators over transitions, normalised at the rollout level, and per-rollout loss weights.
 
-Every statistic weighs rollouts equally, however many transitions they have: a rollout's transitions share a
-weight of 1 between them. With rewards ``r`` of rollout ``j`` (``n_j`` transitions) and a set ``S`` of
-rollouts (a group, or the whole batch):
-
-    mean(S) = 1/|S| * sum_j  (1/n_j) * sum_t r_jt
-    std(S)  = sqrt( sum_j (1/n_j) * sum_t (r_jt - mean(S))**2 / (|S| - ddof) )
-
-With identical credit (every transition of a rollout has the rollout's return) these are the plain mean and
-standard deviation of the rollouts' returns, the same numbers TRL's GRPO computes (``ddof=1``).
-
-Estimators (``A`` the advantage of a transition with reward ``r`` in group ``g``):
-
-- ``grpo``: ``A = (r - mean(g)) / (std(g) + eps)``; ``scale_std=False`` keeps only the centring;
-- ``dr_grpo``: ``A = r - mean(g)`` (Dr. GRPO: no std scaling);
-- ``reinforce++``: ``A = (r - mean(batch)) / (std(batch) + eps)`` — a batch baseline, normalised;
-- ``reinforce++_baseline``: ``A = (r - mean(g)) / (std of the centred values over the batch + eps)``.
-
-A group of one rollout (or too few for ``ddof``) is centred but not scaled, so identical credit gives it
-advantage 0. Transitions without a ``group_id`` form a group of their own rollout (with a warning).
-
-Loss weights (``weighting``), for a loss ``sum_b w_b * mean_tokens(loss_b) / sum_b w_b``:
-
-- ``rollout`` (default): ``1 / n_j`` — every rollout contributes the same total;
-- ``rollout_token``: ``len(completion) / tokens of the rollout`` — every rollout the same total, shared by
-  completion tokens, so every token of a rollout counts the same;
-- ``token``: ``len(completion)`` — every completion token of the batch counts the same (longer rollouts weigh more);
-- ``transition``: ``1`` — every transition counts the same.
+Every statistic weighs rollouts equally, however many transitions they have (a rollout's transitions share a weight
+of 1), so with identical credit the group mean and std are those of the rollouts' returns, as TRL's GRPO computes
+them (``ddof=1``). Estimators: ``grpo``, ``dr_grpo`` (no std scaling), ``reinforce++`` (batch baseline, normalised),
+``reinforce++_baseline`` (group baseline, batch-level scaling); weightings: ``rollout`` (default), ``rollout_token``,
+``token``, ``transition``. The formulas are in docs/lightning_rl.md ("Advantages and loss weights").
 """
 
 from __future__ import annotations

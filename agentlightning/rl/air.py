@@ -1,18 +1,8 @@
-"""Automatic Intermediate Rewarding (AIR): monitoring signals become rewards on the LLM calls that caused them.
-
-A rule looks at a finished rollout and returns call-level :class:`~agentlightning.Reward` records
-(``source='air'``), each attached to the LLM call responsible:
-
-- :class:`ToolErrorRule`: a tool call whose status is 'error' penalises the LLM call that requested it
-  (the tool call's ``parent_call_id``; when that is missing, the latest LLM call before the tool call);
-- :class:`LLMErrorRule`: an LLM call whose status is 'error' is penalised itself;
-- :class:`FormatRule`: the text output of an LLM call is checked with a regex or a predicate;
-- :class:`CallRule`: any user function ``Call -> float | None`` over LLM (or tool) calls.
-
-Plain functions in an ``air=[...]`` list are wrapped as ``CallRule``. How the rewards combine with the episode
-return is decided in :mod:`agentlightning.rl.transitions`: transition reward = credited return + the sum of the
-intermediate rewards attached to that call.
-"""
+"""Automatic Intermediate Rewarding (AIR): monitoring signals become rewards (``source='air'``) on the LLM calls that
+caused them: :class:`ToolErrorRule` (a failed tool call penalises the LLM call that requested it),
+:class:`LLMErrorRule`, :class:`FormatRule` (a regex or predicate on the text output) and :class:`CallRule` (any
+``Call -> float | None``; plain functions in ``air=[...]`` are wrapped as one). A transition's reward is its credited
+return plus the intermediate rewards attached to its call (:mod:`agentlightning.rl.transitions`)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
-"""Batch shaping: transitions with advantages -> padded tensors for the trainer.
+"""Batch shaping: transitions with advantages -> padded tensors for the trainer (:func:`pack`).
 
-:func:`pack` drops what cannot or should not be trained (empty completions, zero-variance groups on request,
-over-long rows with ``overlong='drop'``), truncates over-long rows otherwise (prompts from the left, keeping the
-end the model saw last; completions from the right, keeping what the model generated first) and pads:
-
-- ``prompt_ids`` / ``prompt_mask`` ``[B, P]``: left-padded (real tokens end at the last column);
-- ``completion_ids`` / ``completion_mask`` ``[B, C]``: right-padded;
-- ``advantages`` / ``weights`` ``[B]``: per-row advantage and loss weight (see :mod:`agentlightning.rl.advantages`:
-  loss = ``sum_b weights[b] * mean_tokens(loss_b) / sum_b weights[b]``);
-- ``old_logprobs`` ``[B, C]``: the sampling logprobs when every row has them, else None.
-
-Ids and masks are int64 (mask 1 = real token), floats are float32. P and C are the longest kept row (at most the
-limits). Weights are kept as computed: a transition dropped here removes its share of its rollout's weight.
-torch and numpy are imported only when :func:`pack` runs (the ``[train]`` extra).
+Dropped: empty completions, zero-variance groups on request, over-long rows with ``overlong='drop'``; over-long rows
+are truncated otherwise (prompts from the left, completions from the right). Prompts are left-padded, completions
+right-padded; ids and masks are int64, floats float32 (shapes in docs/lightning_rl.md, "Padded batches"). Weights are
+kept as computed. torch and numpy are imported only when :func:`pack` runs (the ``[train]`` extra).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Credit assignment: spread a rollout's episode return R over the LLM calls that become transitions.
-
-A credit function takes ``(rollout, calls)`` — the rollout and, in order, the LLM calls of the selected roles
-that become transitions — and returns one float per call. Built in:
-
-- ``identical`` (the paper's default): every call gets R;
-- ``last``: the final call gets R, earlier calls 0;
-- ``discounted(gamma)``: call ``t`` of ``T`` gets ``gamma ** (T - 1 - t) * R``.
-
-Any callable with the same signature can be passed instead of a name.
+"""Credit assignment: a function ``(rollout, calls) -> one float per call`` spreads the episode return R over the LLM
+calls that become transitions: ``identical`` (the paper's default: every call gets R), ``last`` (the final call gets R,
+earlier ones 0), ``discounted(gamma)`` (call ``t`` of ``T`` gets ``gamma ** (T - 1 - t) * R``), or any callable.
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
-"""From rollouts to training transitions: one transition per LLM call of a selected role.
-
-Each transition carries the call's prompt and completion token ids, its sampling logprobs, role, model version
-(``call.metadata['model_version']``, else the rollout's), group (the rollout's ``group_id``, else its
-``task_id``) and its reward:
-
-    reward = credit(rollout, calls)[i] + sum of the intermediate rewards attached to call i
-
-where the intermediate rewards are the call-level rewards the rollout recorded (``agl.emit_reward`` and stored
-'air' rewards, when ``include_emitted``) plus those produced by the ``air`` rules. Episode-level rewards other
-than the final one are not spread over calls.
-
-Which rollouts count:
-
-- 'succeeded' rollouts with a final reward; without one they are skipped, unless ``missing_reward`` gives a value;
-- 'failed' and 'timeout' rollouts follow ``failed``: ``'if_rewarded'`` (default: kept only if the agent gave a
-  final reward before failing), ``'include'`` (kept; a missing reward is replaced by ``missing_reward``, and the
-  rollout is skipped if that is None), ``'exclude'``;
-- 'queued', 'running' and 'cancelled' rollouts are never used.
-
-Nothing is dropped silently: :func:`extract_transitions` returns counts for every skip, and :func:`transitions`
-logs them as warnings.
+"""From rollouts to training transitions: one transition per LLM call of a selected role, with the call's token ids,
+logprobs, role, model version and group (the rollout's ``group_id``, else its ``task_id``), and the reward
+``credit(rollout, calls)[i]`` plus the call-level rewards attached to call ``i`` (emitted, stored 'air', and those of
+the ``air`` rules). Which rollouts count (succeeded with a final reward; failed and timed-out ones per ``failed=``) is
+in docs/lightning_rl.md. Nothing is dropped silently: :func:`extract_transitions` counts every skip and
+:func:`transitions` logs them as warnings.
 """
 
 from __future__ import annotations
