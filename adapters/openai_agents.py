@@ -72,18 +72,14 @@ def _on_error(span: Any, error: SpanError) -> None:
         opened.error = error  # a NoOpSpan does not keep it
 
 
-def _on_mcp_result(result: Any) -> None:
-    failed = getattr(result, "is_error", None) or getattr(result, "isError", False)  # mcp 2.x, 1.x
-    span = get_current_span()
-    if failed and span is not None and (opened := _open.get(span)) is not None:
-        text = " ".join(str(getattr(item, "text", "")) for item in result.content)
-        opened.error = {"message": "MCP tool error", "data": {"error": text}}
-
-
 async def _mcp_call(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     result = await wrapped(*args, **kwargs)
     try:
-        _on_mcp_result(result)
+        failed = getattr(result, "is_error", None) or getattr(result, "isError", False)  # mcp 2.x, 1.x
+        span = get_current_span()
+        if failed and span is not None and (opened := _open.get(span)) is not None:
+            text = " ".join(str(getattr(item, "text", "")) for item in result.content)
+            opened.error = {"message": "MCP tool error", "data": {"error": text}}
     except Exception:  # capture must never break the agent
         logger.exception("openai_agents adapter: could not read an MCP tool result")
     return result
