@@ -1,9 +1,8 @@
 """What capture of the Stainless-generated clients (``openai``, ``anthropic``) shares: their resource methods wrapped
-with wrapt (:class:`Patch`, which the httpx adapter uses too; every client instance is covered), the request body as sent read from the keyword arguments, and a
-call recorded when it ends: a response when it returns, a stream when it is consumed, fails or is closed early, a
-raw response when it is parsed. Outside a rollout a wrapped call costs one ContextVar lookup; a failure of capture
-itself is logged and never breaks the agent's call.
-"""
+with wrapt (:class:`Patch`, which the other adapters use too; every client instance is covered), the request body as
+sent read from the keyword arguments, and a call recorded when it ends: a response when it returns, a stream when it
+is consumed, fails or is closed early, a raw response when it is parsed. Outside a rollout a wrapped call costs one
+ContextVar lookup; a failure of capture itself is logged and never breaks the agent's call."""
 
 from __future__ import annotations
 
@@ -38,12 +37,12 @@ def endpoint(resource: Any) -> str | None:
 
 
 class ClientCall(LLMCall):
-    """A call of a client package ``sdk``: its result may be a stream or a raw response, recorded when consumed or
-    read."""
+    """A call of a client package ``sdk`` (its Stream, AsyncStream, APIResponse, AsyncAPIResponse, NotGiven, Omit):
+    its result may be a stream or a raw response, recorded when consumed or read."""
 
-    sdk: ModuleType  # the client package: its Stream, AsyncStream, APIResponse, AsyncAPIResponse, NotGiven, Omit
-
-    def __init__(self, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]) -> None:
+    def __init__(self, sdk: ModuleType, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]
+                 ) -> None:
+        self.sdk = sdk
         super().__init__(api, recorder, endpoint(resource), self.as_sent(kwargs))
 
     def as_sent(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -86,13 +85,13 @@ class ClientCall(LLMCall):
 
 
 class Patch:
-    """The wrapped methods of one package: ``targets`` are the client methods whose calls ``call`` records (module,
-    class, method, api recorded in ``Call.metadata["api"]``, is_async); ``extra`` are (module, class, method, wrapper)
-    for other methods (a client's helpers, httpx's ``send``)."""
+    """The wrapped methods of one package: ``targets`` are the methods of the client package ``sdk`` whose calls are
+    recorded (module, class, method, api recorded in ``Call.metadata["api"]``, is_async); ``extra`` are (module, class,
+    method, wrapper) for other methods (a client's helpers, httpx's ``send``, the framework adapters' hooks)."""
 
-    def __init__(self, call: type[ClientCall] = ClientCall, targets: tuple[tuple[str, str, str, str, bool], ...] = (),
+    def __init__(self, sdk: ModuleType | None = None, targets: tuple[tuple[str, str, str, str, bool], ...] = (),
                  extra: tuple[tuple[str, str, str, Wrapper], ...] = ()) -> None:
-        self.call, self.targets, self.extra = call, targets, extra
+        self.sdk, self.targets, self.extra = sdk, targets, extra
         self.lock = threading.Lock()
         self.originals: list[tuple[type, str, Any]] = []
 
@@ -132,7 +131,7 @@ class Patch:
             note_stray_call(endpoint(instance))  # for the diagnostics of a rollout that captured nothing
             return None
         try:
-            return self.call(api, recorder, instance, kwargs)
+            return ClientCall(self.sdk, api, recorder, instance, kwargs)
         except Exception:  # noqa: BLE001 - a capture bug must not break the agent
             logger.warning("capture failed at the start of a %s call; it is not recorded", api, exc_info=True)
             return None
@@ -140,32 +139,37 @@ class Patch:
     def _sync_wrapper(self, api: str) -> Wrapper:
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             call = self.start(api, instance, kwargs)
-            if call is None:
-                return wrapped(*args, **kwargs)
-            try:
-                result = wrapped(*args, **kwargs)
-            except BaseException as exc:
-                call.finish(None, error=exc)
-                raise
-            return call.handle(result)
+            return wrapped(*args, **kwargs) if call is None else recorded(call, wrapped, args, kwargs, call.handle)
 
         return wrapper
 
     def _async_wrapper(self, api: str) -> Wrapper:
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             call = self.start(api, instance, kwargs)
-            return wrapped(*args, **kwargs) if call is None else _acall(call, wrapped(*args, **kwargs))
+            return wrapped(*args, **kwargs) if call is None else arecorded(call, wrapped(*args, **kwargs), call.handle)
 
         return wrapper
 
 
-async def _acall(call: ClientCall, pending: Any) -> Any:
+def recorded(call: LLMCall, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+             then: Callable[[Any], Any]) -> Any:
+    """``then(wrapped(*args, **kwargs))``; a call that raises is recorded as failed (and the error re-raised)."""
+    try:
+        result = wrapped(*args, **kwargs)
+    except BaseException as exc:
+        call.finish(None, error=exc)
+        raise
+    return then(result)
+
+
+async def arecorded(call: LLMCall, pending: Any, then: Callable[[Any], Any]) -> Any:
+    """``then(await pending)``, as :func:`recorded`."""
     try:
         result = await pending
     except BaseException as exc:
         call.finish(None, error=exc)
         raise
-    return call.handle(result)
+    return then(result)
 
 
 class _StreamEnd:

@@ -37,26 +37,13 @@ class PendingTool:
         Without a role of its own, the tool call takes the role of the LLM call that requested it. Never raises: a
         capture failure is logged and the agent goes on."""
         try:
-            parent = requesting_llm_call(
-                self.recorder, tool_call_id=self.tool_call_id, name=self.name, arguments=self.arguments, role=self.role
-            )
-            call = Call(
-                kind="tool",
-                sequence=self.sequence,
-                role=self.role if self.role is not None else (parent.role if parent is not None else None),
-                name=self.name,
-                input=jsonable(self.arguments),
-                output=jsonable(output),
-                status="error" if error is not None else "ok",
-                error=error,
-                parent_call_id=parent.call_id if parent is not None else None,
-                start_time=self.start_time,
-                end_time=time.time(),
-                metadata={
-                    "adapter": self.adapter,
-                    **({"tool_call_id": self.tool_call_id} if self.tool_call_id else {}),
-                },
-            )
+            parent = requesting_llm_call(self.recorder, self.tool_call_id, self.name, self.arguments, self.role)
+            metadata = {"adapter": self.adapter} | ({"tool_call_id": self.tool_call_id} if self.tool_call_id else {})
+            role = self.role if self.role is not None else parent and parent.role
+            call = Call(kind="tool", sequence=self.sequence, role=role, name=self.name, input=jsonable(self.arguments),
+                        output=jsonable(output), status="ok" if error is None else "error", error=error,
+                        parent_call_id=parent and parent.call_id, start_time=self.start_time, end_time=time.time(),
+                        metadata=metadata)
             self.recorder.add_call(call)
         except Exception:  # capture must never break the agent
             logger.exception("%s adapter: could not record tool call %r", self.adapter, self.name)
@@ -78,19 +65,10 @@ def error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def requesting_llm_call(
-    recorder: RolloutRecorder,
-    *,
-    tool_call_id: str | None = None,
-    name: str | None = None,
-    arguments: Any = None,
-    role: str | None = None,
-) -> Call | None:
-    """The LLM call whose output requested this tool call.
-
-    Matches, newest first: the tool-call id; else the tool name and arguments (preferring a call of ``role``); else
-    the tool name; else the latest LLM call of the rollout.
-    """
+def requesting_llm_call(recorder: RolloutRecorder, tool_call_id: str | None, name: str, arguments: Any,
+                        role: str | None) -> Call | None:
+    """The LLM call whose output requested a tool call. Matches, newest first: the tool-call id; else the tool name and
+    arguments (preferring a call of ``role``); else the tool name; else the latest LLM call of the rollout."""
     snapshot = list(recorder.calls)  # copying a list is atomic; other threads may append meanwhile
     llm_calls = [call for call in reversed(snapshot) if call.kind == "llm"]
     requests = [(call, request) for call in llm_calls for request in _requested_tools(call)]
@@ -98,19 +76,12 @@ def requesting_llm_call(
         for call, request in requests:
             if request.get("id") == tool_call_id:
                 return call
-    if name is not None:
-        wanted = parse_arguments(arguments)
-        by_name: Call | None = None
-        for call, request in requests:
-            if request.get("name") != name:
-                continue
-            same_arguments = wanted is not None and parse_arguments(request.get("arguments")) == wanted
-            if same_arguments and (role is None or call.role == role):
-                return call
-            by_name = by_name or call
-        if by_name is not None:
-            return by_name
-    return llm_calls[0] if llm_calls else None
+    wanted = parse_arguments(arguments)
+    named = [(call, request) for call, request in requests if request["name"] == name]
+    for call, request in named:
+        if wanted is not None and parse_arguments(request["arguments"]) == wanted and role in (None, call.role):
+            return call
+    return named[0][0] if named else llm_calls[0] if llm_calls else None
 
 
 def _requested_tools(call: Call) -> list[dict[str, Any]]:
@@ -120,16 +91,10 @@ def _requested_tools(call: Call) -> list[dict[str, Any]]:
         return []
     requests = []
     for item in output.get("tool_calls") or []:
-        if not isinstance(item, dict):
-            continue
-        function = item.get("function") if isinstance(item.get("function"), dict) else item
-        requests.append(
-            {
-                "id": item.get("id") or item.get("call_id"),
-                "name": function.get("name"),
-                "arguments": function.get("arguments"),
-            }
-        )
+        if isinstance(item, dict):
+            function = item["function"] if isinstance(item.get("function"), dict) else item
+            requests.append({"id": item.get("id") or item.get("call_id"), "name": function.get("name"),
+                             "arguments": function.get("arguments")})
     return requests
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anthropic
-from agentlightning.adapters._stainless import ClientCall, ObservedAsyncStream, ObservedStream, Patch
+from agentlightning.adapters._stainless import ObservedAsyncStream, ObservedStream, Patch
 
 from agentlightning.capture import LLMCall, current_recorder
 
@@ -23,12 +23,6 @@ _TARGETS: tuple[tuple[str, str, str, str, bool], ...] = (
     (_MESSAGES, "AsyncMessages", "create", "messages", True),
     (_MESSAGES, "AsyncMessages", "parse", "messages.parse", True),
 )
-
-
-class _Call(ClientCall):
-    """An anthropic client call."""
-
-    sdk = anthropic
 
 
 def _helper_stream(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -48,6 +42,6 @@ def _helper_stream(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, 
 
 
 _STREAMS = "anthropic.lib.streaming._messages"
-_PATCH = Patch(_Call, _TARGETS, ((_STREAMS, "MessageStream", "__init__", _helper_stream),
+_PATCH = Patch(anthropic, _TARGETS, ((_STREAMS, "MessageStream", "__init__", _helper_stream),
                                  (_STREAMS, "AsyncMessageStream", "__init__", _helper_stream)))
 install, uninstall, is_installed = _PATCH.install, _PATCH.uninstall, _PATCH.is_installed

@@ -6,20 +6,19 @@ included, and every group-chat manager: selector, Magentic-One orchestrator, ...
 current role, and so does ``BaseChatAgent.run`` / ``run_stream`` of an agent used alone; ``AssistantAgent._call_llm``
 and ``_reflect_on_tool_use_flow`` name the agent for its direct ``on_messages`` too. ``AssistantAgent.
 _execute_tool_call`` (any tool or workbench, handoffs included) becomes a ``kind="tool"`` call with status. Patched
-with ``wrapt``, undone by :func:`uninstall`.
+with ``wrapt`` (see ``_stainless.Patch``), undone by ``uninstall()``.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import wrapt
+from agentlightning.adapters._stainless import Patch
 from agentlightning.adapters._tools import PendingTool, error_text, parse_arguments
-from autogen_agentchat.agents import AssistantAgent, BaseChatAgent
+from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.teams._group_chat._base_group_chat_manager import BaseGroupChatManager
 from autogen_agentchat.teams._group_chat._chat_agent_container import ChatAgentContainer
 from autogen_core import BaseAgent
@@ -27,9 +26,6 @@ from autogen_core import BaseAgent
 from agentlightning.capture import current_recorder, reset_role, set_role
 
 logger = logging.getLogger(__name__)
-
-_lock = threading.Lock()
-_originals: list[tuple[type, str, Any]] = []
 
 
 async def _stepped_in_role(generator: Any, role: str) -> AsyncIterator[Any]:
@@ -85,14 +81,8 @@ def _tool_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
             return await wrapped(*args, **kwargs)
         try:
             tool_call = tool_call_of(args, kwargs)
-            pending = PendingTool(
-                recorder,
-                name=tool_call.name,
-                arguments=parse_arguments(tool_call.arguments),
-                role=agent_name(args, kwargs),
-                adapter="autogen",
-                tool_call_id=tool_call.id,
-            )
+            pending = PendingTool(recorder, tool_call.name, parse_arguments(tool_call.arguments),
+                                  agent_name(args, kwargs), "autogen", tool_call_id=tool_call.id)
         except Exception:  # capture must never break the agent
             logger.exception("autogen adapter: could not start recording a tool call")
             return await wrapped(*args, **kwargs)
@@ -131,33 +121,13 @@ def _stream_in_agent_role(wrapped: Callable[..., Any], instance: Any, args: tupl
     return _stepped_in_role(wrapped(*args, **kwargs), instance.name)
 
 
-def _patch(owner: type, attribute: str, wrapper: Callable[..., Any]) -> None:
-    _originals.append((owner, attribute, owner.__dict__[attribute]))
-    wrapt.wrap_function_wrapper(owner, attribute, wrapper)
-
-
-def install() -> None:
-    """Patch AutoGen so agent names become roles and tool executions are recorded. Idempotent."""
-    with _lock:
-        if _originals:
-            return
-        for attribute in ("_call_llm", "_reflect_on_tool_use_flow"):
-            _patch(AssistantAgent, attribute, _agent_llm_wrapper(getattr(AssistantAgent, attribute)))
-        _patch(AssistantAgent, "_execute_tool_call", _tool_wrapper(AssistantAgent._execute_tool_call))
-        _patch(BaseAgent, "on_message", _in_agent_role)
-        _patch(BaseChatAgent, "run", _in_agent_role)
-        _patch(BaseChatAgent, "run_stream", _stream_in_agent_role)
-        logger.debug("AutoGen capture adapter installed")
-
-
-def uninstall() -> None:
-    """Restore AutoGen's original methods. Idempotent."""
-    with _lock:
-        while _originals:
-            owner, attribute, original = _originals.pop()
-            setattr(owner, attribute, original)
-
-
-def is_installed() -> bool:
-    """Whether AgentChat is patched now."""
-    return bool(_originals)
+_AGENTS = "autogen_agentchat.agents"
+_PATCH = Patch(extra=(
+    *((_AGENTS, "AssistantAgent", name, _agent_llm_wrapper(getattr(AssistantAgent, name)))
+      for name in ("_call_llm", "_reflect_on_tool_use_flow")),
+    (_AGENTS, "AssistantAgent", "_execute_tool_call", _tool_wrapper(AssistantAgent._execute_tool_call)),
+    ("autogen_core", "BaseAgent", "on_message", _in_agent_role),
+    (_AGENTS, "BaseChatAgent", "run", _in_agent_role),
+    (_AGENTS, "BaseChatAgent", "run_stream", _stream_in_agent_role),
+))
+install, uninstall, is_installed = _PATCH.install, _PATCH.uninstall, _PATCH.is_installed

@@ -8,6 +8,7 @@ server's proxy.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -15,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
-from agentlightning.adapters._stainless import Patch
+from agentlightning.adapters._stainless import Patch, arecorded, recorded
 
 from agentlightning._wire.read import ENDPOINTS, StreamFold, read_response
 from agentlightning.capture import LLMCall, current_recorder
@@ -80,7 +81,7 @@ class _AsyncStream(_Tee, httpx.AsyncByteStream):
         self.answer.finish(complete=False)
 
 
-def _observe(call: LLMCall, response: httpx.Response, streamed: bool) -> httpx.Response:
+def _observe(call: LLMCall, response: httpx.Response, *, streamed: bool) -> httpx.Response:
     try:
         answer = _Answer(call, response)
         if streamed:  # recorded as the agent reads the body
@@ -111,23 +112,10 @@ def _send(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwa
     call = _start(args[0] if args else kwargs["request"])
     if call is None:
         return wrapped(*args, **kwargs)
+    observe = functools.partial(_observe, call, streamed=bool(kwargs.get("stream")))
     if isinstance(instance, httpx.AsyncClient):
-        return _asend(call, wrapped(*args, **kwargs), bool(kwargs.get("stream")))
-    try:
-        response = wrapped(*args, **kwargs)
-    except BaseException as exc:
-        call.finish(None, error=exc)
-        raise
-    return _observe(call, response, bool(kwargs.get("stream")))
-
-
-async def _asend(call: LLMCall, pending: Any, streamed: bool) -> httpx.Response:
-    try:
-        response = await pending
-    except BaseException as exc:
-        call.finish(None, error=exc)
-        raise
-    return _observe(call, response, streamed)
+        return arecorded(call, wrapped(*args, **kwargs), observe)
+    return recorded(call, wrapped, args, kwargs, observe)
 
 
 _PATCH = Patch(extra=(("httpx", "Client", "send", _send), ("httpx", "AsyncClient", "send", _send)))

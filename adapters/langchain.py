@@ -35,7 +35,8 @@ ROLE_KEY = "agl_role"
 ROLE_TAG_PREFIX = "agl_role:"
 # Nodes LangGraph's agent factories (create_react_agent, create_agent) build: they name a role only when nothing
 # around them does. Middleware hooks of create_agent are nodes named "<Middleware>.<hook>".
-_AGENT_NODES = frozenset({"agent", "model", "tools", "pre_model_hook", "post_model_hook", "generate_structured_response"})
+_AGENT_NODES = frozenset({"agent", "model", "tools", "pre_model_hook", "post_model_hook",
+                          "generate_structured_response"})
 
 
 @dataclass
@@ -68,20 +69,13 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
 
     # -- run tree -------------------------------------------------------------------------------------------
 
-    def _remember(
-        self,
-        run_id: UUID,
-        parent_run_id: UUID | None,
-        name: str | None,
-        tags: list[str] | None,
-        metadata: dict[str, Any] | None,
-    ) -> _Run:
+    def _remember(self, run_id: UUID, parent_run_id: UUID | None, name: str | None, tags: list[str] | None,
+                  metadata: dict[str, Any] | None) -> _Run:
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         metadata_role = (metadata or {}).get(ROLE_KEY)
         metadata_role = metadata_role if isinstance(metadata_role, str) and metadata_role else None
-        tag_role = next(
-            (t[len(ROLE_TAG_PREFIX) :] for t in reversed(tags or []) if t.startswith(ROLE_TAG_PREFIX)), None
-        )
+        tagged = [tag.removeprefix(ROLE_TAG_PREFIX) for tag in tags or [] if tag.startswith(ROLE_TAG_PREFIX)]
+        tag_role = tagged[-1] if tagged else None
         explicit: str | None = None
         if metadata_role is not None and (parent is None or parent.metadata_role != metadata_role):
             explicit = metadata_role
@@ -126,17 +120,9 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
 
     # -- chains ---------------------------------------------------------------------------------------------
 
-    def on_chain_start(
-        self,
-        serialized: dict[str, Any] | None,
-        inputs: Any,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def on_chain_start(self, serialized: dict[str, Any] | None, inputs: Any, *, run_id: UUID,
+                       parent_run_id: UUID | None = None, tags: list[str] | None = None,
+                       metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
         self._remember(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
@@ -146,17 +132,9 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
 
     # -- models ---------------------------------------------------------------------------------------------
 
-    def on_chat_model_start(
-        self,
-        serialized: dict[str, Any] | None,
-        messages: Any,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def on_chat_model_start(self, serialized: dict[str, Any] | None, messages: Any, *, run_id: UUID,
+                            parent_run_id: UUID | None = None, tags: list[str] | None = None,
+                            metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
         # A model run's `name` is only ever an explicit run_name (LangChain passes None otherwise). The model
         # instance's own name (`ChatOpenAI(name="writer")`) is the fallback when nothing around it names a role.
         run = self._remember(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
@@ -179,31 +157,19 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
 
     # -- tools ----------------------------------------------------------------------------------------------
 
-    def on_tool_start(
-        self,
-        serialized: dict[str, Any] | None,
-        input_str: str,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        tags: list[str] | None = None,
-        metadata: dict[str, Any] | None = None,
-        inputs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def on_tool_start(self, serialized: dict[str, Any] | None, input_str: str, *, run_id: UUID,
+                      parent_run_id: UUID | None = None, tags: list[str] | None = None,
+                      metadata: dict[str, Any] | None = None, inputs: dict[str, Any] | None = None, **kwargs: Any
+                      ) -> None:
         run = self._remember(run_id, parent_run_id, None, tags, metadata)
         if run.recorder is None:
             return
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         name = kwargs.get("name") or (serialized or {}).get("name") or "tool"
-        run.tool = PendingTool(
-            run.recorder,
-            name=name,
-            arguments=inputs if inputs is not None else input_str,
-            role=self._speaking(parent, internal=False),  # else the role of the LLM call that asked for it
-            adapter="langchain",
-            tool_call_id=kwargs.get("tool_call_id"),
-        )
+        # The role speaking around the tool, else (when None) the role of the LLM call that asked for it.
+        run.tool = PendingTool(run.recorder, name=name, arguments=inputs if inputs is not None else input_str,
+                               role=self._speaking(parent, internal=False), adapter="langchain",
+                               tool_call_id=kwargs.get("tool_call_id"))
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         run = self._runs.pop(run_id, None)
@@ -211,8 +177,7 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             return
         if isinstance(output, ToolMessage):
             failed = output.status == "error"
-            content = output.content
-            run.tool.finish(content, error=f"ToolException: {content}" if failed else None)
+            run.tool.finish(output.content, error=f"ToolException: {output.content}" if failed else None)
         else:
             run.tool.finish(output)
 

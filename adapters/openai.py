@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import openai
-from agentlightning.adapters._stainless import ClientCall, ObservedAsyncStream, ObservedStream, Patch
+from agentlightning.adapters._stainless import ObservedAsyncStream, ObservedStream, Patch
 
 # (module, class, method, api name recorded in Call.metadata["api"], is_async)
 _TARGETS: tuple[tuple[str, str, str, str, bool], ...] = (
@@ -37,12 +37,6 @@ _HELPERS: tuple[tuple[str, str, bool], ...] = (
 )
 
 
-class _Call(ClientCall):
-    """An openai client call."""
-
-    sdk = openai
-
-
 def _close_raw_too(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
         return wrapped(*args, **kwargs)
@@ -60,6 +54,6 @@ async def _aclose_raw_too(wrapped: Callable[..., Any], instance: Any, args: tupl
             await raw.close()
 
 
-_PATCH = Patch(_Call, _TARGETS, tuple((module, cls, "close", _aclose_raw_too if is_async else _close_raw_too)
+_PATCH = Patch(openai, _TARGETS, tuple((module, cls, "close", _aclose_raw_too if is_async else _close_raw_too)
                                       for module, cls, is_async in _HELPERS))
 install, uninstall, is_installed = _PATCH.install, _PATCH.uninstall, _PATCH.is_installed

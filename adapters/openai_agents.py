@@ -14,18 +14,15 @@ are left as they are.
 from __future__ import annotations
 
 import logging
-import threading
 import weakref
 from collections.abc import Callable
 from contextvars import Token
 from dataclasses import dataclass
 from typing import Any
 
-import wrapt
+from agentlightning.adapters._stainless import Patch
 from agentlightning.adapters._tools import PendingTool, parse_arguments
 from agents.tracing import AgentSpanData, FunctionSpanData, SpanError, get_current_span
-from agents.tracing.spans import NoOpSpan, SpanImpl
-from mcp.client.session import ClientSession
 
 from agentlightning.capture import current_recorder, current_role, reset_role, set_role
 
@@ -51,7 +48,7 @@ def _on_start(span: Any, mark_as_current: bool = False) -> None:
     if isinstance(data, AgentSpanData):
         opened.role_token = set_role(data.name)
     elif (recorder := current_recorder()) is not None:  # the SDK fills the input after the span starts
-        opened.tool = PendingTool(recorder, name=data.name, arguments=None, role=current_role(), adapter="openai_agents")
+        opened.tool = PendingTool(recorder, data.name, None, current_role(), "openai_agents")
 
 
 def _on_finish(span: Any, reset_current: bool = False) -> None:
@@ -75,18 +72,14 @@ def _on_error(span: Any, error: SpanError) -> None:
         opened.error = error  # a NoOpSpan does not keep it
 
 
-def _on_mcp_result(result: Any) -> None:
-    failed = getattr(result, "is_error", None) or getattr(result, "isError", False)  # mcp 2.x, 1.x
-    span = get_current_span()
-    if failed and span is not None and (opened := _open.get(span)) is not None:
-        text = " ".join(str(getattr(item, "text", "")) for item in result.content)
-        opened.error = {"message": "MCP tool error", "data": {"error": text}}
-
-
 async def _mcp_call(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     result = await wrapped(*args, **kwargs)
     try:
-        _on_mcp_result(result)
+        failed = getattr(result, "is_error", None) or getattr(result, "isError", False)  # mcp 2.x, 1.x
+        span = get_current_span()
+        if failed and span is not None and (opened := _open.get(span)) is not None:
+            text = " ".join(str(getattr(item, "text", "")) for item in result.content)
+            opened.error = {"message": "MCP tool error", "data": {"error": text}}
     except Exception:  # capture must never break the agent
         logger.exception("openai_agents adapter: could not read an MCP tool result")
     return result
@@ -104,33 +97,16 @@ def _observer(hook: Callable[..., None]) -> Callable[..., Any]:
     return wrapper
 
 
-_lock = threading.Lock()
-_originals: list[tuple[type, str, Any]] = []
-
-
-def install() -> None:
-    """Follow the SDK's agent and function spans, traced or not. Idempotent."""
-    with _lock:
-        if _originals:
-            return
-        for cls in (SpanImpl, NoOpSpan):
-            for method, hook in (("start", _on_start), ("finish", _on_finish), ("set_error", _on_error)):
-                _originals.append((cls, method, cls.__dict__[method]))
-                wrapt.wrap_function_wrapper(cls, method, _observer(hook))
-        _originals.append((ClientSession, "call_tool", ClientSession.__dict__["call_tool"]))
-        wrapt.wrap_function_wrapper(ClientSession, "call_tool", _mcp_call)
-        logger.debug("OpenAI Agents SDK capture adapter installed")
+_SPANS = "agents.tracing.spans"
+_PATCH = Patch(extra=(
+    *((_SPANS, cls, method, _observer(hook)) for cls in ("SpanImpl", "NoOpSpan")
+      for method, hook in (("start", _on_start), ("finish", _on_finish), ("set_error", _on_error))),
+    ("mcp.client.session", "ClientSession", "call_tool", _mcp_call),
+))
+install, is_installed = _PATCH.install, _PATCH.is_installed
 
 
 def uninstall() -> None:
     """Restore the SDK's span methods. Idempotent."""
-    with _lock:
-        while _originals:
-            cls, method, original = _originals.pop()
-            setattr(cls, method, original)
-        _open.clear()
-
-
-def is_installed() -> bool:
-    """Whether the SDK's spans are followed now."""
-    return bool(_originals)
+    _PATCH.uninstall()
+    _open.clear()

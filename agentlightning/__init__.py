@@ -11,26 +11,15 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 # public name -> module that defines it
-_EXPORTS: dict[str, str] = {
-    "Call": "agentlightning.types",
-    "Reward": "agentlightning.types",
-    "Rollout": "agentlightning.types",
-    "Transition": "agentlightning.types",
-    "LLM": "agentlightning.types",
-    "ErrorInfo": "agentlightning.types",
-    "rollout": "agentlightning._decorator",
-    "RolloutAgent": "agentlightning._decorator",
-    "role": "agentlightning.capture",
-    "emit_reward": "agentlightning.capture",
-    "instrument": "agentlightning.capture",
-    "uninstrument": "agentlightning.capture",
-    "run": "agentlightning._run",
-    "arun": "agentlightning._run",
-    "transitions": "agentlightning.rl.transitions",
-    "train": "agentlightning._train",
-    "Client": "agentlightning.client",
-    "RayWorkers": "agentlightning.client",
-}
+_EXPORTS: dict[str, str] = {name: module for module, names in {
+    "agentlightning.types": ("Call", "Reward", "Rollout", "Transition", "LLM", "ErrorInfo"),
+    "agentlightning._decorator": ("rollout", "RolloutAgent"),
+    "agentlightning.capture": ("role", "emit_reward", "instrument", "uninstrument"),
+    "agentlightning._run": ("run", "arun"),
+    "agentlightning.rl.transitions": ("transitions",),
+    "agentlightning._train": ("train",),
+    "agentlightning.client": ("Client", "RayWorkers"),
+}.items() for name in names}
 
 __all__ = sorted(_EXPORTS)
 

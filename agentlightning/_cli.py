@@ -7,6 +7,7 @@ with the parsed server options and the words this parser did not know (the train
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -225,8 +226,8 @@ def _train(args: argparse.Namespace) -> int:
 def _dashboard(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from agentlightning.server._auth import check_bind
     from agentlightning.server._dashboard import dashboard_app
+    from agentlightning.server._errors import check_bind
 
     check_bind(args.host, args.token)
     app = dashboard_app(args.run_dir, args.token)
@@ -264,25 +265,19 @@ def _rollouts(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> list[dict[str, Any]]:
     filters = {"status": args.status, "task_id": args.task_id, "group_id": args.group_id, "dataset_id": args.dataset_id}
     if args.store:
-        store = _open_store(args.store)
-        try:
+        with _open_store(args.store) as store:
             return [row.model_dump() for row in store.list_rollouts(**filters, limit=args.limit)]
-        finally:
-            store.close()
     params = {key: value for key, value in filters.items() if value is not None} | {"limit": args.limit}
     return _api(args).request("GET", "/rollouts", params=params, retry_for=5.0)
 
 
 def _show(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if args.store:
-        store = _open_store(args.store)
-        try:
+        with _open_store(args.store) as store:
             rollout = store.get_rollout(args.rollout_id)
             if rollout is None:
                 raise ValueError(f"no rollout {args.rollout_id!r} in {args.store}")
             return rollout.model_dump(mode="json"), [a.model_dump(mode="json") for a in store.attempts(args.rollout_id)]
-        finally:
-            store.close()
     from agentlightning.protocol import ServerError
 
     api = _api(args)
@@ -298,7 +293,7 @@ def _open_store(path: str) -> Any:
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"store file {path!r} does not exist")
-    return SQLiteStore(path)
+    return contextlib.closing(SQLiteStore(path))
 
 
 def _api(args: argparse.Namespace) -> Any:

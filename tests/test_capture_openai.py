@@ -291,7 +291,6 @@ def test_outside_rollout_nothing_recorded_but_remembered_while_one_runs(server: 
 def test_capture_bug_never_breaks_the_agent(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch,
                                             caplog: pytest.LogCaptureFixture) -> None:
     from agentlightning.adapters import _stainless
-    from agentlightning.adapters import openai as adapter
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("capture bug")
@@ -302,7 +301,7 @@ def test_capture_bug_never_breaks_the_agent(server: MockLLMServer, monkeypatch: 
         reply = sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
     assert reply.choices[0].message.content == "echo: count users"
     assert recorder.calls == [] and "capture bug" in caplog.text
-    monkeypatch.setattr(adapter._Call, "__init__", broken)
+    monkeypatch.setattr(_stainless.ClientCall, "__init__", broken)
     with recording(recorder):
         assert sync_client(server).chat.completions.create(model="m", messages=MESSAGES).choices
 

@@ -16,6 +16,11 @@ def as_plain(value: Any) -> Any:
         value, exclude_none=True, fallback=lambda other: other.__name__ if isinstance(other, type) else repr(other))
 
 
+def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    """A chat ``tool_calls`` entry."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
 def message_text(content: Any) -> str:
     """The text of a chat message ``content`` (a string, None, or a list of content parts)."""
     if content is None:
@@ -45,8 +50,7 @@ def responses_input_to_messages(input_: Any, instructions: Any = None) -> list[d
             continue
         kind = item.get("type", "message")
         if kind == "function_call":
-            call = {"id": item.get("call_id"), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+            call = tool_call(item.get("call_id"), item.get("name"), item.get("arguments"))
             if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
                 messages[-1]["tool_calls"].append(call)
             else:
@@ -73,8 +77,7 @@ def anthropic_to_messages(messages: Any, system: Any = None) -> list[dict[str, A
         chat.extend({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                      "content": message_text(block.get("content"))} for block in blocks if block.get("type") == "tool_result")
         texts = [block.get("text") or "" for block in blocks if block.get("type") == "text"]
-        calls = [{"id": block.get("id"), "type": "function",
-                  "function": {"name": block.get("name"), "arguments": json.dumps(block.get("input") or {})}}
+        calls = [tool_call(block.get("id"), block.get("name"), json.dumps(block.get("input") or {}))
                  for block in blocks if block.get("type") == "tool_use"]
         if texts or calls:
             chat.append({"role": role, "content": "".join(texts) if texts else None})

@@ -14,7 +14,7 @@ from typing import Any
 import pydantic
 import pydantic_core
 
-from agentlightning._wire.messages import anthropic_to_messages, as_plain, responses_input_to_messages
+from agentlightning._wire.messages import anthropic_to_messages, as_plain, responses_input_to_messages, tool_call
 from agentlightning.types import Call, TokenSource
 
 logger = logging.getLogger(__name__)
@@ -124,11 +124,19 @@ def _prompt_ids(body: dict[str, Any], choice: dict[str, Any]) -> Any:
     return body["prompt_token_ids"] if body.get("prompt_token_ids") is not None else choice.get("prompt_token_ids")
 
 
-def _tool_call(tool_call: Any) -> dict[str, Any]:
-    view = _view(tool_call)
+def _tool_call(entry: Any) -> dict[str, Any]:
+    view = _view(entry)
     function = _view(view.get("function"))
-    return {"id": view.get("id"), "type": view.get("type") or "function",
-            "function": {"name": function.get("name"), "arguments": function.get("arguments")}}
+    return {**tool_call(view.get("id"), function.get("name"), function.get("arguments")),
+            "type": view.get("type") or "function"}
+
+
+def _answer(output: dict[str, Any], body: dict[str, Any], prompt_ids: Any, completion_ids: Any, logprobs: Any,
+            **more: Any) -> dict[str, Any]:
+    """What a response answered, as :func:`read_response` gives it."""
+    return {"output": output, "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
+            "prompt_token_ids": prompt_ids, "completion_token_ids": completion_ids, "completion_logprobs": logprobs,
+            **more}
 
 
 def read_response(api: str, response: Any) -> dict[str, Any]:
@@ -147,14 +155,12 @@ def read_response(api: str, response: Any) -> dict[str, Any]:
     else:
         message = _view(choice.get("message"))
         output = {"content": message.get("content"),
-                  "tool_calls": [_tool_call(tool_call) for tool_call in message.get("tool_calls") or []],
+                  "tool_calls": [_tool_call(entry) for entry in message.get("tool_calls") or []],
                   "finish_reason": choice.get("finish_reason")}
         if message.get("refusal"):
             output["refusal"] = message["refusal"]
-    return {"output": output, "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
-            "choices": len(choices), "model_version": body.get("model_version"),
-            "prompt_token_ids": _prompt_ids(body, choice),
-            "completion_token_ids": choice.get("token_ids"), "completion_logprobs": _logprobs(choice.get("logprobs"))}
+    return _answer(output, body, _prompt_ids(body, choice), choice.get("token_ids"), _logprobs(choice.get("logprobs")),
+                   choices=len(choices), model_version=body.get("model_version"))
 
 
 def _read_responses(body: dict[str, Any]) -> dict[str, Any]:
@@ -168,33 +174,23 @@ def _read_responses(body: dict[str, Any]) -> dict[str, Any]:
                     texts.append(part.get("text") or "")
                     logprobs.extend(_logprob(entry) for entry in part.get("logprobs") or [])
         elif item.get("type") == "function_call":
-            tool_calls.append({"id": item.get("call_id"), "type": "function",
-                               "function": {"name": item.get("name"), "arguments": item.get("arguments")}})
+            tool_calls.append(tool_call(item.get("call_id"), item.get("name"), item.get("arguments")))
     finish_reason = "tool_calls" if tool_calls else "stop"
     if body.get("status") == "incomplete":  # as a chat finish reason: 'length', or the reason given
         reason = _view(body.get("incomplete_details")).get("reason") or "incomplete"
         finish_reason = "length" if reason == "max_output_tokens" else reason
-    return {"output": {"content": "".join(texts) if texts else None, "tool_calls": tool_calls,
-                       "finish_reason": finish_reason},
-            "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
-            "prompt_token_ids": body.get("prompt_token_ids"), "completion_token_ids": body.get("output_token_ids"),
-            "completion_logprobs": logprobs or None}
-
-
-def _tool_use(block: dict[str, Any], arguments: str) -> dict[str, Any]:
-    return {"id": block.get("id"), "type": "function", "function": {"name": block.get("name"), "arguments": arguments}}
+    output = {"content": "".join(texts) if texts else None, "tool_calls": tool_calls, "finish_reason": finish_reason}
+    return _answer(output, body, body.get("prompt_token_ids"), body.get("output_token_ids"), logprobs or None)
 
 
 def _read_message(body: dict[str, Any]) -> dict[str, Any]:
     """An Anthropic ``message``: text blocks as content, ``tool_use`` blocks as tool calls, its ``stop_reason``."""
     blocks = list(map(_view, body.get("content") or []))
     texts = [block.get("text") or "" for block in blocks if block.get("type") == "text"]
-    return {"output": {"content": "".join(texts) if texts else None, "finish_reason": body.get("stop_reason"),
-                       "tool_calls": [_tool_use(block, json.dumps(as_plain(block.get("input") or {})))
-                                      for block in blocks if block.get("type") == "tool_use"]},
-            "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
-            "prompt_token_ids": body.get("prompt_token_ids"), "completion_token_ids": body.get("token_ids"),
-            "completion_logprobs": None}
+    calls = [tool_call(block.get("id"), block.get("name"), json.dumps(as_plain(block.get("input") or {})))
+             for block in blocks if block.get("type") == "tool_use"]
+    output = {"content": "".join(texts) if texts else None, "finish_reason": body.get("stop_reason"), "tool_calls": calls}
+    return _answer(output, body, body.get("prompt_token_ids"), body.get("token_ids"), None)
 
 
 class StreamFold:
@@ -260,11 +256,10 @@ class StreamFold:
         delta = _view(choice.get("delta"))
         if delta.get("content"):
             self.texts.append(delta["content"])
-        for tool_call in map(_view, delta.get("tool_calls") or []):
-            slot = self.tool_calls.setdefault(tool_call.get("index") or 0, {
-                "id": None, "type": "function", "function": {"name": None, "arguments": ""}})
-            function = _view(tool_call.get("function"))
-            slot["id"] = tool_call.get("id") or slot["id"]
+        for entry in map(_view, delta.get("tool_calls") or []):
+            slot = self.tool_calls.setdefault(entry.get("index") or 0, tool_call(None, None, ""))
+            function = _view(entry.get("function"))
+            slot["id"] = entry.get("id") or slot["id"]
             slot["function"]["name"] = function.get("name") or slot["function"]["name"]
             slot["function"]["arguments"] += function.get("arguments") or ""
 
@@ -278,7 +273,7 @@ class StreamFold:
             self.response_id, self.model, self.usage = message.get("id"), message.get("model"), message.get("usage")
             self.prompt_ids = message.get("prompt_token_ids")
         elif kind == "content_block_start" and (block := _view(body.get("content_block"))).get("type") == "tool_use":
-            self.tool_calls[index] = _tool_use(block, "")
+            self.tool_calls[index] = tool_call(block.get("id"), block.get("name"), "")
         elif kind == "content_block_delta":
             delta = _view(body.get("delta"))
             if delta.get("type") == "text_delta":
@@ -299,7 +294,6 @@ class StreamFold:
         output = {"content": text if text or not self.tool_calls else None,
                   "tool_calls": [self.tool_calls[index] for index in sorted(self.tool_calls)],
                   "finish_reason": self.finish_reason or (None if complete else "incomplete_stream")}
-        return {"output": output, "response_id": self.response_id, "model": self.model, "usage": self.usage,
-                "prompt_token_ids": self.prompt_ids, "completion_token_ids": self.completion_ids,
-                "completion_logprobs": self.logprobs}
+        return _answer(output, {"id": self.response_id, "model": self.model, "usage": self.usage}, self.prompt_ids,
+                       self.completion_ids, self.logprobs)
 

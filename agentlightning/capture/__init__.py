@@ -21,24 +21,7 @@ from agentlightning.capture._reward import emit_reward
 from agentlightning.capture._role import role, role_matches, unmatched_patterns
 from agentlightning.capture._telemetry import emit_call_span
 
-__all__ = [
-    "LLMCall",
-    "RolloutRecorder",
-    "current_recorder",
-    "current_role",
-    "emit_call_span",
-    "emit_reward",
-    "enable_auto_instrumentation",
-    "explain_rollout",
-    "installed_adapters",
-    "instrument",
-    "note_stray_call",
-    "recording",
-    "reset_role",
-    "role",
-    "role_matches",
-    "set_role",
-    "stray_calls_since",
-    "uninstrument",
-    "unmatched_patterns",
-]
+__all__ = ["LLMCall", "RolloutRecorder", "current_recorder", "current_role", "emit_call_span", "emit_reward",
+           "enable_auto_instrumentation", "explain_rollout", "installed_adapters", "instrument", "note_stray_call",
+           "recording", "reset_role", "role", "role_matches", "set_role", "stray_calls_since", "uninstrument",
+           "unmatched_patterns"]

@@ -2,34 +2,33 @@
 
 Each adapter module ``agentlightning.adapters.<name>`` exposes idempotent ``install()`` / ``uninstall()`` and
 ``is_installed()`` (the only record of whether it is installed). ``enable_auto_instrumentation()``, run when a
-rollout starts, installs the adapters of frameworks already imported and hooks the others' import (and makes thread
-pools carry the rollout's context, see ``_threads``). Importing Agent
-Lightning never imports a framework by itself.
+rollout starts, installs the adapters of frameworks already imported and hooks the others' import, and makes thread
+pools carry the rollout's context: a task submitted to a ``ThreadPoolExecutor`` inside a rollout (``pool.map``,
+``pool.submit``, ``loop.run_in_executor``) runs in a copy of the submitter's context, so its LLM calls land in that
+rollout (Python gives pool threads a fresh context otherwise). Importing Agent Lightning never imports a framework.
 """
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import logging
 import sys
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
+from typing import Any
 
 import wrapt
 
-from agentlightning.capture._threads import propagate_into_thread_pools
+from agentlightning.capture._context import current_recorder
 
 logger = logging.getLogger(__name__)
 
 # adapter name (its module in agentlightning.adapters) -> the framework module that triggers it
-ADAPTERS: dict[str, str] = {
-    "openai": "openai",
-    "httpx": "httpx",
-    "anthropic": "anthropic",
-    "langchain": "langchain_core",
-    "openai_agents": "agents",
-    "autogen": "autogen_agentchat",
-}
+ADAPTERS: dict[str, str] = {"openai": "openai", "httpx": "httpx", "anthropic": "anthropic",
+                            "langchain": "langchain_core", "openai_agents": "agents", "autogen": "autogen_agentchat"}
 
 _lock = threading.RLock()
 _hooks_registered = False
@@ -97,6 +96,13 @@ def enable_auto_instrumentation() -> None:
         if _hooks_registered:
             return
         _hooks_registered = True
-    propagate_into_thread_pools()
+        wrapt.wrap_function_wrapper(ThreadPoolExecutor, "submit", _submit_in_context)
     for name in ADAPTERS:
         _install_on_import(name)
+
+
+def _submit_in_context(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+                       ) -> Any:
+    if current_recorder() is None or not args:
+        return wrapped(*args, **kwargs)
+    return wrapped(contextvars.copy_context().run, *args, **kwargs)

@@ -7,7 +7,6 @@ import inspect
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar, Token
 from fnmatch import fnmatchcase
-from types import TracebackType
 from typing import Any, TypeVar
 
 from agentlightning.capture._context import reset_role, set_role
@@ -40,9 +39,7 @@ class role:  # noqa: N801 - used like a function: `with agl.role("writer"):`
         _entered.set((*_entered.get(), (self, set_role(self.name))))
         return self
 
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         entered = _entered.get()
         for position in range(len(entered) - 1, -1, -1):
             owner, token = entered[position]
@@ -54,10 +51,8 @@ class role:  # noqa: N801 - used like a function: `with agl.role("writer"):`
     async def __aenter__(self) -> role:
         return self.__enter__()
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.__exit__(exc_type, exc, tb)
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__()
 
     def __call__(self, func: F) -> F:
         # The object itself is entered on every call: entries are context-local, so concurrent calls are safe.

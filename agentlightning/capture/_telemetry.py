@@ -20,18 +20,13 @@ logger = logging.getLogger(__name__)
 
 _OPERATIONS = {"chat.completions": "chat", "chat.completions.parse": "chat", "responses": "chat",
                "responses.parse": "chat", "completions": "text_completion"}
-_REQUEST_ATTRIBUTES = {
-    "temperature": "gen_ai.request.temperature",
-    "top_p": "gen_ai.request.top_p",
-    "top_k": "gen_ai.request.top_k",
-    "max_tokens": "gen_ai.request.max_tokens",
-    "max_completion_tokens": "gen_ai.request.max_tokens",
-    "max_output_tokens": "gen_ai.request.max_tokens",
-    "seed": "gen_ai.request.seed",
-    "frequency_penalty": "gen_ai.request.frequency_penalty",
-    "presence_penalty": "gen_ai.request.presence_penalty",
-    "n": "gen_ai.request.choice.count",
-}
+_REQUEST_ATTRIBUTES = {"max_tokens": "gen_ai.request.max_tokens", "max_completion_tokens": "gen_ai.request.max_tokens",
+                       "max_output_tokens": "gen_ai.request.max_tokens", "n": "gen_ai.request.choice.count",
+                       **{name: f"gen_ai.request.{name}" for name in ("temperature", "top_p", "top_k", "seed",
+                                                                      "frequency_penalty", "presence_penalty")}}
+_USAGE = {"prompt_tokens": "gen_ai.usage.input_tokens", "input_tokens": "gen_ai.usage.input_tokens",
+          "completion_tokens": "gen_ai.usage.output_tokens", "output_tokens": "gen_ai.usage.output_tokens"}
+
 
 def _tracer() -> trace.Tracer | None:
     """A tracer when an SDK provider is configured, else None."""
@@ -59,12 +54,10 @@ def call_attributes(call: Call) -> dict[str, Any]:
         "agentlightning.sequence": call.sequence,
         "agentlightning.stream": bool(metadata.get("stream")),
     }
-    if call.name:
-        attributes["gen_ai.request.model"] = call.name
-    if call.rollout_id:
-        attributes["agentlightning.rollout_id"] = call.rollout_id
-    if call.role:
-        attributes["agentlightning.role"] = call.role
+    optional = {"gen_ai.request.model": call.name, "agentlightning.rollout_id": call.rollout_id,
+                "agentlightning.role": call.role, "gen_ai.response.model": metadata.get("response_model"),
+                "gen_ai.response.id": call.response_id, "agentlightning.token_source": call.token_source}
+    attributes.update((name, value) for name, value in optional.items() if value)
     endpoint = metadata.get("endpoint")
     if endpoint:
         parts = urlsplit(endpoint)
@@ -77,20 +70,10 @@ def call_attributes(call: Call) -> dict[str, Any]:
         if name and isinstance(value, (int, float)) and not isinstance(value, bool):
             attributes[name] = value
     usage = metadata.get("usage") or {}
-    for source, name in (("prompt_tokens", "gen_ai.usage.input_tokens"), ("input_tokens", "gen_ai.usage.input_tokens"),
-                         ("completion_tokens", "gen_ai.usage.output_tokens"),
-                         ("output_tokens", "gen_ai.usage.output_tokens")):
-        if isinstance(usage.get(source), int):
-            attributes[name] = usage[source]
-    if metadata.get("response_model"):
-        attributes["gen_ai.response.model"] = metadata["response_model"]
-    if call.response_id:
-        attributes["gen_ai.response.id"] = call.response_id
+    attributes.update((_USAGE[key], value) for key, value in usage.items() if key in _USAGE and isinstance(value, int))
     output = call.output if isinstance(call.output, dict) else {}
     if output.get("finish_reason"):
         attributes["gen_ai.response.finish_reasons"] = [str(output["finish_reason"])]
-    if call.token_source:
-        attributes["agentlightning.token_source"] = call.token_source
     if call.status == "error":
         attributes["error.type"] = metadata.get("error_type") or "error"
     return attributes
@@ -102,12 +85,8 @@ def emit_call_span(call: Call) -> None:
     if tracer is None:
         return
     attributes = call_attributes(call)
-    span = tracer.start_span(
-        f"{attributes['gen_ai.operation.name']} {call.name or ''}".strip(),
-        kind=SpanKind.CLIENT,
-        start_time=int(call.start_time * 1e9),
-        attributes=attributes,
-    )
+    span = tracer.start_span(f"{attributes['gen_ai.operation.name']} {call.name or ''}".strip(), kind=SpanKind.CLIENT,
+                             start_time=int(call.start_time * 1e9), attributes=attributes)
     if call.status == "error":
         span.set_status(Status(StatusCode.ERROR, call.error))
     span.end(end_time=int((call.end_time or call.start_time) * 1e9))

@@ -77,23 +77,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.steps} GRPO steps of {args.tasks_per_step} tasks x {args.group_size} rollouts", flush=True)
     started = time.perf_counter()
     result = agl.train(
-        calculator_agent,
-        train_set,
-        model=args.model,
-        group_size=args.group_size,
-        tasks_per_step=args.tasks_per_step,
-        max_steps=args.steps,
-        learning_rate=args.learning_rate,
-        lora={"r": 16, "lora_alpha": 32},
-        temperature=0.7,
-        micro_batch_size=16,
-        max_completion_length=40,
-        val_dataset=held_out,
-        val_every=args.val_every,
-        output_dir=Path(args.output_dir),
-        use_server=args.server,
-        nworkers=args.nworkers,
-        seed=args.seed,
+        calculator_agent, train_set, model=args.model, group_size=args.group_size, tasks_per_step=args.tasks_per_step,
+        max_steps=args.steps, learning_rate=args.learning_rate, lora={"r": 16, "lora_alpha": 32}, temperature=0.7,
+        micro_batch_size=16, max_completion_length=40, val_dataset=held_out, val_every=args.val_every,
+        output_dir=Path(args.output_dir), use_server=args.server, nworkers=args.nworkers, seed=args.seed,
         save_model=False,
     )
     minutes = (time.perf_counter() - started) / 60

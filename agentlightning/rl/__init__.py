@@ -9,26 +9,6 @@ from agentlightning.rl.batch import PackedBatch, PackStats, pack
 from agentlightning.rl.credit import CREDIT_FUNCTIONS, CreditFunction, discounted, identical, last
 from agentlightning.rl.transitions import Extraction, ExtractionStats, extract_transitions, transitions
 
-__all__ = [
-    "AIR",
-    "CREDIT_FUNCTIONS",
-    "ESTIMATORS",
-    "WEIGHTINGS",
-    "AirRule",
-    "CallRule",
-    "CreditFunction",
-    "Extraction",
-    "ExtractionStats",
-    "FormatRule",
-    "LLMErrorRule",
-    "PackStats",
-    "PackedBatch",
-    "ToolErrorRule",
-    "compute_advantages",
-    "discounted",
-    "extract_transitions",
-    "identical",
-    "last",
-    "pack",
-    "transitions",
-]
+__all__ = ["AIR", "CREDIT_FUNCTIONS", "ESTIMATORS", "WEIGHTINGS", "AirRule", "CallRule", "CreditFunction", "Extraction",
+           "ExtractionStats", "FormatRule", "LLMErrorRule", "PackStats", "PackedBatch", "ToolErrorRule",
+           "compute_advantages", "discounted", "extract_transitions", "identical", "last", "pack", "transitions"]

@@ -1,32 +1,10 @@
 """Advantage estimators over transitions, normalised at the rollout level, and per-rollout loss weights.
 
-Every statistic weighs rollouts equally, however many transitions they have: a rollout's transitions share a
-weight of 1 between them. With rewards ``r`` of rollout ``j`` (``n_j`` transitions) and a set ``S`` of
-rollouts (a group, or the whole batch):
-
-    mean(S) = 1/|S| * sum_j  (1/n_j) * sum_t r_jt
-    std(S)  = sqrt( sum_j (1/n_j) * sum_t (r_jt - mean(S))**2 / (|S| - ddof) )
-
-With identical credit (every transition of a rollout has the rollout's return) these are the plain mean and
-standard deviation of the rollouts' returns, the same numbers TRL's GRPO computes (``ddof=1``).
-
-Estimators (``A`` the advantage of a transition with reward ``r`` in group ``g``):
-
-- ``grpo``: ``A = (r - mean(g)) / (std(g) + eps)``; ``scale_std=False`` keeps only the centring;
-- ``dr_grpo``: ``A = r - mean(g)`` (Dr. GRPO: no std scaling);
-- ``reinforce++``: ``A = (r - mean(batch)) / (std(batch) + eps)`` — a batch baseline, normalised;
-- ``reinforce++_baseline``: ``A = (r - mean(g)) / (std of the centred values over the batch + eps)``.
-
-A group of one rollout (or too few for ``ddof``) is centred but not scaled, so identical credit gives it
-advantage 0. Transitions without a ``group_id`` form a group of their own rollout (with a warning).
-
-Loss weights (``weighting``), for a loss ``sum_b w_b * mean_tokens(loss_b) / sum_b w_b``:
-
-- ``rollout`` (default): ``1 / n_j`` — every rollout contributes the same total;
-- ``rollout_token``: ``len(completion) / tokens of the rollout`` — every rollout the same total, shared by
-  completion tokens, so every token of a rollout counts the same;
-- ``token``: ``len(completion)`` — every completion token of the batch counts the same (longer rollouts weigh more);
-- ``transition``: ``1`` — every transition counts the same.
+Every statistic weighs rollouts equally, however many transitions they have (a rollout's transitions share a weight
+of 1), so with identical credit the group mean and std are those of the rollouts' returns, as TRL's GRPO computes
+them (``ddof=1``). Estimators: ``grpo``, ``dr_grpo`` (no std scaling), ``reinforce++`` (batch baseline, normalised),
+``reinforce++_baseline`` (group baseline, batch-level scaling); weightings: ``rollout`` (default), ``rollout_token``,
+``token``, ``transition``. The formulas are in docs/lightning_rl.md ("Advantages and loss weights").
 """
 
 from __future__ import annotations
@@ -59,15 +37,8 @@ class _RolloutRows:
     rows: list[Transition] = field(default_factory=list)
 
 
-def compute_advantages(
-    transitions: Sequence[Transition],
-    estimator: Estimator = "grpo",
-    scale_std: bool | None = None,
-    *,
-    eps: float = 1e-6,
-    std_ddof: int = 1,
-    weighting: Weighting = "rollout",
-) -> list[Transition]:
+def compute_advantages(transitions: Sequence[Transition], estimator: Estimator = "grpo", scale_std: bool | None = None,
+                       *, eps: float = 1e-6, std_ddof: int = 1, weighting: Weighting = "rollout") -> list[Transition]:
     """Fill ``advantage`` and ``weight`` of ``transitions`` in place and return them.
 
     ``scale_std`` defaults to the estimator's definition (False for ``dr_grpo``, True otherwise);
@@ -89,35 +60,27 @@ def compute_advantages(
     if not rollouts:
         return list(transitions)
 
-    if estimator == "reinforce++":
-        everything = list(rollouts.values())
-        centre = _mean(everything)
-        spread = _std(everything, lambda row: centre, std_ddof) if scale else None
-        for rollout in everything:
-            _set(rollout, lambda row: centre, spread, eps)
-    else:
-        groups: dict[str, list[_RolloutRows]] = {}
-        for rollout in rollouts.values():
-            groups.setdefault(rollout.group, []).append(rollout)
-        if estimator in ("grpo", "dr_grpo"):
-            singletons = sum(1 for members in groups.values() if len(members) == 1)
-            if singletons:
-                logger.warning(
-                    "%s: %d of %d groups have a single rollout; their advantages are only centred (0 with identical "
-                    "credit). Run several rollouts per task (group_size > 1) for a learning signal.",
-                    estimator, singletons, len(groups),
-                )
-            for members in groups.values():
-                centre = _mean(members)
-                spread = _std(members, lambda row: centre, std_ddof) if scale else None
-                for rollout in members:
-                    _set(rollout, lambda row: centre, spread, eps)
-        else:  # reinforce++_baseline: group mean baseline, batch-level scaling of the centred values
-            centres = {group: _mean(members) for group, members in groups.items()}
-            everything = list(rollouts.values())
-            spread = _std(everything, lambda row: centres[group_key(row)], std_ddof) if scale else None
-            for rollout in everything:
-                _set(rollout, lambda row: centres[group_key(row)], spread, eps)
+    # Centred on the batch mean (reinforce++) or the group's (the others); scaled by the spread over the group (GRPO)
+    # or over the batch (reinforce++ and its baseline variant).
+    def key(group: str) -> str | None:
+        return None if estimator == "reinforce++" else group
+
+    groups: dict[str | None, list[_RolloutRows]] = {}
+    for rollout in rollouts.values():
+        groups.setdefault(key(rollout.group), []).append(rollout)
+    centres = {group: _mean(members) for group, members in groups.items()}
+    per_group = estimator in ("grpo", "dr_grpo")
+    singletons = sum(1 for members in groups.values() if len(members) == 1)
+    if per_group and singletons:
+        logger.warning(
+            "%s: %d of %d groups have a single rollout; their advantages are only centred (0 with identical "
+            "credit). Run several rollouts per task (group_size > 1) for a learning signal.",
+            estimator, singletons, len(groups),
+        )
+    for members in groups.values() if per_group else [list(rollouts.values())]:
+        spread = _std(members, lambda row: centres[key(group_key(row))], std_ddof) if scale else None
+        for rollout in members:
+            _set(rollout, lambda row: centres[key(group_key(row))], spread, eps)
 
     for rollout in rollouts.values():
         _set_weights(rollout, weighting)
@@ -148,23 +111,19 @@ def _by_rollout(transitions: Sequence[Transition]) -> dict[str, _RolloutRows]:
             entry = rollouts[row.rollout_id] = _RolloutRows(row.rollout_id, group)
             ungrouped += row.group_id is None
         elif entry.group != group:
-            raise ValueError(
-                f"rollout {row.rollout_id!r} has transitions in two groups ({entry.group!r} and {group!r})"
-            )
+            raise ValueError(f"rollout {row.rollout_id!r} has transitions in two groups ({entry.group!r} and "
+                             f"{group!r})")
         entry.rows.append(row)
     if ungrouped:
-        logger.warning(
-            "%d rollouts have no group_id or task_id; each forms a group of its own for advantage estimation",
-            ungrouped,
-        )
+        logger.warning("%d rollouts have no group_id or task_id; each forms a group of its own for advantage "
+                       "estimation", ungrouped)
     return rollouts
 
 
 def _mean(members: Sequence[_RolloutRows]) -> float:
     """Mean reward with every rollout weighing 1 (its transitions 1/n each)."""
-    return math.fsum(math.fsum(row.reward for row in rollout.rows) / len(rollout.rows) for rollout in members) / len(
-        members
-    )
+    return math.fsum(math.fsum(row.reward for row in rollout.rows) / len(rollout.rows) for rollout in members
+                     ) / len(members)
 
 
 def _std(members: Sequence[_RolloutRows], centre_of: _Centre, ddof: int) -> float | None:
@@ -172,10 +131,8 @@ def _std(members: Sequence[_RolloutRows], centre_of: _Centre, ddof: int) -> floa
     dof = len(members) - ddof
     if dof <= 0:
         return None
-    total = math.fsum(
-        math.fsum((row.reward - centre_of(row)) ** 2 for row in rollout.rows) / len(rollout.rows)
-        for rollout in members
-    )
+    total = math.fsum(math.fsum((row.reward - centre_of(row)) ** 2 for row in rollout.rows) / len(rollout.rows)
+                      for rollout in members)
     return math.sqrt(total / dof)
 
 
@@ -194,17 +151,8 @@ def _set(rollout: _RolloutRows, centre_of: _Centre, spread: float | None, eps: f
 
 def _set_weights(rollout: _RolloutRows, weighting: str) -> None:
     rows = rollout.rows
-    if weighting == "rollout":
-        for row in rows:
-            row.weight = 1.0 / len(rows)
-    elif weighting == "transition":
-        for row in rows:
-            row.weight = 1.0
-    elif weighting == "token":
-        for row in rows:
-            row.weight = float(len(row.completion_token_ids))
-    else:
-        tokens = sum(len(row.completion_token_ids) for row in rows)
-        for row in rows:
-            row.weight = len(row.completion_token_ids) / tokens if tokens else 1.0 / len(rows)
-
+    tokens = sum(len(row.completion_token_ids) for row in rows)
+    for row in rows:
+        length = len(row.completion_token_ids)
+        row.weight = {"rollout": 1.0 / len(rows), "transition": 1.0, "token": float(length),
+                      "rollout_token": length / tokens if tokens else 1.0 / len(rows)}[weighting]

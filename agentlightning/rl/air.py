@@ -1,18 +1,8 @@
-"""Automatic Intermediate Rewarding (AIR): monitoring signals become rewards on the LLM calls that caused them.
-
-A rule looks at a finished rollout and returns call-level :class:`~agentlightning.Reward` records
-(``source='air'``), each attached to the LLM call responsible:
-
-- :class:`ToolErrorRule`: a tool call whose status is 'error' penalises the LLM call that requested it
-  (the tool call's ``parent_call_id``; when that is missing, the latest LLM call before the tool call);
-- :class:`LLMErrorRule`: an LLM call whose status is 'error' is penalised itself;
-- :class:`FormatRule`: the text output of an LLM call is checked with a regex or a predicate;
-- :class:`CallRule`: any user function ``Call -> float | None`` over LLM (or tool) calls.
-
-Plain functions in an ``air=[...]`` list are wrapped as ``CallRule``. How the rewards combine with the episode
-return is decided in :mod:`agentlightning.rl.transitions`: transition reward = credited return + the sum of the
-intermediate rewards attached to that call.
-"""
+"""Automatic Intermediate Rewarding (AIR): monitoring signals become rewards (``source='air'``) on the LLM calls that
+caused them: :class:`ToolErrorRule` (a failed tool call penalises the LLM call that requested it),
+:class:`LLMErrorRule`, :class:`FormatRule` (a regex or predicate on the text output) and :class:`CallRule` (any
+``Call -> float | None``; plain functions in ``air=[...]`` are wrapped as one). A transition's reward is its credited
+return plus the intermediate rewards attached to its call (:mod:`agentlightning.rl.transitions`)."""
 
 from __future__ import annotations
 
@@ -68,10 +58,8 @@ class ToolErrorRule(AirRule):
                 continue
             parent = responsible_llm_call(call, rollout)
             if parent is None:
-                logger.warning(
-                    "AIR %s: failed tool call %s (%s) of rollout %s has no LLM call before it; no reward given",
-                    self.name, call.call_id, call.name, rollout.rollout_id,
-                )
+                logger.warning("AIR %s: failed tool call %s (%s) of rollout %s has no LLM call before it; no reward "
+                               "given", self.name, call.call_id, call.name, rollout.rollout_id)
                 continue
             found.append(self._reward(self.penalty, parent, rollout))
         return found
@@ -85,11 +73,8 @@ class LLMErrorRule(AirRule):
     name: str = "llm_error"
 
     def rewards(self, rollout: Rollout) -> list[Reward]:
-        return [
-            self._reward(self.penalty, call.call_id, rollout)
-            for call in rollout.calls
-            if call.kind == "llm" and call.status == "error"
-        ]
+        return [self._reward(self.penalty, call.call_id, rollout) for call in rollout.calls
+                if call.kind == "llm" and call.status == "error"]
 
 
 def output_text(call: Call) -> str:
@@ -160,17 +145,13 @@ class CallRule(AirRule):
     def rewards(self, rollout: Rollout) -> list[Reward]:
         found: list[Reward] = []
         for call in rollout.calls:
-            if call.kind != self.kind:
-                continue
-            value = self.function(call)
+            value = self.function(call) if call.kind == self.kind else None
             if value is None:
                 continue
             target = call.call_id if call.kind == "llm" else responsible_llm_call(call, rollout)
             if target is None:
-                logger.warning(
-                    "AIR %s: tool call %s of rollout %s has no LLM call before it; reward %r dropped",
-                    self.name, call.call_id, rollout.rollout_id, value,
-                )
+                logger.warning("AIR %s: tool call %s of rollout %s has no LLM call before it; reward %r dropped",
+                               self.name, call.call_id, rollout.rollout_id, value)
                 continue
             found.append(self._reward(value, target, rollout))
         return found

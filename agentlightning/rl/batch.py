@@ -1,18 +1,9 @@
-"""Batch shaping: transitions with advantages -> padded tensors for the trainer.
+"""Batch shaping: transitions with advantages -> padded tensors for the trainer (:func:`pack`).
 
-:func:`pack` drops what cannot or should not be trained (empty completions, zero-variance groups on request,
-over-long rows with ``overlong='drop'``), truncates over-long rows otherwise (prompts from the left, keeping the
-end the model saw last; completions from the right, keeping what the model generated first) and pads:
-
-- ``prompt_ids`` / ``prompt_mask`` ``[B, P]``: left-padded (real tokens end at the last column);
-- ``completion_ids`` / ``completion_mask`` ``[B, C]``: right-padded;
-- ``advantages`` / ``weights`` ``[B]``: per-row advantage and loss weight (see :mod:`agentlightning.rl.advantages`:
-  loss = ``sum_b weights[b] * mean_tokens(loss_b) / sum_b weights[b]``);
-- ``old_logprobs`` ``[B, C]``: the sampling logprobs when every row has them, else None.
-
-Ids and masks are int64 (mask 1 = real token), floats are float32. P and C are the longest kept row (at most the
-limits). Weights are kept as computed: a transition dropped here removes its share of its rollout's weight.
-torch and numpy are imported only when :func:`pack` runs (the ``[train]`` extra).
+Dropped: empty completions, zero-variance groups on request, over-long rows with ``overlong='drop'``; over-long rows
+are truncated otherwise (prompts from the left, completions from the right). Prompts are left-padded, completions
+right-padded; ids and masks are int64, floats float32 (shapes in docs/lightning_rl.md, "Padded batches"). Weights are
+kept as computed. torch and numpy are imported only when :func:`pack` runs (the ``[train]`` extra).
 """
 
 from __future__ import annotations
@@ -21,7 +12,7 @@ import itertools
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from agentlightning.rl.advantages import group_key
@@ -80,26 +71,13 @@ class PackedBatch:
 
     def to(self, device: Any) -> PackedBatch:
         """A copy with every tensor on ``device``."""
-        return replace(
-            self,
-            prompt_ids=self.prompt_ids.to(device),
-            prompt_mask=self.prompt_mask.to(device),
-            completion_ids=self.completion_ids.to(device),
-            completion_mask=self.completion_mask.to(device),
-            advantages=self.advantages.to(device),
-            weights=self.weights.to(device),
-            old_logprobs=None if self.old_logprobs is None else self.old_logprobs.to(device),
-        )
+        values = {field.name: getattr(self, field.name) for field in fields(self)}
+        return replace(self, **{name: value.to(device) for name, value in values.items() if hasattr(value, "to")})
 
 
-def pack(
-    transitions: Sequence[Transition],
-    pad_token_id: int,
-    max_prompt_length: int | None = None,
-    max_completion_length: int | None = None,
-    overlong: Overlong = "truncate",
-    drop_zero_variance_groups: bool = False,
-) -> PackedBatch:
+def pack(transitions: Sequence[Transition], pad_token_id: int, max_prompt_length: int | None = None,
+         max_completion_length: int | None = None, overlong: Overlong = "truncate",
+         drop_zero_variance_groups: bool = False) -> PackedBatch:
     """Pad ``transitions`` (advantages already computed) into a :class:`PackedBatch`.
 
     ``drop_zero_variance_groups``: drop groups whose transitions all have the same reward (no learning signal
@@ -124,9 +102,8 @@ def pack(
         stats.dropped_zero_variance_rows = int((flat_groups & keep).sum())
         keep &= ~flat_groups
     prompt_limit = max_prompt_length if max_prompt_length is not None else int(prompt_lengths.max(initial=0))
-    completion_limit = (
-        max_completion_length if max_completion_length is not None else int(completion_lengths.max(initial=0))
-    )
+    completion_limit = (max_completion_length if max_completion_length is not None
+                        else int(completion_lengths.max(initial=0)))
     too_long_prompt = prompt_lengths > prompt_limit
     too_long_completion = completion_lengths > completion_limit
     if overlong == "drop":
@@ -162,28 +139,18 @@ def pack(
     if not kept_rows:
         logger.warning("pack(): every one of the %d transitions was dropped: %s", len(rows), stats.as_dict())
     return PackedBatch(
-        prompt_ids=torch.from_numpy(prompt_ids),
-        prompt_mask=torch.from_numpy(prompt_mask.astype(np.int64)),
+        prompt_ids=torch.from_numpy(prompt_ids), prompt_mask=torch.from_numpy(prompt_mask.astype(np.int64)),
         completion_ids=torch.from_numpy(completion_ids),
         completion_mask=torch.from_numpy(completion_mask.astype(np.int64)),
         advantages=torch.from_numpy(advantages[kept].astype(np.float32)),
-        weights=torch.from_numpy(weights[kept].astype(np.float32)),
-        old_logprobs=old_logprobs,
-        stats=stats,
-        rollout_ids=[row.rollout_id for row in kept_rows],
-        call_ids=[row.call_id for row in kept_rows],
-        group_ids=[row.group_id for row in kept_rows],
-        model_versions=[row.model_version for row in kept_rows],
+        weights=torch.from_numpy(weights[kept].astype(np.float32)), old_logprobs=old_logprobs, stats=stats,
+        rollout_ids=[row.rollout_id for row in kept_rows], call_ids=[row.call_id for row in kept_rows],
+        group_ids=[row.group_id for row in kept_rows], model_versions=[row.model_version for row in kept_rows],
     )
 
 
-def _check_arguments(
-    transitions: Sequence[Transition],
-    pad_token_id: int,
-    max_prompt_length: int | None,
-    max_completion_length: int | None,
-    overlong: str,
-) -> None:
+def _check_arguments(transitions: Sequence[Transition], pad_token_id: int, max_prompt_length: int | None,
+                     max_completion_length: int | None, overlong: str) -> None:
     if not transitions:
         raise ValueError("pack() got no transitions; check the warnings of agl.transitions() for what was skipped")
     if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
@@ -203,16 +170,12 @@ def _checked_floats(rows: Sequence[Transition]) -> tuple[np.ndarray, np.ndarray]
         if not isinstance(row, Transition):
             raise TypeError(f"pack() expects Transition records, got {type(row).__name__}")
         advantage, weight = row.advantage, row.weight
+        where = f"transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r}"
         if advantage is None:
-            raise ValueError(
-                f"transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r} has no advantage; "
-                "run agentlightning.rl.compute_advantages first"
-            )
+            raise ValueError(f"{where} has no advantage; run agentlightning.rl.compute_advantages first")
         if not (math.isfinite(advantage) and math.isfinite(weight) and weight >= 0):
-            raise ValueError(
-                f"transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r} has advantage "
-                f"{advantage!r} and weight {weight!r}; both must be finite and the weight >= 0"
-            )
+            raise ValueError(f"{where} has advantage {advantage!r} and weight {weight!r}; both must be finite and the "
+                             "weight >= 0")
     advantages = np.fromiter((row.advantage for row in rows), np.float64, len(rows))
     weights = np.fromiter((row.weight for row in rows), np.float64, len(rows))
     return advantages, weights
@@ -240,27 +203,17 @@ def _old_logprobs(rows: Sequence[Transition], mask: np.ndarray, limit: int) -> n
     for row in rows:
         values = row.completion_logprobs or []
         if len(values) != len(row.completion_token_ids):
-            raise ValueError(
-                f"transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r} has {len(values)} "
-                f"logprobs for {len(row.completion_token_ids)} completion tokens"
-            )
+            raise ValueError(f"transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r} has "
+                             f"{len(values)} logprobs for {len(row.completion_token_ids)} completion tokens")
         logprobs.append(values)
     return _padded(logprobs, mask, 0.0, np.float32, limit)
 
 
-def _padded(
-    sequences: Sequence[Sequence[float]],
-    mask: np.ndarray,
-    pad: float,
-    dtype: Any,
-    limit: int,
-    from_left: bool = False,
-) -> np.ndarray:
+def _padded(sequences: Sequence[Sequence[float]], mask: np.ndarray, pad: float, dtype: Any, limit: int,
+            from_left: bool = False) -> np.ndarray:
     """Fill a ``mask``-shaped array with ``sequences`` (cut to ``limit``) where ``mask`` is set, ``pad`` elsewhere.
-
-    The set cells of ``mask`` in row-major order are exactly the kept tokens of each row in order, so one
-    boolean assignment places every token.
-    """
+    The set cells of ``mask`` in row-major order are exactly the kept tokens of each row in order, so one boolean
+    assignment places every token."""
     import numpy as np
 
     cut = [seq if len(seq) <= limit else seq[-limit:] if from_left else seq[:limit] for seq in sequences]

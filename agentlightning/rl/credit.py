@@ -1,13 +1,6 @@
-"""Credit assignment: spread a rollout's episode return R over the LLM calls that become transitions.
-
-A credit function takes ``(rollout, calls)`` — the rollout and, in order, the LLM calls of the selected roles
-that become transitions — and returns one float per call. Built in:
-
-- ``identical`` (the paper's default): every call gets R;
-- ``last``: the final call gets R, earlier calls 0;
-- ``discounted(gamma)``: call ``t`` of ``T`` gets ``gamma ** (T - 1 - t) * R``.
-
-Any callable with the same signature can be passed instead of a name.
+"""Credit assignment: a function ``(rollout, calls) -> one float per call`` spreads the episode return R over the LLM
+calls that become transitions: ``identical`` (the paper's default: every call gets R), ``last`` (the final call gets R,
+earlier ones 0), ``discounted(gamma)`` (call ``t`` of ``T`` gets ``gamma ** (T - 1 - t) * R``), or any callable.
 """
 
 from __future__ import annotations
@@ -23,17 +16,14 @@ CreditFunction = Callable[[Rollout, Sequence[Call]], Sequence[float]]
 def episode_return(rollout: Rollout) -> float:
     """The rollout's final reward R, or ``ValueError`` naming the rollout when it has none."""
     if rollout.final_reward is None:
-        raise ValueError(
-            f"rollout {rollout.rollout_id!r} (task {rollout.task_id!r}, status {rollout.status!r}) has no final "
-            "reward to assign credit from"
-        )
+        raise ValueError(f"rollout {rollout.rollout_id!r} (task {rollout.task_id!r}, status {rollout.status!r}) has no "
+                         "final reward to assign credit from")
     return rollout.final_reward
 
 
 def identical(rollout: Rollout, calls: Sequence[Call]) -> list[float]:
     """Every call gets the episode return R."""
-    value = episode_return(rollout)
-    return [value] * len(calls)
+    return [episode_return(rollout)] * len(calls)
 
 
 def last(rollout: Rollout, calls: Sequence[Call]) -> list[float]:
@@ -49,8 +39,7 @@ def discounted(gamma: float) -> CreditFunction:
 
     def credit(rollout: Rollout, calls: Sequence[Call]) -> list[float]:
         value = episode_return(rollout)
-        count = len(calls)
-        return [value * gamma ** (count - 1 - index) for index in range(count)]
+        return [value * gamma ** (len(calls) - 1 - index) for index in range(len(calls))]
 
     credit.__name__ = credit.__qualname__ = f"discounted({gamma})"
     return credit
@@ -65,10 +54,9 @@ def resolve_credit(credit: str | CreditFunction) -> CreditFunction:
         try:
             return CREDIT_FUNCTIONS[credit]
         except KeyError:
-            raise ValueError(
-                f"unknown credit assignment {credit!r}; use one of {sorted(CREDIT_FUNCTIONS)}, "
-                "agentlightning.rl.credit.discounted(gamma), or a function (rollout, calls) -> list[float]"
-            ) from None
+            raise ValueError(f"unknown credit assignment {credit!r}; use one of {sorted(CREDIT_FUNCTIONS)}, "
+                             "agentlightning.rl.credit.discounted(gamma), or a function (rollout, calls) -> list[float]"
+                             ) from None
     if not callable(credit):
         raise ValueError(f"credit must be a name or a function (rollout, calls) -> list[float], got {credit!r}")
     return credit
@@ -79,16 +67,10 @@ def assign_credit(credit: CreditFunction, rollout: Rollout, calls: Sequence[Call
     name = getattr(credit, "__qualname__", repr(credit))
     values = list(credit(rollout, calls))
     if len(values) != len(calls):
-        raise ValueError(
-            f"credit function {name!r} returned {len(values)} values for the {len(calls)} calls of rollout "
-            f"{rollout.rollout_id!r}"
-        )
-    checked: list[float] = []
+        raise ValueError(f"credit function {name!r} returned {len(values)} values for the {len(calls)} calls of "
+                         f"rollout {rollout.rollout_id!r}")
     for call, value in zip(calls, values):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(
-                f"credit function {name!r} gave call {call.call_id!r} of rollout {rollout.rollout_id!r} a "
-                f"non-finite value {value!r}"
-            )
-        checked.append(float(value))
-    return checked
+            raise ValueError(f"credit function {name!r} gave call {call.call_id!r} of rollout {rollout.rollout_id!r} "
+                             f"a non-finite value {value!r}")
+    return [float(value) for value in values]

@@ -1,25 +1,9 @@
-"""From rollouts to training transitions: one transition per LLM call of a selected role.
-
-Each transition carries the call's prompt and completion token ids, its sampling logprobs, role, model version
-(``call.metadata['model_version']``, else the rollout's), group (the rollout's ``group_id``, else its
-``task_id``) and its reward:
-
-    reward = credit(rollout, calls)[i] + sum of the intermediate rewards attached to call i
-
-where the intermediate rewards are the call-level rewards the rollout recorded (``agl.emit_reward`` and stored
-'air' rewards, when ``include_emitted``) plus those produced by the ``air`` rules. Episode-level rewards other
-than the final one are not spread over calls.
-
-Which rollouts count:
-
-- 'succeeded' rollouts with a final reward; without one they are skipped, unless ``missing_reward`` gives a value;
-- 'failed' and 'timeout' rollouts follow ``failed``: ``'if_rewarded'`` (default: kept only if the agent gave a
-  final reward before failing), ``'include'`` (kept; a missing reward is replaced by ``missing_reward``, and the
-  rollout is skipped if that is None), ``'exclude'``;
-- 'queued', 'running' and 'cancelled' rollouts are never used.
-
-Nothing is dropped silently: :func:`extract_transitions` returns counts for every skip, and :func:`transitions`
-logs them as warnings.
+"""From rollouts to training transitions: one transition per LLM call of a selected role, with the call's token ids,
+logprobs, role, model version and group (the rollout's ``group_id``, else its ``task_id``), and the reward
+``credit(rollout, calls)[i]`` plus the call-level rewards attached to call ``i`` (emitted, stored 'air', and those of
+the ``air`` rules). Which rollouts count (succeeded with a final reward; failed and timed-out ones per ``failed=``) is
+in docs/lightning_rl.md. Nothing is dropped silently: :func:`extract_transitions` counts every skip and
+:func:`transitions` logs them as warnings.
 """
 
 from __future__ import annotations
@@ -28,7 +12,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 from agentlightning.rl.air import AIR, AirRule, CallRewardFunction, as_air
 from agentlightning.rl.credit import CreditFunction, assign_credit, resolve_credit
@@ -48,7 +32,7 @@ FailedPolicy = Literal["if_rewarded", "include", "exclude"]
 AirArgument = AIR | Iterable[AirRule | CallRewardFunction] | AirRule | CallRewardFunction | None
 
 _FAILED_STATUSES = frozenset({"failed", "timeout"})
-_FAILED_POLICIES = ("if_rewarded", "include", "exclude")
+_FAILED_POLICIES = get_args(FailedPolicy)
 
 
 @dataclass
@@ -70,18 +54,8 @@ class ExtractionStats:
 
     def as_dict(self) -> dict[str, int]:
         """Flat counts for metrics logging (skips summed over reasons)."""
-        return {
-            "rollouts_seen": self.rollouts_seen,
-            "rollouts_used": self.rollouts_used,
-            "rollouts_skipped": sum(self.rollouts_skipped.values()),
-            "calls_skipped": sum(self.calls_skipped.values()),
-            "calls_not_selected": self.calls_not_selected,
-            "calls_retokenized": self.calls_retokenized,
-            "logprobs_dropped": self.logprobs_dropped,
-            "duplicates_merged": self.duplicates_merged,
-            "rewards_unassigned": self.rewards_unassigned,
-            "transitions": self.transitions,
-        }
+        return {name: sum(value.values()) if name.endswith("skipped") else value for name, value in vars(self).items()
+                if name not in ("roles_seen", "unmatched_roles")}
 
     def problems(self) -> list[str]:
         """Plain-words lines for every skip or fallback (empty when everything was used as recorded)."""
@@ -91,24 +65,18 @@ class ExtractionStats:
         for reason, count in sorted(self.calls_skipped.items()):
             lines.append(f"{count} LLM calls of selected roles skipped: {reason}")
         if self.calls_retokenized:
-            lines.append(
-                f"{self.calls_retokenized} calls had no recorded token ids and were re-tokenized from text "
-                "(token_source='retokenized'; may drift from what the model sampled)"
-            )
+            lines.append(f"{self.calls_retokenized} calls had no recorded token ids and were re-tokenized from text "
+                         "(token_source='retokenized'; may drift from what the model sampled)")
         if self.logprobs_dropped:
             lines.append(f"{self.logprobs_dropped} calls had logprobs not matching their completion; logprobs dropped")
         if self.rewards_unassigned:
-            lines.append(
-                f"{self.rewards_unassigned} call-level rewards were attached to calls that produced no transition "
-                "(role not selected or call skipped) and were not used"
-            )
+            lines.append(f"{self.rewards_unassigned} call-level rewards were attached to calls that produced no "
+                         "transition (role not selected or call skipped) and were not used")
         if self.unmatched_roles:
             seen = sorted(role for role in self.roles_seen if role is not None)
             unnamed = self.roles_seen.get(None, 0)
-            lines.append(
-                f"roles {self.unmatched_roles} matched no LLM call; roles seen: {seen or 'none'}"
-                + (f" ({unnamed} calls had no role)" if unnamed else "")
-            )
+            lines.append(f"roles {self.unmatched_roles} matched no LLM call; roles seen: {seen or 'none'}"
+                         + (f" ({unnamed} calls had no role)" if unnamed else ""))
         if self.rollouts_seen and not self.transitions:
             lines.append(f"no transitions were produced from {self.rollouts_seen} rollouts")
         return lines
@@ -123,15 +91,9 @@ class Extraction:
 
 
 def extract_transitions(
-    rollouts: Iterable[Rollout],
-    roles: Sequence[str] | None = None,
-    credit: str | CreditFunction = "identical",
-    air: AirArgument = None,
-    tokenizer: Tokenizer | None = None,
-    *,
-    failed: FailedPolicy = "if_rewarded",
-    missing_reward: float | None = None,
-    include_emitted: bool = True,
+    rollouts: Iterable[Rollout], roles: Sequence[str] | None = None, credit: str | CreditFunction = "identical",
+    air: AirArgument = None, tokenizer: Tokenizer | None = None, *, failed: FailedPolicy = "if_rewarded",
+    missing_reward: float | None = None, include_emitted: bool = True,
 ) -> Extraction:
     """Transitions of ``rollouts`` with full statistics; see the module docstring for the rules.
 
@@ -156,9 +118,8 @@ def extract_transitions(
         if not isinstance(rollout, Rollout):
             raise TypeError(f"transitions() expects Rollout records, got {type(rollout).__name__}: {rollout!r:.80}")
         if rollout.rollout_id in seen_ids:
-            raise ValueError(
-                f"rollout {rollout.rollout_id!r} was given twice; each rollout must appear once (it would weigh double)"
-            )
+            raise ValueError(f"rollout {rollout.rollout_id!r} was given twice; each rollout must appear once (it would "
+                             "weigh double)")
         seen_ids.add(rollout.rollout_id)
         stats.rollouts_seen += 1
         usable = _usable_rollout(rollout, failed, missing_reward, stats)
@@ -176,24 +137,16 @@ def extract_transitions(
 
 
 def transitions(
-    rollouts: Iterable[Rollout],
-    roles: Sequence[str] | None = None,
-    credit: str | CreditFunction = "identical",
-    air: AirArgument = None,
-    tokenizer: Tokenizer | None = None,
-    *,
-    failed: FailedPolicy = "if_rewarded",
-    missing_reward: float | None = None,
-    include_emitted: bool = True,
+    rollouts: Iterable[Rollout], roles: Sequence[str] | None = None, credit: str | CreditFunction = "identical",
+    air: AirArgument = None, tokenizer: Tokenizer | None = None, *, failed: FailedPolicy = "if_rewarded",
+    missing_reward: float | None = None, include_emitted: bool = True,
 ) -> list[Transition]:
     """Training transitions of ``rollouts`` after credit assignment and AIR (``agl.transitions``).
 
     Same arguments as :func:`extract_transitions`; every skip or fallback is logged as a warning.
     """
-    extraction = extract_transitions(
-        rollouts, roles, credit, air, tokenizer,
-        failed=failed, missing_reward=missing_reward, include_emitted=include_emitted,
-    )
+    extraction = extract_transitions(rollouts, roles, credit, air, tokenizer, failed=failed,
+                                     missing_reward=missing_reward, include_emitted=include_emitted)
     for line in extraction.stats.problems():
         logger.warning("agl.transitions: %s", line)
     return extraction.transitions
@@ -203,22 +156,17 @@ def _check_roles(roles: Sequence[str] | None) -> list[str] | None:
     if roles is None:
         return None
     if isinstance(roles, str):
-        raise ValueError(
-            f"transitions(roles=...): roles must be a list of role names or globs, got the string {roles!r}; "
-            f"use [{roles!r}]"
-        )
+        raise ValueError(f"transitions(roles=...): roles must be a list of role names or globs, got the string "
+                         f"{roles!r}; use [{roles!r}]")
     patterns = list(roles)
     if not patterns or not all(isinstance(pattern, str) and pattern for pattern in patterns):
-        raise ValueError(
-            f"transitions(roles=...): roles must be a non-empty list of role names or globs (or None for all), "
-            f"got {roles!r}"
-        )
+        raise ValueError("transitions(roles=...): roles must be a non-empty list of role names or globs (or None for "
+                         f"all), got {roles!r}")
     return patterns
 
 
-def _usable_rollout(
-    rollout: Rollout, failed: FailedPolicy, missing_reward: float | None, stats: ExtractionStats
-) -> Rollout | None:
+def _usable_rollout(rollout: Rollout, failed: FailedPolicy, missing_reward: float | None, stats: ExtractionStats
+                    ) -> Rollout | None:
     """The rollout to extract from (with a substituted final reward when needed), or None with the reason counted."""
     status = rollout.status
     if status in _FAILED_STATUSES:
@@ -240,9 +188,8 @@ def _usable_rollout(
     return rollout.model_copy(update={"final_reward": missing_reward})
 
 
-def _call_tokens(
-    call: Call, tokenizer: Tokenizer | None, stats: ExtractionStats
-) -> tuple[list[int], list[int], str | None] | None:
+def _call_tokens(call: Call, tokenizer: Tokenizer | None, stats: ExtractionStats
+                 ) -> tuple[list[int], list[int], str | None] | None:
     """Prompt ids, completion ids and token source of a call, or None with the reason counted."""
     prompt, completion, source = call.prompt_token_ids, call.completion_token_ids, call.token_source
     if prompt is None or completion is None:
@@ -264,15 +211,9 @@ def _call_tokens(
     return prompt, completion, source
 
 
-def _rollout_transitions(
-    rollout: Rollout,
-    patterns: Sequence[str] | None,
-    credit: CreditFunction,
-    rules: AIR | None,
-    tokenizer: Tokenizer | None,
-    include_emitted: bool,
-    stats: ExtractionStats,
-) -> list[Transition]:
+def _rollout_transitions(rollout: Rollout, patterns: Sequence[str] | None, credit: CreditFunction, rules: AIR | None,
+                         tokenizer: Tokenizer | None, include_emitted: bool, stats: ExtractionStats
+                         ) -> list[Transition]:
     llm_calls, merged = merge_duplicates(rollout.llm_calls)
     stats.duplicates_merged += merged
     calls: list[Call] = []
@@ -302,24 +243,12 @@ def _rollout_transitions(
         reward = value + intermediate.get(call.call_id, (0.0, 0))[0]
         check_finite(reward, f"reward of call {call.call_id!r} in rollout {rollout.rollout_id!r}")
         # Fields come from validated records; model_construct skips re-validating long token lists.
-        made.append(
-            Transition.model_construct(
-                rollout_id=rollout.rollout_id,
-                task_id=rollout.task_id,
-                group_id=rollout.group_id if rollout.group_id is not None else rollout.task_id,
-                index=index,
-                call_id=call.call_id,
-                role=call.role,
-                prompt_token_ids=prompt,
-                completion_token_ids=completion,
-                completion_logprobs=logprobs,
-                token_source=source,
-                reward=reward,
-                advantage=None,
-                weight=1.0,
-                model_version=call.metadata.get("model_version") or rollout.model_version,
-            )
-        )
+        made.append(Transition.model_construct(
+            rollout_id=rollout.rollout_id, task_id=rollout.task_id, index=index, call_id=call.call_id, role=call.role,
+            group_id=rollout.group_id if rollout.group_id is not None else rollout.task_id, prompt_token_ids=prompt,
+            completion_token_ids=completion, completion_logprobs=logprobs, token_source=source, reward=reward,
+            advantage=None, weight=1.0, model_version=call.metadata.get("model_version") or rollout.model_version,
+        ))
     return made
 
 

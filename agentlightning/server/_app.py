@@ -11,10 +11,8 @@ from collections.abc import AsyncIterator
 from fastapi import Depends, FastAPI
 
 from agentlightning.server import _proxy, _routes_datasets, _routes_rollouts, _routes_status, _routes_workers
-from agentlightning.server._auth import bearer_token
 from agentlightning.server._dashboard import add_server_dashboard
-from agentlightning.server._errors import add_error_handlers
-from agentlightning.server._limits import BodyLimitMiddleware
+from agentlightning.server._errors import BodyLimitMiddleware, add_error_handlers, bearer_token
 from agentlightning.server._runtime import Runtime
 
 logger = logging.getLogger(__name__)

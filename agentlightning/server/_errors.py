@@ -1,13 +1,19 @@
-"""How the server answers errors: its own API in FastAPI's ``{"detail": "..."}`` format, and what agents' OpenAI
-clients read (the proxy, auth, the body-size limit) in the OpenAI error format."""
+"""How the server refuses requests: bearer-token auth (required whenever it listens beyond loopback), the body-size
+limit, and its error answers: its own API in FastAPI's ``{"detail": "..."}`` format, and what agents' OpenAI clients
+read (the proxy, auth, the body-size limit) in the OpenAI error format."""
 
 from __future__ import annotations
 
+import contextlib
+import hmac
+import ipaddress
 import sqlite3
+from collections.abc import Callable
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentlightning.server._states import InvalidTransition
 from agentlightning.server.store import Conflict, NotFound, StoreError, StoreUnavailable
@@ -52,7 +58,65 @@ def add_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": f"invalid {model} for {request.url.path}: {problems}"}, 422)
 
     app.add_exception_handler(OpenAIError, openai_format)
-    app.add_exception_handler(StoreError, refused)
-    app.add_exception_handler(sqlite3.Error, refused)
-    app.add_exception_handler(InvalidTransition, refused)
+    for refusal in (StoreError, sqlite3.Error, InvalidTransition):
+        app.add_exception_handler(refusal, refused)
     app.add_exception_handler(RequestValidationError, invalid)
+
+
+class AuthError(RuntimeError):
+    """The server was asked to listen publicly without a token."""
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to serve on a non-loopback ``host`` without a token."""
+    if token or host == "localhost":
+        return
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    raise AuthError(f"refusing to listen on {host!r} without a token: anyone who can reach it could read your data and "
+                    "use your model. Pass --token (or set AGL_SERVER_TOKEN), or bind to 127.0.0.1.")
+
+
+def bearer_token(token: str) -> Callable[[Request], None]:
+    """A dependency refusing requests without ``Authorization: Bearer <token>`` (401) or with a wrong one (403)."""
+    expected = f"Bearer {token}".encode()
+
+    def check(request: Request) -> None:
+        supplied = request.headers.get("authorization")
+        if supplied is None:
+            raise OpenAIError(401, "missing bearer token: send 'Authorization: Bearer <token>' (agl client --token, "
+                              "or AGL_SERVER_TOKEN)", "authentication_error", {"www-authenticate": "Bearer"})
+        if not hmac.compare_digest(supplied.encode(), expected):
+            raise OpenAIError(403, "invalid bearer token", "authentication_error", {"www-authenticate": "Bearer"})
+
+    return check
+
+
+class BodyLimitMiddleware:
+    """Counts the body bytes a handler reads and raises a 413 :class:`OpenAIError` past ``max_bytes``, after
+    reading the rest of the body (so the client sees the answer instead of a reset connection)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        size = 0
+
+        async def limited() -> Message:
+            nonlocal size
+            message = await receive()
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                while message.get("more_body", False):
+                    message = await receive()
+                raise OpenAIError(413, f"request body of {size}+ bytes is larger than the server's limit of "
+                                  f"{self.max_bytes} bytes (agl server --max-body-mb)", "invalid_request_error",
+                                  {"connection": "close"})
+            return message
+
+        await self.app(scope, limited, send)

@@ -12,7 +12,7 @@ from typing import Any
 from agentlightning._uvicorn import BackgroundServer
 from agentlightning.protocol import ModelVersion
 from agentlightning.server._app import create_app
-from agentlightning.server._auth import check_bind
+from agentlightning.server._errors import check_bind
 from agentlightning.server._runtime import Runtime, Settings, Upstream
 from agentlightning.server.store import SQLiteStore, Store
 from agentlightning.types import Rollout
@@ -33,20 +33,10 @@ class LightningServer:
     """
 
     def __init__(
-        self,
-        store_path: str | Path = "agl-store.db",
-        upstream_url: str | None = None,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        token: str | None = None,
-        *,
-        model_name: str | None = None,
-        model_version: str | None = None,
-        upstream_api_key: str | None = None,
-        logprobs: bool = False,
-        settings: Settings | None = None,
-        public_url: str | None = None,
-        store: Store | None = None,
+        self, store_path: str | Path = "agl-store.db", upstream_url: str | None = None, host: str = "127.0.0.1",
+        port: int = 0, token: str | None = None, *, model_name: str | None = None, model_version: str | None = None,
+        upstream_api_key: str | None = None, logprobs: bool = False, settings: Settings | None = None,
+        public_url: str | None = None, store: Store | None = None,
     ) -> None:
         check_bind(host, token)
         self.host = host

@@ -8,8 +8,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentlightning._wire.messages import anthropic_to_messages, message_text, responses_input_to_messages
+from agentlightning._wire.messages import message_text
+from agentlightning._wire.read import request_fields
 from agentlightning.testing._tokenizer import render_tool_calls
+
+_APIS = {"/chat/completions": "chat.completions", "/messages": "messages", "/responses": "responses"}
 
 
 @dataclass
@@ -52,9 +55,7 @@ class MockReply:
 
     def resolved_finish_reason(self) -> str:
         """The finish reason to report."""
-        if self.finish_reason is not None:
-            return self.finish_reason
-        return "tool_calls" if self.tool_calls else "stop"
+        return self.finish_reason if self.finish_reason is not None else "tool_calls" if self.tool_calls else "stop"
 
     def openai_tool_calls(self) -> list[dict[str, Any]]:
         """The tool calls as the chat API carries them."""
@@ -94,12 +95,9 @@ class MockRequest:
     def messages(self) -> list[dict[str, Any]]:
         """The input as chat messages: chat messages as sent, Responses ``input`` / ``instructions`` or Anthropic
         ``messages`` / ``system`` converted, or a legacy completions ``prompt`` as one user message."""
-        if self.path.endswith("/chat/completions"):
-            return list(self.body.get("messages") or [])
-        if self.path.endswith("/messages"):
-            return anthropic_to_messages(self.body.get("messages"), self.body.get("system"))
-        if self.path.endswith("/responses"):
-            return responses_input_to_messages(self.body.get("input"), self.body.get("instructions"))
+        api = next((api for path, api in _APIS.items() if self.path.endswith(path)), "completions")
+        if api != "completions":
+            return list(request_fields(api, self.body)["input"] or [])
         prompt = self.body.get("prompt")
         if isinstance(prompt, list):
             prompt = "".join(str(p) for p in prompt)

@@ -35,6 +35,13 @@ Handler = Callable[[MockRequest], "MockReply | str"]
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 429: "rate_limit_exceeded", 500: "server_error", 503: "service_unavailable"}
+# path under /v1 -> the body, the stream's events and their framing (Responses, Messages: named events, no [DONE])
+_PAYLOADS: dict[str, tuple[Callable[[Reply], Any], Callable[[Reply], Iterator[dict[str, Any]]], dict[str, bool]]] = {
+    "chat/completions": (payloads.chat_completion, payloads.chat_chunks, {}),
+    "completions": (payloads.completion, payloads.completion_chunks, {}),
+    "responses": (payloads.response_object, payloads.response_events, {"done": False, "named": True}),
+    "messages": (payloads.message_object, payloads.message_events, {"done": False, "named": True}),
+}
 
 
 def echo_handler(request: MockRequest) -> MockReply:
@@ -51,16 +58,9 @@ class MockLLMServer:
     request had ``"return_token_ids": true``.
     """
 
-    def __init__(
-        self,
-        handler: Handler | None = None,
-        replies: Iterable[MockReply | str] | None = None,
-        *,
-        token_ids: bool = False,
-        models: Sequence[str] = ("mock-model",),
-        host: str = "127.0.0.1",
-        port: int = 0,
-    ) -> None:
+    def __init__(self, handler: Handler | None = None, replies: Iterable[MockReply | str] | None = None, *,
+                 token_ids: bool = False, models: Sequence[str] = ("mock-model",), host: str = "127.0.0.1",
+                 port: int = 0) -> None:
         if handler is not None and replies is not None:
             raise ValueError("MockLLMServer: give either handler= or replies=, not both")
         self.tokenizer = MockTokenizer()
@@ -140,13 +140,8 @@ class MockLLMServer:
         self.stop()
 
     def _app(self) -> Starlette:
-        return Starlette(routes=[
-            Route("/v1/chat/completions", self._serve, methods=["POST"]),
-            Route("/v1/completions", self._serve, methods=["POST"]),
-            Route("/v1/responses", self._serve, methods=["POST"]),
-            Route("/v1/messages", self._serve, methods=["POST"]),
-            Route("/v1/models", self._models, methods=["GET"]),
-        ])
+        return Starlette(routes=[*(Route(f"/v1/{path}", self._serve, methods=["POST"]) for path in _PAYLOADS),
+                                 Route("/v1/models", self._models, methods=["GET"])])
 
     async def _models(self, _request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -207,23 +202,13 @@ class MockLLMServer:
         answer = Reply(model=request.model or self.models[0], choices=[choice] * int(body.get("n") or 1),
                        prompt_token_ids=tokenizer.encode(prompt),
                        token_ids=self.token_ids or bool(body.get("return_token_ids")))
-        stream = bool(body.get("stream"))
+        whole, events, framing = _PAYLOADS[request.path.removeprefix("/v1/")]
+        if not body.get("stream"):
+            return JSONResponse(whole(answer))
         if request.path.endswith("/chat/completions"):
-            if stream:
-                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return _sse(payloads.chat_chunks(answer, include_usage))
-            return JSONResponse(payloads.chat_completion(answer))
-        if request.path.endswith("/responses"):
-            if stream:
-                return _sse(payloads.response_events(answer), done=False, named=True)
-            return JSONResponse(payloads.response_object(answer))
-        if request.path.endswith("/messages"):
-            if stream:
-                return _sse(payloads.message_events(answer), done=False, named=True)
-            return JSONResponse(payloads.message_object(answer))
-        if stream:
-            return _sse(payloads.completion_chunks(answer))
-        return JSONResponse(payloads.completion(answer))
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return _sse(payloads.chat_chunks(answer, include_usage))
+        return _sse(events(answer), **framing)
 
 
 def _as_reply(value: Any, where: str) -> MockReply:

@@ -219,7 +219,7 @@ def test_install_twice_and_uninstall(serve) -> None:
     server, _ = serve(math_rule)
     agl.instrument("openai_agents")
     adapter.install()
-    assert len(adapter._originals) == 7
+    assert len(adapter._PATCH.originals) == 7
 
     @agl.rollout
     def agent(task: dict, llm: agl.LLM) -> float:

@@ -224,7 +224,7 @@ def capture_work(n: int = 5000) -> dict[str, float]:
 
         def call() -> object:
             recorder = RolloutRecorder("ro-bench")
-            adapter._Call("chat.completions", recorder, resource, dict(kwargs)).handle(response)
+            _stainless.ClientCall(openai, "chat.completions", recorder, resource, dict(kwargs)).handle(response)
             return recorder.calls
 
         result[label] = _per_call(call, n)
@@ -234,7 +234,7 @@ def capture_work(n: int = 5000) -> dict[str, float]:
 
     def stream() -> object:
         recorder = RolloutRecorder("ro-bench")
-        call = adapter._Call("chat.completions", recorder, resource, {**kwargs, "stream": True})
+        call = _stainless.ClientCall(openai, "chat.completions", recorder, resource, {**kwargs, "stream": True})
         list(_stainless.observed(iter(chunks), call))
         return recorder.calls
 

@@ -27,7 +27,9 @@ def capture_work(calls: int, token_ids: bool) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     import bench_capture
 
-    from agentlightning.adapters import openai as adapter
+    import openai
+
+    from agentlightning.adapters._stainless import ClientCall
     from agentlightning.capture._context import RolloutRecorder
 
     kwargs = {"model": "bench-model", "messages": bench_capture.MESSAGES, "temperature": 0.7, "max_tokens": 128}
@@ -39,7 +41,7 @@ def capture_work(calls: int, token_ids: bool) -> None:
         for _ in range(count // ROLLOUT_CALLS):
             recorder = RolloutRecorder("ro-count")
             for _ in range(ROLLOUT_CALLS):
-                adapter._Call("chat.completions", recorder, resource, kwargs).handle(response)
+                ClientCall(openai, "chat.completions", recorder, resource, kwargs).handle(response)
             assert len(recorder.calls) == ROLLOUT_CALLS
 
     run(600)

@@ -28,9 +28,8 @@ class StoreUnavailable(StoreError):
 class Store(Protocol):
     """What the server needs from a store. Implementations must be safe to call from several threads."""
 
-    def add_dataset(
-        self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
-    ) -> DatasetInfo:
+    def add_dataset(self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
+                    ) -> DatasetInfo:
         """Store tasks; the id defaults to a hash of the content, so uploading the same data twice is a no-op."""
 
     def get_dataset(self, dataset_id: str) -> DatasetInfo | None:
@@ -59,9 +58,8 @@ class Store(Protocol):
         """Store the result of ``worker_id``'s attempt (idempotent; :class:`Conflict` for another worker's); joins the
         proxy's calls."""
 
-    def complete_and_dequeue(
-        self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
-    ) -> tuple[ResultOutcome, Lease | None]:
+    def complete_and_dequeue(self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
+                             ) -> tuple[ResultOutcome, Lease | None]:
         """:meth:`complete`, then :meth:`dequeue` for ``worker_id``, in one transaction."""
 
     def expire_leases(self, now: float | None = None) -> list[ResultOutcome]:

@@ -22,9 +22,10 @@ from agentlightning.protocol import (
 )
 from agentlightning.server._join import join_calls, join_late_call
 from agentlightning.server._states import Decision, decide, event_for_status
-from agentlightning.server.store._codec import calls_from_json, check_task_ids, json_text_of
 from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError, StoreUnavailable
-from agentlightning.server.store._schema import check_writable, file_identity, open_database
+from agentlightning.server.store._schema import (
+    calls_from_json, check_task_ids, check_writable, file_identity, json_text_of, open_database,
+)
 from agentlightning.types import FINISHED_STATUSES, Call, ErrorInfo, Reward, Rollout, new_id
 
 logger = logging.getLogger(__name__)
@@ -32,9 +33,8 @@ logger = logging.getLogger(__name__)
 _DATASET_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 _INSERT_PROXY_CALL = "INSERT INTO proxy_calls(rollout_id, attempt, start_time, body) VALUES (?, ?, ?, ?)"
 _LEASABLE = "status='queued' AND not_before <= ?"
-_DATASETS = "SELECT dataset_id, name, size, created FROM datasets"
-_SUMMARIES = ("SELECT rollout_id, task_id, dataset_id, group_id, status, attempt, max_attempts, final_reward, "
-              "model_version, worker_id, n_calls, created, started, ended FROM rollouts")
+_DATASETS = f"SELECT {', '.join(DatasetInfo.model_fields)} FROM datasets"
+_SUMMARIES = f"SELECT {', '.join(RolloutSummary.model_fields)} FROM rollouts"
 
 
 class SQLiteStore(Store):
@@ -50,9 +50,8 @@ class SQLiteStore(Store):
         self._proxy_buffer: list[tuple[str, int, float, str]] = []  # records whose write failed
         self._running = dict(self._all("SELECT rollout_id, attempt FROM rollouts WHERE status='running'"))
 
-    def add_dataset(
-        self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
-    ) -> DatasetInfo:
+    def add_dataset(self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
+                    ) -> DatasetInfo:
         records = list(records)
         if not records:
             raise StoreError("dataset is empty: upload at least one task")
@@ -69,10 +68,8 @@ class SQLiteStore(Store):
             existing = self.get_dataset(dataset_id)
             if existing is not None:
                 if self._one("SELECT digest FROM datasets WHERE dataset_id=?", dataset_id)[0] != digest:
-                    raise Conflict(
-                        f"dataset {dataset_id!r} already exists with different content ({existing.size} tasks); "
-                        "refusing to replace it (choose another dataset_id)"
-                    )
+                    raise Conflict(f"dataset {dataset_id!r} already exists with different content ({existing.size} "
+                                   "tasks); refusing to replace it (choose another dataset_id)")
                 return existing
             info = DatasetInfo(dataset_id=dataset_id, name=name, size=len(records), created=time.time())
             rows = [(dataset_id, i, task_id_for(r, dataset_id, i), payloads[i]) for i, r in enumerate(records)]
@@ -110,16 +107,12 @@ class SQLiteStore(Store):
         now = time.time()
         payloads = [json_text_of(task.payload, f"task {index}") for index, task in enumerate(tasks)]
         check_task_ids([(task.task_id, payload) for task, payload in zip(tasks, payloads)])
-        rows = [
-            (new_id("ro"), task.task_id, dataset_id, f"{prefix}:{task.task_id}", payload, max_attempts, timeout, now, now)
-            for task, payload in zip(tasks, payloads) for _ in range(group_size)
-        ]
+        rows = [(new_id("ro"), task.task_id, dataset_id, f"{prefix}:{task.task_id}", payload, max_attempts, timeout,
+                 now, now) for task, payload in zip(tasks, payloads) for _ in range(group_size)]
         with self._lock, self._transaction():
-            self._db.executemany(
-                "INSERT INTO rollouts(rollout_id, task_id, dataset_id, group_id, task, status, attempt, max_attempts,"
-                " timeout, created, not_before) VALUES (?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?, ?)",
-                rows,
-            )
+            self._db.executemany("INSERT INTO rollouts(rollout_id, task_id, dataset_id, group_id, task, status, "
+                                 "attempt, max_attempts, timeout, created, not_before) "
+                                 "VALUES (?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?, ?)", rows)
         return [row[0] for row in rows]
 
     def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
@@ -134,28 +127,17 @@ class SQLiteStore(Store):
 
     def _lease_oldest(self, worker_id: str, lease_seconds: float, now: float) -> Lease | None:
         """Lease the oldest queued rollout in the caller's transaction (the caller marks it running once committed)."""
-        row = self._one(
-            f"SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts WHERE {_LEASABLE} "
-            "ORDER BY not_before, seq LIMIT 1", now,
-        )
+        row = self._one(f"SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts WHERE {_LEASABLE} "
+                        "ORDER BY not_before, seq LIMIT 1", now)
         if row is None:
             return None
-        rollout_id, attempt = row["rollout_id"], row["attempt"]
-        self._db.execute(
-            "UPDATE rollouts SET status='running', worker_id=?, lease_expires=?, started=?, "
-            "model_version=(SELECT version FROM model_versions ORDER BY seq DESC LIMIT 1) WHERE rollout_id=?",
-            (worker_id, now + lease_seconds, now, rollout_id),
-        )
-        self._db.execute(
-            "INSERT OR REPLACE INTO attempts(rollout_id, attempt, worker_id, status, started) "
-            "VALUES (?, ?, ?, 'running', ?)",
-            (rollout_id, attempt, worker_id, now),
-        )
-        self._db.execute(
-            "INSERT INTO workers VALUES (?, ?, ?, 1) ON CONFLICT(worker_id) "
-            "DO UPDATE SET last_seen=excluded.last_seen, leased=leased+1",
-            (worker_id, now, now),
-        )
+        self._db.execute("UPDATE rollouts SET status='running', worker_id=?, lease_expires=?, started=?, model_version="
+                         "(SELECT version FROM model_versions ORDER BY seq DESC LIMIT 1) WHERE rollout_id=?",
+                         (worker_id, now + lease_seconds, now, row["rollout_id"]))
+        self._db.execute("INSERT OR REPLACE INTO attempts(rollout_id, attempt, worker_id, status, started) "
+                         "VALUES (?, ?, ?, 'running', ?)", (row["rollout_id"], row["attempt"], worker_id, now))
+        self._db.execute("INSERT INTO workers VALUES (?, ?, ?, 1) ON CONFLICT(worker_id) "
+                         "DO UPDATE SET last_seen=excluded.last_seen, leased=leased+1", (worker_id, now, now))
         return Lease(**{**row, "task": json.loads(row["task"])}, lease_seconds=lease_seconds)
 
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float) -> str:
@@ -194,24 +176,19 @@ class SQLiteStore(Store):
                 self._running[lease.rollout_id] = lease.attempt
         return outcome, lease
 
-    def _store_result(
-        self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, event: str
-    ) -> ResultOutcome:
+    def _store_result(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, event: str
+                      ) -> ResultOutcome:
         """Apply one result inside the caller's transaction."""
         state, current, max_attempts = self._rollout(rollout_id, "status, attempt, max_attempts")
         ended = self._one("SELECT status, ended IS NOT NULL AND status != 'lease_expired', worker_id FROM attempts "
                           "WHERE rollout_id=? AND attempt=?", rollout_id, attempt)
         if (ended is not None and ended[1]) or (state in FINISHED_STATUSES and current == attempt):
             reported = ended[0] if ended else state
-            return ResultOutcome(
-                rollout_id=rollout_id, accepted=False, duplicate=True, status=state, attempt=current,
-                message=f"attempt {attempt} of rollout {rollout_id} was already reported ({reported})",
-            )
+            return ResultOutcome(rollout_id=rollout_id, accepted=False, duplicate=True, status=state, attempt=current,
+                                 message=f"attempt {attempt} of rollout {rollout_id} was already reported ({reported})")
         if state in FINISHED_STATUSES:
-            raise Conflict(
-                f"rollout {rollout_id} already finished as {state} by attempt {current}; result of attempt "
-                f"{attempt} not stored"
-            )
+            raise Conflict(f"rollout {rollout_id} already finished as {state} by attempt {current}; result of attempt "
+                           f"{attempt} not stored")
         if attempt > current or attempt < 1 or ended is None:
             raise Conflict(f"rollout {rollout_id} has no attempt {attempt} (current attempt is {current})")
         if ended[2] != worker_id:
@@ -221,10 +198,9 @@ class SQLiteStore(Store):
         self._end_attempt(rollout_id, attempt, worker_id, result.status, result.error, result.logs, now)
         if attempt < current and event != "succeed":
             # A stale attempt failing changes nothing: its rollout already moved on. Keep its error and logs.
-            return ResultOutcome(
-                rollout_id=rollout_id, accepted=False, status=state, attempt=current,
-                message=f"attempt {attempt} is stale (rollout {rollout_id} is on attempt {current}); kept its log only",
-            )
+            return ResultOutcome(rollout_id=rollout_id, accepted=False, status=state, attempt=current,
+                                 message=f"attempt {attempt} is stale (rollout {rollout_id} is on attempt {current}); "
+                                 "kept its log only")
         decision = decide(state if attempt == current else "queued", event, attempt, max_attempts)
         if attempt < current and state == "running":
             superseded = ErrorInfo(type="Superseded", message=f"attempt {attempt} finished the rollout first")
@@ -237,10 +213,8 @@ class SQLiteStore(Store):
         """End ``attempt`` as decided: queue the rollout for its next attempt, or store it as final ``result``."""
         if decision.retried:
             delay = min(self.requeue_delay * 2 ** (decision.attempt - 2), self.requeue_delay_max)
-            self._db.execute(
-                "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL, not_before=? "
-                "WHERE rollout_id=?", (decision.attempt, time.time() + delay, rollout_id),
-            )
+            self._db.execute("UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL, "
+                             "not_before=? WHERE rollout_id=?", (decision.attempt, time.time() + delay, rollout_id))
         else:
             self._write_final(rollout_id, attempt, decision.state, result, now)
 
@@ -249,39 +223,30 @@ class SQLiteStore(Store):
         version are the stored ones (the version was recorded when the attempt was leased)."""
         calls = join_calls(rollout_id, list(result.calls), self.proxy_calls(rollout_id, attempt))
         row = self._rollout(rollout_id, "task_id, group_id, task, model_version")
-        record = result.model_copy(update={
-            "calls": [], "rewards": [], "status": state, "attempt": attempt, "rollout_id": rollout_id, **row,
-            "task": json.loads(row["task"]),
-        })
+        record = result.model_copy(update={"calls": [], "rewards": [], "status": state, "attempt": attempt,
+                                           "rollout_id": rollout_id, **row, "task": json.loads(row["task"])})
         self._replace_calls(rollout_id, calls)
         self._db.execute("DELETE FROM rewards WHERE rollout_id=?", (rollout_id,))
-        self._db.executemany(
-            "INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?)",
-            [(rollout_id, i, r.value, r.call_id, r.source, r.model_dump_json()) for i, r in enumerate(result.rewards)],
-        )
-        self._db.execute(
-            "UPDATE rollouts SET status=?, attempt=?, worker_id=NULL, lease_expires=NULL, ended=?, final_reward=?, "
-            "record=? WHERE rollout_id=?",
-            (state, attempt, now, result.final_reward, record.model_dump_json(), rollout_id),
-        )
+        self._db.executemany("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?)", [
+            (rollout_id, i, r.value, r.call_id, r.source, r.model_dump_json()) for i, r in enumerate(result.rewards)])
+        self._db.execute("UPDATE rollouts SET status=?, attempt=?, worker_id=NULL, lease_expires=NULL, ended=?, "
+                         "final_reward=?, record=? WHERE rollout_id=?",
+                         (state, attempt, now, result.final_reward, record.model_dump_json(), rollout_id))
 
     def _replace_calls(self, rollout_id: str, calls: Sequence[Call]) -> None:
         self._db.execute("DELETE FROM calls WHERE rollout_id=?", (rollout_id,))
-        self._db.executemany(
-            "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?)",
-            [(rollout_id, c.sequence, c.call_id, c.kind, c.role, c.model_dump_json()) for c in calls],
-        )
+        self._db.executemany("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?)",
+                             [(rollout_id, c.sequence, c.call_id, c.kind, c.role, c.model_dump_json()) for c in calls])
         self._db.execute("UPDATE rollouts SET n_calls=? WHERE rollout_id=?", (len(calls), rollout_id))
 
     def _end_attempt(self, rollout_id: str, attempt: int, worker_id: str | None, status: str, error: ErrorInfo | None,
                      logs: Sequence[str], now: float) -> None:
-        self._db.execute(
-            "INSERT INTO attempts(rollout_id, attempt, worker_id, status, ended, error, logs) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(rollout_id, attempt) DO UPDATE SET "
-            "worker_id=COALESCE(excluded.worker_id, worker_id), status=excluded.status, ended=excluded.ended, "
-            "error=excluded.error, logs=excluded.logs",
-            (rollout_id, attempt, worker_id, status, now, error and error.model_dump_json(), json.dumps(list(logs))),
-        )
+        self._db.execute("INSERT INTO attempts(rollout_id, attempt, worker_id, status, ended, error, logs) "
+                         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(rollout_id, attempt) DO UPDATE SET "
+                         "worker_id=COALESCE(excluded.worker_id, worker_id), status=excluded.status, "
+                         "ended=excluded.ended, error=excluded.error, logs=excluded.logs",
+                         (rollout_id, attempt, worker_id, status, now, error and error.model_dump_json(),
+                          json.dumps(list(logs))))
 
     def expire_leases(self, now: float | None = None) -> list[ResultOutcome]:
         now = time.time() if now is None else now
@@ -290,21 +255,18 @@ class SQLiteStore(Store):
             rows = self._all("SELECT rollout_id, attempt, max_attempts, worker_id, lease_expires FROM rollouts "
                              "WHERE status='running' AND lease_expires < ?", now)
             for rollout_id, attempt, max_attempts, worker_id, expires in rows:
-                error = ErrorInfo(
-                    type="LeaseExpired",
-                    message=f"worker {worker_id} stopped reporting on attempt {attempt}; its lease expired at "
-                    f"{time.strftime('%H:%M:%S', time.localtime(expires))}",
-                )
+                expired_at = time.strftime("%H:%M:%S", time.localtime(expires))
+                error = ErrorInfo(type="LeaseExpired", message=f"worker {worker_id} stopped reporting on attempt "
+                                  f"{attempt}; its lease expired at {expired_at}")
                 decision = decide("running", "lease_expired", attempt, max_attempts)
                 with self._transaction():
                     self._end_attempt(rollout_id, attempt, worker_id, "lease_expired", error, [], now)
                     failed = self._row_rollout(rollout_id).model_copy(update={"status": "failed", "error": error})
                     self._finish(rollout_id, attempt, decision, failed, now)
                 self._running.pop(rollout_id, None)
-                outcomes.append(ResultOutcome(
-                    rollout_id=rollout_id, accepted=True, status=decision.state, attempt=decision.attempt,
-                    retried=decision.retried, message=error.message,
-                ))
+                outcomes.append(ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state,
+                                              attempt=decision.attempt, retried=decision.retried,
+                                              message=error.message))
         return outcomes
 
     def cancel(self, rollout_id: str) -> ResultOutcome:
@@ -408,25 +370,19 @@ class SQLiteStore(Store):
         return dict(self._all("SELECT status, COUNT(*) FROM rollouts GROUP BY status"))
 
     def finished(self, rollout_ids: Iterable[str]) -> set[str]:
-        rows = self._all(  # the ids as one JSON parameter: any number of them
-            "SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
-            json.dumps(list(rollout_ids)),
-        )
+        rows = self._all("SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
+                         json.dumps(list(rollout_ids)))  # the ids as one JSON parameter: any number of them
         return {rollout_id for rollout_id, status in rows if status in FINISHED_STATUSES}
 
     def set_model_version(self, version: str, model_name: str, upstream_url: str | None) -> ModelVersion:
         info = ModelVersion(version=version, model_name=model_name, upstream_url=upstream_url, created=time.time())
         with self._lock, self._transaction():
-            self._db.execute(
-                "INSERT INTO model_versions(version, model_name, upstream_url, created) VALUES (?, ?, ?, ?)",
-                (version, model_name, upstream_url, info.created),
-            )
+            self._db.execute("INSERT INTO model_versions(version, model_name, upstream_url, created) "
+                             "VALUES (?, ?, ?, ?)", (version, model_name, upstream_url, info.created))
         return info
 
     def current_model(self) -> ModelVersion | None:
-        row = self._one(
-            "SELECT version, model_name, upstream_url, created FROM model_versions ORDER BY seq DESC LIMIT 1"
-        )
+        row = self._one(f"SELECT {', '.join(ModelVersion.model_fields)} FROM model_versions ORDER BY seq DESC LIMIT 1")
         return None if row is None else ModelVersion(**row)
 
     def workers(self) -> list[dict[str, Any]]:
