@@ -20,6 +20,7 @@ import wrapt
 from agentlightning._wire.messages import as_plain
 from agentlightning._wire.read import StreamFold, read_response
 from agentlightning.capture import LLMCall, RolloutRecorder, current_recorder, note_stray_call
+from agentlightning.protocol import ROLE_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,9 @@ class ClientCall(LLMCall):
 
     def __init__(self, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]) -> None:
         super().__init__(api, recorder, endpoint(resource), self.as_sent(kwargs))
+        if (role := self.fields["role"]) is not None:  # the proxy serves the call by the role's policy
+            headers = kwargs.get("extra_headers")
+            kwargs["extra_headers"] = {**(headers if isinstance(headers, dict) else {}), ROLE_HEADER: role}
 
     def as_sent(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The request body the client sends for ``kwargs`` (a plain copy, safe from later changes by the agent): unset

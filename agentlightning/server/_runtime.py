@@ -7,11 +7,23 @@ import contextlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from agentlightning.protocol import Task, task_id_for
 from agentlightning.server._metrics import Metrics
 from agentlightning.server.store import Store
+
+
+@dataclass(frozen=True)
+class Route:
+    """Calls of the roles matching ``roles`` (names or globs) are served by ``model_name`` and recorded with
+    ``policy`` and ``model_version`` (``agl.train(policies=...)``: one policy per role)."""
+
+    roles: tuple[str, ...]
+    model_name: str
+    model_version: str | None = None
+    policy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -25,6 +37,12 @@ class Upstream:
     api_key: str | None = None
     logprobs: bool = False
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
+    routes: tuple[Route, ...] = ()
+
+    def route(self, role: Any) -> Route | None:
+        """The first route whose roles match ``role``, or None."""
+        matches = (r for r in self.routes if isinstance(role, str) and any(fnmatchcase(role, g) for g in r.roles))
+        return next(matches, None)
 
 
 @dataclass(frozen=True)
