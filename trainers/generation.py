@@ -300,7 +300,8 @@ class GenerationEngine:
                 return 0, None
             self._prefix_ids, self._prefix_kv = list(prompts[0][:known]), {}
         adapters = [row.adapter for row in rows]
-        missing = list(dict.fromkeys(a for a in adapters if self._prefix_kv.get(a, (None,))[0] != self.model_version))
+        missing = list(dict.fromkeys(a for a in adapters
+                                     if a not in self._prefix_kv or self._prefix_kv[a][0] != self.model_version))
         if missing:
             ids = torch.tensor([self._prefix_ids] * len(missing), device=device)
             cache = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,

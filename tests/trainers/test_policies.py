@@ -207,3 +207,99 @@ def test_train_two_policies_through_the_proxy_with_per_policy_versions_and_resum
     restored_rewriter = _adapter(resumed.model, "rewriter")
     assert all(torch.equal(restored_rewriter[key], rewriter[key]) for key in rewriter)
 
+
+
+def _perturb(model, names: tuple[str, ...] = ("writer", "rewriter"), std: float = 0.3) -> None:
+    with torch.no_grad():
+        for key, value in model.named_parameters():
+            if any(f".{name}." in key for name in names) and "lora_" in key:
+                value.normal_(0, std)
+
+
+def test_vllm_backend_loads_each_policys_adapter_by_name(tmp_path):
+    """VLLMBackend's multi-LoRA sync against a stand-in for vLLM's LoRA endpoints (``/v1/load_lora_adapter`` and
+    ``/v1/unload_lora_adapter``); the real server is driven by the next test where .venv-vllm exists."""
+    from safetensors.torch import load_file
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from agentlightning._uvicorn import BackgroundServer
+    from agentlightning.trainers.vllm_backend import VLLMBackend
+
+    requests: list[tuple[str, dict]] = []
+    files: dict[str, dict[str, torch.Tensor]] = {}
+
+    async def models(request):
+        return JSONResponse({"data": [{"id": "tiny"}]})
+
+    async def lora(request):
+        body = await request.json()
+        requests.append((request.url.path, body))
+        if "lora_path" in body:  # read what was saved while it is there
+            files[body["lora_name"]] = load_file(f"{body['lora_path']}/adapter_model.safetensors")
+        return JSONResponse({})
+
+    app = Starlette(routes=[Route("/v1/models", models), Route("/v1/load_lora_adapter", lora, methods=["POST"]),
+                            Route("/v1/unload_lora_adapter", lora, methods=["POST"])])
+    policies, _ = _policy_set(tmp_path)
+    _perturb(policies.model)
+    server = BackgroundServer(app, "127.0.0.1", 0, name="vllm-stand-in").start()
+    backend = VLLMBackend(url=f"http://127.0.0.1:{server.port}", policy=policies.model, sync="lora",
+                          policies=policies.policies)
+    try:
+        backend.start()
+        for name in ("writer", "rewriter"):
+            with backend.updating("v0", policy=name):
+                pass
+        with backend.updating("v1", policy="writer"):
+            pass
+        assert backend.served("writer") == ("tiny-writer-v1", "v1")
+        assert backend.served("rewriter") == ("tiny-rewriter-v0", "v0")
+        assert backend.served(None) == ("tiny", "base")
+        assert backend.model_version == "rewriter@v0,writer@v1"
+    finally:
+        backend.stop()
+        server.stop()
+    loads = [body["lora_name"] for path, body in requests if path.endswith("load_lora_adapter") and "lora_path" in body]
+    unloads = [body["lora_name"] for path, body in requests if path.endswith("unload_lora_adapter")]
+    assert loads == ["tiny-writer-v0", "tiny-rewriter-v0", "tiny-writer-v1"]
+    assert unloads == ["tiny-writer-v0", "tiny-writer-v1", "tiny-rewriter-v0"]  # the replaced one, then at stop
+    for name in ("writer", "rewriter"):  # each load holds that policy's adapter, not the other's
+        saved = files[f"tiny-{name}-v0"]
+        own = {key: value for key, value in _adapter(policies.model, name).items()}
+        assert len(saved) == len(own) > 0
+        for key, value in saved.items():
+            match = next(v for k, v in own.items() if k.replace(f".{name}", "") == key)
+            assert torch.equal(value, match), key
+
+
+def test_vllm_serves_two_policies_as_lora_adapters_at_once(served, tmp_path):
+    """Where .venv-vllm exists: two adapters hot-loaded by name into one vLLM server, each matching the trainer."""
+    from peft import LoraConfig, get_peft_model
+
+    from agentlightning.trainers.vllm_backend import VLLMBackend
+
+    server, model, tokenizer = served
+    import copy
+
+    config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    peft_model = get_peft_model(copy.deepcopy(model), config, adapter_name="writer")
+    peft_model.add_adapter("rewriter", config)
+    _perturb(peft_model)
+    question = [{"role": "user", "content": "What is 1 + 2?"}]
+    backend = VLLMBackend(url=server.url, policy=peft_model, tokenizer=tokenizer, sync="lora", check_messages=question,
+                          policies=PolicyMap.parse({"writer": True, "rewriter": True})).start()
+    try:
+        gaps, answers = {}, {}
+        for name in ("writer", "rewriter"):
+            with backend.updating("v1", policy=name):
+                pass
+            gaps[name] = backend.last_logprob_gap
+        for name in ("writer", "rewriter"):
+            reply = backend.chat(question, model=backend.served(name)[0], max_tokens=8, temperature=0)
+            answers[name] = reply["choices"][0]["token_ids"]
+        assert max(gaps.values()) < 1e-3, gaps
+        assert answers["writer"] != answers["rewriter"]
+    finally:
+        backend.stop()
