@@ -18,8 +18,7 @@ import httpx
 from agentlightning.adapters._stainless import Patch
 
 from agentlightning._wire.read import ENDPOINTS, StreamFold, read_response
-from agentlightning.capture import LLMCall, current_recorder, current_role
-from agentlightning.protocol import ROLE_HEADER
+from agentlightning.capture import LLMCall, current_recorder
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +100,6 @@ def _start(request: httpx.Request) -> LLMCall | None:
         return None
     if (match := _ENDPOINT.match(str(request.url.copy_with(query=None)))) is None:
         return None
-    if (role := current_role()) is not None:  # the proxy serves the call by the role's policy
-        request.headers[ROLE_HEADER] = role
     try:
         return LLMCall(ENDPOINTS[match[2]], recorder, match[1], json.loads(request.content))
     except Exception:  # noqa: BLE001 - a capture bug must not break the agent

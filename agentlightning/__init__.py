@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "arun": "agentlightning._run",
     "transitions": "agentlightning.rl.transitions",
     "train": "agentlightning._train",
+    "Policy": "agentlightning.trainers.policies",
     "Client": "agentlightning.client",
 }
 

@@ -4,8 +4,7 @@ Each request is forwarded upstream over the server's one ``httpx.AsyncClient`` (
 5xx/429 and connection errors for ``Settings.upstream_retry_window`` seconds until its first byte reached the agent,
 held while the upstream is paused; streams passed through) and recorded as a ``Call`` of the rollout with the
 upstream's token ids and the model version served, committed before the answer's end reaches the agent. A call's
-role (the ``X-AGL-Role`` header, the ``/rollouts/{rollout_id}/roles/{role}/v1`` path, or a ``model`` naming a role)
-picks the upstream's route for that role: the policy serving it (``Upstream.routes``).
+role (the ``X-AGL-Role`` header, else a ``model`` naming a role) picks the policy serving it (``Upstream.routes``).
 """
 
 from __future__ import annotations
@@ -69,10 +68,8 @@ class Proxy:
             return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
-        role = request.headers.get(ROLE_HEADER) or request.path_params.get("role")
-        if role is None and upstream.route(body.get("model")) is not None:
-            role = body["model"]  # an agent that cannot be instrumented names its role as the model
-        route = upstream.route(role)
+        role = request.headers.get(ROLE_HEADER) or (body["model"] if upstream.route(body.get("model")) else None)
+        route = upstream.route(role)  # an agent that cannot be instrumented may name its role as the model
         call = {**request_fields(endpoint, body), "call_id": new_id("call"), "rollout_id": rollout_id, "role": role,
                 "status": "ok", "start_time": time.time()}
         call["metadata"].update(endpoint=endpoint, captured_by="proxy")
@@ -234,12 +231,7 @@ def router(runtime: Runtime) -> APIRouter:
     async def forward(request: Request, rollout_id: str, path: str) -> Response:
         return await proxy.handle(request.state.upstream, request, rollout_id, path)
 
-    by_role = APIRouter(prefix="/rollouts/{rollout_id}/roles/{role}/v1", tags=["proxy"])  # one endpoint per role
-    by_role.add_api_route("/{path:path}", forward, methods=["POST"])
-    both = APIRouter()
-    both.include_router(routes)
-    both.include_router(by_role)
-    return both
+    return routes
 
 
 def _not_serving(rollout_id: str, state: tuple[str, int] | None) -> JSONResponse:

@@ -7,9 +7,9 @@ import contextlib
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
 
+from agentlightning.capture import role_matches
 from agentlightning.protocol import Task, task_id_for
 from agentlightning.server._metrics import Metrics
 from agentlightning.server.store import Store
@@ -17,8 +17,7 @@ from agentlightning.server.store import Store
 
 @dataclass(frozen=True)
 class Route:
-    """Calls of the roles matching ``roles`` (names or globs) are served by ``model_name`` and recorded with
-    ``policy`` and ``model_version`` (``agl.train(policies=...)``: one policy per role)."""
+    """Calls of ``roles`` (globs) are served by ``model_name``, recorded with ``policy`` and ``model_version``."""
 
     roles: tuple[str, ...]
     model_name: str
@@ -41,8 +40,7 @@ class Upstream:
 
     def route(self, role: Any) -> Route | None:
         """The first route whose roles match ``role``, or None."""
-        matches = (r for r in self.routes if isinstance(role, str) and any(fnmatchcase(role, g) for g in r.roles))
-        return next(matches, None)
+        return next((r for r in self.routes if isinstance(role, str) and role_matches(role, r.roles)), None)
 
 
 @dataclass(frozen=True)

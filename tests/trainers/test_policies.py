@@ -303,3 +303,35 @@ def test_vllm_serves_two_policies_as_lora_adapters_at_once(served, tmp_path):
         assert answers["writer"] != answers["rewriter"]
     finally:
         backend.stop()
+
+
+def test_proxy_routes_each_role_by_header_or_by_model_name(tmp_path):
+    """The Lightning proxy serves a call by its role's route: the role from the header the openai capture sends
+    (``agl.role``), or, for an agent that cannot be instrumented, a ``model`` naming the role."""
+    import openai
+
+    from agentlightning.server import LightningServer, Route
+    from agentlightning.testing import MockLLMServer
+
+    with MockLLMServer() as mock, LightningServer(tmp_path / "store.db", upstream_url=mock.base_url,
+                                                  model_name="base", model_version="b0") as server:
+        server.set_upstream(mock.base_url, "base", "b0", routes=[
+            Route(("writer",), "adapter-writer", "v3", "writer"), Route(("check*",), "base", "base", None)])
+        [rid] = server.enqueue([{"q": "x"}])
+        server.store.dequeue("test-worker", 30.0)
+
+        @agl.rollout
+        def agent(task, llm):
+            client = openai.OpenAI(base_url=llm.base_url, api_key="x", max_retries=0)
+            ask = {"messages": [{"role": "user", "content": "hi"}]}
+            with agl.role("writer"):
+                client.chat.completions.create(model=llm.model, **ask)
+            client.chat.completions.create(model="checker", **ask)  # no role known: the model names it
+            client.chat.completions.create(model=llm.model, **ask)  # neither: the upstream's model
+            return 1.0
+
+        agl.run(agent, [{"q": "x"}], llm=agl.LLM(base_url=f"{server.url}/rollouts/{rid}/v1", model="base"))
+        assert [request.model for request in mock.requests] == ["adapter-writer", "base", "base"]
+        seen = [(call.role, call.metadata.get("policy"), call.metadata.get("model_version"))
+                for call in server.store.proxy_calls(rid)]
+        assert seen == [("writer", "writer", "v3"), ("checker", None, "base"), (None, None, "b0")]
