@@ -93,8 +93,8 @@ class PolicySet:
         credit, what each policy is rewarded for (``policy/<name>/reward``)."""
         from agentlightning.rl.transitions import extract_transitions
 
-        rows = extract_transitions(rollouts, self.policies.trained_roles, credit, air, missing_reward=0.0,
-                                   failed="include").transitions
+        rows = extract_transitions(rollouts, self.policies.trained_roles, self.policies.credit(credit), air,
+                                   missing_reward=0.0, failed="include").transitions
         metrics = {}
         for name in self.trainers:
             per_rollout: dict[str, list[float]] = {}

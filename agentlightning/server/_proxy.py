@@ -243,7 +243,8 @@ def _not_serving(rollout_id: str, state: tuple[str, int] | None) -> JSONResponse
                              "attempt that holds its lease", f"rollout_{state[0]}")
 
 
-def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream, route: Route | None) -> dict[str, Any]:
+def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream, route: Route | None = None
+                   ) -> dict[str, Any]:
     """The request as sent upstream: served model name (the role's route's), token ids requested, sampling
     overrides, logprobs when training wants them."""
     payload = dict(body)
