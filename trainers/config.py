@@ -194,8 +194,9 @@ class TrainConfig:
         PolicyMap.parse(self.policies)
         if self.roles is not None:
             raise ValueError("agl.train: give roles= (one shared policy) or policies= (one per role), not both")
-        if not isinstance(self.backend, str):
-            raise ValueError("agl.train(policies=...) works with backend='hf' or 'vllm' (one LoRA adapter per policy)")
+        if not isinstance(self.backend, str) and not hasattr(self.backend, "served"):
+            raise ValueError("agl.train(policies=...) works with backend='hf', 'vllm' or a Backend that serves "
+                             "several policies (served(policy), updating(version, policy=...))")
         if self.backend == "vllm" and (self.vllm.sync or "lora") != "lora":
             raise ValueError(f"agl.train(policies=..., vllm.sync={self.vllm.sync!r}): several policies are served as "
                              "vLLM LoRA adapters; use vllm.sync='lora'")

@@ -369,6 +369,8 @@ def make_backend(
         )
     if getattr(config.backend, "policy", policy) is None:
         config.backend.policy = policy  # a Backend instance built before the trainer existed
+    if policies is not None and getattr(config.backend, "policies", None) is None:
+        config.backend.policies = policies
     return config.backend
 
 

@@ -335,3 +335,4 @@ def test_proxy_routes_each_role_by_header_or_by_model_name(tmp_path):
         seen = [(call.role, call.metadata.get("policy"), call.metadata.get("model_version"))
                 for call in server.store.proxy_calls(rid)]
         assert seen == [("writer", "writer", "v3"), ("checker", None, "base"), (None, None, "b0")]
+
