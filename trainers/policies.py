@@ -31,7 +31,7 @@ from agentlightning.types import Call, Rollout
 BASE_VERSION = "base"
 """The model version recorded on calls served by the frozen base model."""
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")  # also a PEFT adapter name: no '.'
 _GLOB = re.compile(r"[*?\[]")
 _POLICY_FIELDS = frozenset({"lora", "learning_rate", "credit", "name"})
 
@@ -55,7 +55,7 @@ class Policy:
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0):
             raise ValueError(f"agl.Policy(learning_rate={self.learning_rate!r}): must be a number > 0")
         if self.name is not None and not (isinstance(self.name, str) and _NAME.match(self.name)):
-            raise ValueError(f"agl.Policy(name={self.name!r}): use letters, digits, '_', '.' or '-'")
+            raise ValueError(f"agl.Policy(name={self.name!r}): use letters, digits, '_' or '-' (it names an adapter)")
         if self.credit is not None:
             resolve_credit(self.credit)
 
@@ -89,7 +89,8 @@ class PolicyMap:
             shared.setdefault(id(policy), name)  # one Policy object under several keys: one policy
             if name == key and not _NAME.match(key):
                 raise ValueError(
-                    f"agl.train(policies={{{key!r}: ...}}): a glob key needs a policy name, e.g. "
+                    f"agl.train(policies={{{key!r}: ...}}): a glob key (or one with characters an adapter name cannot "
+                    "have) needs a policy name, e.g. "
                     f"agl.Policy(name='{re.sub(r'[^A-Za-z0-9_]+', '_', key).strip('_') or 'policy'}')"
                 )
             if name in named and named[name] is not policy:
