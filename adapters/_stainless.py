@@ -19,6 +19,7 @@ import wrapt
 from agentlightning._wire.messages import as_plain
 from agentlightning._wire.read import StreamFold, read_response
 from agentlightning.capture import LLMCall, RolloutRecorder, current_recorder, note_stray_call
+from agentlightning.protocol import ROLE_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ class ClientCall(LLMCall):
                  ) -> None:
         self.sdk = sdk
         super().__init__(api, recorder, endpoint(resource), self.as_sent(kwargs))
+        if (role := self.fields["role"]) is not None:  # the proxy serves the call by the role's policy
+            headers = kwargs.get("extra_headers")
+            kwargs["extra_headers"] = {**(headers if isinstance(headers, dict) else {}), ROLE_HEADER: role}
 
     def as_sent(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The request body the client sends for ``kwargs`` (a plain copy, safe from later changes by the agent): unset

@@ -11,6 +11,9 @@ from pydantic import BaseModel, Field
 
 from agentlightning.types import LLM, ErrorInfo
 
+ROLE_HEADER = "X-AGL-Role"
+"""Request header naming the role of an LLM call (set by capture), by which the proxy picks the role's policy."""
+
 
 class DatasetInfo(BaseModel):
     """An uploaded dataset."""

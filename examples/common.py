@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import statistics
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,65 @@ def print_dry_run(result: DryRunResult) -> None:
         )
     summary = summarise(result.rollouts)
     print("\n" + summary.line("dry run"))
+
+
+class MockPolicyBackend:
+    """A training backend for ``--dry-run``: a local mock model (rule-based ``handler``) answers for every policy.
+
+    The training loop is otherwise the real one: the Lightning proxy routes each role to its policy and records
+    its version, every policy trains its own LoRA adapter of a tiny random model (the mock's byte-level token ids
+    fit its vocabulary), checkpoints are written. Only the answers do not follow the updated adapters."""
+
+    def __init__(self, handler: Any) -> None:
+        from agentlightning.testing import MockLLMServer
+
+        self.server = MockLLMServer(handler=handler, token_ids=True)
+        self.sampling_overrides: dict[str, Any] = {}
+        self.policies: Any = None  # set by agl.train (a PolicyMap)
+        self.policy: Any = None
+        self.versions: dict[str | None, str] = {}
+
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    @property
+    def model_name(self) -> str:
+        return "mock-model"
+
+    @property
+    def model_version(self) -> str:
+        return ",".join(f"{name}@{version}" for name, version in sorted(self.versions.items()) if name)
+
+    def start(self) -> MockPolicyBackend:
+        self.server.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    @contextlib.contextmanager
+    def updating(self, new_version: str, policy: str | None = None) -> Iterator[None]:
+        yield
+        self.versions[policy] = new_version
+
+    def served(self, policy: str | None) -> tuple[str, str]:
+        return ("mock-model", "base") if policy is None else (f"mock-{policy}", self.versions.get(policy, "v0"))
+
+
+def policy_dry_run(plan: dict[str, Any], handler: Any, tasks: Sequence[Any], policies: dict[str, Any],
+                   output_dir: Path, steps: int = 2) -> Any:
+    """``agl.train`` with ``policies`` for ``steps`` steps on ``tasks`` (see :class:`MockPolicyBackend`)."""
+    import agentlightning as agl
+    from agentlightning.trainers.models import tiny_model
+
+    model, tokenizer = tiny_model(hidden_size=64)
+    return agl.train(
+        plan["agent"], list(tasks), model=model, tokenizer=tokenizer, policies=policies,
+        backend=MockPolicyBackend(handler), group_size=2, tasks_per_step=len(tasks), max_steps=steps,
+        learning_rate=1e-3, micro_batch_size=8, max_completion_length=256, nworkers=2, output_dir=output_dir,
+        progress=False, save_model=False, val_every=0, air=plan.get("air"),
+    )
 
 
 def add_training_arguments(

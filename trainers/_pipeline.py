@@ -8,7 +8,8 @@ finish until it has ``tasks_per_step`` of them; a transition sampled with model 
 update of version ``s`` only if ``s - v <= K`` (otherwise dropped and counted). With dynamic sampling
 (``refill_cap > 0``), a group without a learning signal (all rewards equal, nothing trainable, or only stale
 transitions) is set aside and, when no other group can take its place, a new task is sampled, at most
-``refill_cap`` times a step (DAPO's dynamic sampling).
+``refill_cap`` times a step (DAPO's dynamic sampling). With several policies (``policy_of``: role -> policy), each
+policy's transitions get their own group statistics and staleness (against that policy's version).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,14 +37,16 @@ def version_number(version: str | None) -> int | None:
     return None
 
 
-def fresh_enough(transitions: Sequence[Transition], trained_version: int, max_staleness: int
-                 ) -> tuple[list[Transition], list[int]]:
-    """The transitions whose sampling version is at most ``max_staleness`` behind ``trained_version``, and the lags
-    of those kept. A transition without a ``v<N>`` version is kept (its lag is unknown; counted as 0)."""
+def fresh_enough(transitions: Sequence[Transition], trained_version: int | Callable[[Transition], int],
+                 max_staleness: int) -> tuple[list[Transition], list[int]]:
+    """The transitions whose sampling version is at most ``max_staleness`` behind ``trained_version`` (or the
+    version it gives for a transition: its policy's), and the lags of those kept. A transition without a ``v<N>``
+    version is kept (its lag is unknown; counted as 0)."""
     kept, lags = [], []
     for row in transitions:
         sampled = version_number(row.model_version)
-        lag = 0 if sampled is None else trained_version - sampled
+        trained = trained_version(row) if callable(trained_version) else trained_version
+        lag = 0 if sampled is None else trained - sampled
         if lag <= max_staleness:
             kept.append(row)
             lags.append(lag)
@@ -77,12 +80,14 @@ class RolloutPipeline:
         self, source: Any, dataset: Sequence[Any], pick: Callable[[int], list[int]], *, tasks_per_step: int,
         group_size: int, max_staleness: int, refill_cap: int, timeout: float | None, roles: Any, credit: Any,
         air: Any, algorithm: str, backlog: Sequence[int] = (), max_steps: int | None = None,
+        policy_of: Callable[[str | None], str | None] | None = None,
     ) -> None:
         self.source, self.dataset, self.pick = source, dataset, pick
         self.tasks_per_step, self.group_size, self.max_staleness = tasks_per_step, group_size, max_staleness
         self.refill_cap, self.timeout = refill_cap, timeout
         self.roles, self.credit, self.air, self.algorithm = roles, credit, air, algorithm
         self.max_steps = max_steps
+        self.policy_of = policy_of
         self.filtering = refill_cap > 0  # set groups without signal aside (else pack drops the flat ones)
         self.pending: list[_Group] = []
         self._backlog = collections.deque(backlog)
@@ -97,8 +102,10 @@ class RolloutPipeline:
         """Dataset indices of the groups submitted and not yet used (saved in checkpoints)."""
         return [group.index for group in self.pending]
 
-    def next_step(self, step: int, trained_version: int) -> StepData:
-        """Top up, then wait for the groups of step ``step`` (0-based), which updates ``v<trained_version>``."""
+    def next_step(self, step: int, trained_version: int | Mapping[str, int]) -> StepData:
+        """Top up, then wait for the groups of step ``step`` (0-based), which updates ``v<trained_version>`` (per
+        policy, with ``policy_of``)."""
+        trained = self._trained(trained_version)
         ahead = self.max_staleness if self.max_steps is None else min(self.max_staleness, self.max_steps - 1 - step)
         self._submit((max(ahead, 0) + 1) * self.tasks_per_step - len(self.pending), f"step{step}")
         waited = time.perf_counter()
@@ -118,7 +125,7 @@ class RolloutPipeline:
             rollouts = group.future.result()
             extraction = extract_transitions(rollouts, self.roles, self.credit, self.air)
             problems.update(extraction.stats.problems())
-            fresh = fresh_enough(extraction.transitions, trained_version, self.max_staleness)[0]
+            fresh = fresh_enough(extraction.transitions, trained, self.max_staleness)[0]
             if not self.filtering or (fresh and self._has_signal(extraction.transitions)):
                 used.append((rollouts, extraction.transitions))
             else:
@@ -128,8 +135,8 @@ class RolloutPipeline:
         trainer_wait = time.perf_counter() - waited
         for line, count in problems.items():
             logger.warning("step %d: %s%s", step + 1, line, f" (in {count} groups)" if count > 1 else "")
-        transitions = compute_advantages([row for _, rows in used for row in rows], estimator=self.algorithm)
-        fresh, lags = fresh_enough(transitions, trained_version, self.max_staleness)
+        transitions = self._advantages([row for _, rows in used for row in rows])
+        fresh, lags = fresh_enough(transitions, trained, self.max_staleness)
         dropped += len(transitions) - len(fresh)
         self.dropped_stale_total += dropped
         self.refills_total += refills
@@ -165,13 +172,30 @@ class RolloutPipeline:
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
+    def _trained(self, version: int | Mapping[str, int]) -> int | Callable[[Transition], int]:
+        """The version an update makes, or per policy: the version its policy's update makes for a transition."""
+        if not isinstance(version, Mapping):
+            return version
+        versions, policy_of = dict(version), self.policy_of or (lambda role: None)
+        return lambda row: versions[policy_of(row.role)]  # type: ignore[index]
+
+    def _advantages(self, transitions: list[Transition]) -> list[Transition]:
+        """Advantages of ``transitions``, each policy's computed apart (with ``policy_of``)."""
+        if self.policy_of is None:
+            return compute_advantages(transitions, estimator=self.algorithm)
+        by_policy: dict[str | None, list[Transition]] = {}
+        for row in transitions:
+            by_policy.setdefault(self.policy_of(row.role), []).append(row)
+        return [row for rows in by_policy.values() for row in compute_advantages(rows, estimator=self.algorithm)]
+
     def _has_signal(self, transitions: Sequence[Transition]) -> bool:
-        """The group's rewards differ (GRPO's signal; other estimators learn from any reward)."""
+        """The group's rewards differ, for some policy (GRPO's signal; other estimators learn from any reward)."""
         if self.algorithm not in ("grpo", "dr_grpo"):
             return True
-        rewards: dict[str, set[float]] = {}
+        rewards: dict[tuple[str | None, str], set[float]] = {}
+        policy_of = self.policy_of or (lambda role: None)
         for row in transitions:
-            rewards.setdefault(group_key(row), set()).add(row.reward)
+            rewards.setdefault((policy_of(row.role), group_key(row)), set()).add(row.reward)
         return any(len(values) > 1 for values in rewards.values())
 
     def _submit(self, count: int, prefix: str) -> None:

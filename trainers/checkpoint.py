@@ -2,7 +2,9 @@
 
 Layout: ``<output_dir>/checkpoints/step-<N>/`` with ``trainable.pt`` (the parameters that train: the LoRA adapter
 or the whole model), ``optimizer.pt``, ``scheduler.pt`` and ``state.json`` (step, model version, task sampler,
-RNG state). A checkpoint directory appears only once complete (written under a temporary name, then renamed).
+RNG state). With several policies (:class:`~agentlightning.trainers._policy_set.PolicySet`), each policy's adapter,
+optimizer and scheduler are in ``policies/<name>/`` with its own ``trainer_state.json`` (its update count). A
+checkpoint directory appears only once complete (written under a temporary name, then renamed).
 """
 
 from __future__ import annotations
@@ -40,10 +42,14 @@ def save_checkpoint(trainer: Any, output_dir: Path, state: dict[str, Any], keep:
     temporary = root / f".step-{state['step']}.tmp{os.getpid()}"
     shutil.rmtree(temporary, ignore_errors=True)
     temporary.mkdir()
-    trainable = {name: param.detach().cpu() for name, param in trainer.model.named_parameters() if param.requires_grad}
-    torch.save(trainable, temporary / "trainable.pt")
-    torch.save(trainer.optimizer.state_dict(), temporary / "optimizer.pt")
-    torch.save(trainer.lr_scheduler.state_dict(), temporary / "scheduler.pt")
+    for folder, unit in _units(trainer):
+        directory = temporary / folder
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save({name: param.detach().cpu() for name, param in _trained(unit).items()}, directory / "trainable.pt")
+        torch.save(unit.optimizer.state_dict(), directory / "optimizer.pt")
+        torch.save(unit.lr_scheduler.state_dict(), directory / "scheduler.pt")
+        if folder:
+            (directory / "trainer_state.json").write_text(json.dumps({"global_step": unit.state.global_step}))
     (temporary / "state.json").write_text(json.dumps(state, indent=1), encoding="utf-8")
     shutil.rmtree(final, ignore_errors=True)
     temporary.rename(final)
@@ -56,20 +62,40 @@ def load_checkpoint(trainer: Any, path: Path) -> dict[str, Any]:
     """Restore weights, optimizer and scheduler from ``path``; return the saved loop state."""
     if not (path / "state.json").exists():
         raise FileNotFoundError(f"resume: {path} is not a checkpoint directory (no state.json)")
-    trainable = torch.load(path / "trainable.pt", map_location="cpu", weights_only=True)
-    own = dict(trainer.model.named_parameters())
-    unknown = sorted(set(trainable) - set(own))
-    if unknown:
-        raise ValueError(
-            f"resume: checkpoint {path} has parameters this model lacks (e.g. {unknown[:3]}); was it made with a "
-            "different model or LoRA setting?"
-        )
-    with torch.no_grad():
-        for name, value in trainable.items():
-            own[name].copy_(value.to(own[name].device))
-    trainer.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-    trainer.lr_scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True))
     state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-    trainer.state.global_step = int(state.get("global_step", state["step"]))
+    for folder, unit in _units(trainer):
+        directory = path / folder
+        if not (directory / "trainable.pt").exists():
+            raise ValueError(f"resume: checkpoint {path} has no {folder or 'trainable.pt'}; was it made with other "
+                             "policies (agl.train(policies=...))?")
+        trainable = torch.load(directory / "trainable.pt", map_location="cpu", weights_only=True)
+        own = _trained(unit)
+        if set(trainable) != set(own):
+            odd = sorted(set(trainable) ^ set(own))
+            raise ValueError(
+                f"resume: checkpoint {directory} and this model differ in trained parameters (e.g. {odd[:3]}); was "
+                "it made with a different model, LoRA setting or policies?"
+            )
+        with torch.no_grad():
+            for name, value in trainable.items():
+                own[name].copy_(value.to(own[name].device))
+        unit.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True))
+        unit.lr_scheduler.load_state_dict(torch.load(directory / "scheduler.pt", map_location="cpu", weights_only=True))
+        steps = json.loads((directory / "trainer_state.json").read_text()) if folder else state
+        unit.state.global_step = int(steps.get("global_step", state["step"]))
     logger.info("resumed from %s (step %s)", path, state["step"])
     return state
+
+
+def _units(trainer: Any) -> list[tuple[str, Any]]:
+    """(folder, trainer) for each trainer a checkpoint holds: the one, or one per policy."""
+    policies = getattr(trainer, "trainers", None)
+    if isinstance(policies, dict):
+        return [(f"policies/{name}", unit) for name, unit in policies.items()]
+    return [("", trainer)]
+
+
+def _trained(trainer: Any) -> dict[str, Any]:
+    """The parameters ``trainer``'s optimizer updates, by name (the LoRA adapter of its policy, or the model)."""
+    updated = {id(param) for group in trainer.optimizer.param_groups for param in group["params"]}
+    return {name: param for name, param in trainer.model.named_parameters() if id(param) in updated}

@@ -64,6 +64,10 @@ class TrainConfig:
     # -- what is trained and how ------------------------------------------------------------------------------
     roles: Sequence[str] | None = None
     """Roles whose LLM calls are trained (globs); None: the agent's ``roles``, else all."""
+    policies: Any = None
+    """Several policies trained together instead of one: role (glob) -> :class:`~agentlightning.trainers.policies.
+    Policy` (its own LoRA adapter, optimizer and versions), True, or None (served by the frozen base model). See
+    ``docs/multi_policy.md``; replaces ``roles``."""
     algorithm: str = "grpo"
     """Advantage estimator: ``"grpo"``, ``"dr_grpo"``, ``"reinforce++"``, ``"reinforce++_baseline"``."""
     group_size: int = 4
@@ -168,6 +172,8 @@ class TrainConfig:
             raise ValueError(f"agl.train(workers={self.workers!r}): use 'local', 'ray' or an agl.RayWorkers(...)")
         if not self.use_server and self.workers != "local":
             raise ValueError(f"agl.train(use_server=False, workers={self.workers!r}): Ray workers need the server")
+        if self.policies is not None:
+            self._check_policies()
         if self.algorithm not in ESTIMATORS:
             raise ValueError(f"agl.train(algorithm={self.algorithm!r}): use one of {list(ESTIMATORS)}")
         for name in ("group_size", "tasks_per_step", "max_steps", "micro_batch_size"):
@@ -188,6 +194,19 @@ class TrainConfig:
             raise ValueError("agl.train(max_staleness=None): use 0 (synchronous) or a number of steps")
         if self.val_every < 0 or self.checkpoint_every < 0:
             raise ValueError("agl.train(val_every=..., checkpoint_every=...) must be >= 0 (0 = only at the end)")
+
+    def _check_policies(self) -> None:
+        from agentlightning.trainers.policies import PolicyMap
+
+        PolicyMap.parse(self.policies)
+        if self.roles is not None:
+            raise ValueError("agl.train: give roles= (one shared policy) or policies= (one per role), not both")
+        if not isinstance(self.backend, str) and not hasattr(self.backend, "served"):
+            raise ValueError("agl.train(policies=...) works with backend='hf', 'vllm' or a Backend that serves "
+                             "several policies (served(policy), updating(version, policy=...))")
+        if self.backend == "vllm" and (self.vllm.sync or "lora") != "lora":
+            raise ValueError(f"agl.train(policies=..., vllm.sync={self.vllm.sync!r}): several policies are served as "
+                             "vLLM LoRA adapters; use vllm.sync='lora'")
 
     @property
     def refill_cap(self) -> int:

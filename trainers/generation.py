@@ -8,7 +8,9 @@ prompt, tools, examples) is computed once per model version and its KV cache reu
 it. Log-probabilities are those of the sampling distribution (logits divided by the temperature, before
 top-p/top-k), which is what TRL's loss computes for the same tokens. A row is decoded from start to end by one
 model version: :meth:`GenerationEngine.paused` lets the running rows finish and admits no new ones until the
-weights have changed.
+weights have changed. With several LoRA adapters on one PEFT model (``multi_adapter``, one per policy), each row
+names its adapter (None: the base model) and rows of different adapters decode in the same batch (PEFT's
+mixed-adapter forward, ``adapter_names=``); the shared prefix is cached per adapter.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from typing import Any
 import torch
 
 logger = logging.getLogger(__name__)
+
+BASE = "__base__"
+"""PEFT's ``adapter_names`` entry for a row served by the base model (no adapter)."""
 
 
 @dataclass
@@ -49,6 +54,7 @@ class Sample:
     text: str
     finish_reason: str  # "stop" | "length"
     model_version: str | None = None  # weights version that generated it
+    adapter: str | None = None  # the LoRA adapter that generated it (multi_adapter engines)
 
 
 @dataclass
@@ -56,6 +62,7 @@ class _Row:
     prompt_ids: list[int]
     params: SamplingParams
     future: concurrent.futures.Future[Sample]
+    adapter: str | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     budget: int = 0
@@ -105,9 +112,11 @@ class GenerationEngine:
         self._thread: threading.Thread | None = None
         self._pausing = 0  # paused() callers waiting for the running rows to finish
         self._pausing_lock = threading.Lock()
-        self._prefix_ids: list[int] = []  # the last shared prompt prefix, and its KV for one model version
-        self._prefix_kv: tuple[str | None, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._prefix_ids: list[int] = []  # the last shared prompt prefix, and its KV per adapter for one model version
+        self._prefix_kv: dict[str | None, tuple[str | None, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
         self.model_version: str | None = None  # set by the owner while holding paused()
+        self.multi_adapter = False  # rows name their LoRA adapter (set by the owner before start)
+        self.versions: dict[str | None, str] = {}  # per adapter (multi_adapter), set by the owner holding paused()
         self.batches_run = 0  # prefill passes (groups of rows admitted together)
         self.rows_run = 0
         self.rows_joined = 0  # rows admitted into a batch that was already decoding
@@ -146,8 +155,11 @@ class GenerationEngine:
 
     # -- requests -------------------------------------------------------------------------------------------------
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> concurrent.futures.Future[Sample]:
-        """Queue one completion of ``prompt_ids``; the future resolves to a :class:`Sample`."""
+    def submit(
+        self, prompt_ids: list[int], params: SamplingParams, adapter: str | None = None
+    ) -> concurrent.futures.Future[Sample]:
+        """Queue one completion of ``prompt_ids`` (by LoRA ``adapter``, None: the base model, on a ``multi_adapter``
+        engine); the future resolves to a :class:`Sample`."""
         if not prompt_ids:
             raise ValueError("empty prompt: at least one prompt token is needed")
         if len(prompt_ids) >= self.max_model_len:
@@ -157,7 +169,7 @@ class GenerationEngine:
         if self._thread is None:
             raise RuntimeError("GenerationEngine.start() was not called")
         future: concurrent.futures.Future[Sample] = concurrent.futures.Future()
-        self._queue.put(_Row(list(prompt_ids), params, future))
+        self._queue.put(_Row(list(prompt_ids), params, future, adapter))
         return future
 
     def _loop(self) -> None:
@@ -223,7 +235,8 @@ class GenerationEngine:
                 batch.attention = torch.cat([batch.attention, batch.attention.new_ones((len(batch.rows), 1))], 1)
                 batch.positions = batch.positions + 1
                 out = self.model(input_ids=last, attention_mask=batch.attention, position_ids=batch.positions,
-                                 past_key_values=batch.cache, use_cache=True)
+                                 past_key_values=batch.cache, use_cache=True,
+                                 **self._adapters([row.adapter for row in batch.rows]))
                 batch.cache = out.past_key_values
                 self._sample_into(batch.rows, out.logits[:, -1, :].float())
             else:
@@ -234,8 +247,9 @@ class GenerationEngine:
         keep = [index for index, row in enumerate(batch.rows) if row.finish is None]
         for row in batch.rows:
             if row.finish is not None:
+                version = self.versions.get(row.adapter, self.model_version) if self.multi_adapter else None
                 row.future.set_result(Sample(row.tokens, row.logprobs, self._text(row, row.tokens), row.finish,
-                                             self.model_version))
+                                             version or self.model_version, row.adapter))
         if not keep:
             return None
         if len(keep) < len(batch.rows):
@@ -253,7 +267,7 @@ class GenerationEngine:
         for row in rows:
             row.budget = max(1, min(row.params.max_tokens, self.max_model_len - len(row.prompt_ids)))
             row.generator = _generator(row.params.seed, device)
-        shared, prefix = self._prefix([row.prompt_ids for row in rows], device)
+        shared, prefix = self._prefix(rows, device)
         width = max(len(row.prompt_ids) for row in rows) - shared
         input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
         attention = torch.zeros((len(rows), shared + width), dtype=torch.long)
@@ -263,33 +277,51 @@ class GenerationEngine:
             input_ids[i, width - len(suffix) :] = torch.tensor(suffix)
             attention[i, shared + width - len(suffix) :] = 1
         input_ids, attention = input_ids.to(device), attention.to(device)
-        cache = None
-        if prefix is not None:
-            # Rows continue the shared prefix's KV with [padding][own suffix], the padding masked.
-            cache = _cache([(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1)) for k, v in prefix],
-                           self.model.config)
+        # Rows continue the shared prefix's KV with [padding][own suffix], the padding masked.
+        cache = None if prefix is None else _cache(prefix, self.model.config)
         positions = ((attention.cumsum(-1) - 1).clamp(min=0))[:, shared:]
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+                         past_key_values=cache, use_cache=True, logits_to_keep=1,
+                         **self._adapters([row.adapter for row in rows]))
         self._sample_into(rows, out.logits[:, -1, :].float())
         return _Batch(list(rows), out.past_key_values, attention, positions[:, -1:])
 
-    def _prefix(self, prompts: list[list[int]], device: torch.device) -> tuple[int, Any]:
-        """(length, per-layer KV) of the prompt prefix these rows share: the remembered one when every row starts
-        with it (recomputed once per model version), else the rows' own common prefix; (0, None) for none."""
+    def _prefix(self, rows: list[_Row], device: torch.device) -> tuple[int, Any]:
+        """(length, per-layer KV for every row) of the prompt prefix these rows share: the remembered one when every
+        row starts with it (recomputed once per model version and adapter), else the rows' own common prefix;
+        (0, None) for none."""
         if not self.prefix_sharing:
             return 0, None
+        prompts = [row.prompt_ids for row in rows]
         known = len(self._prefix_ids)
         if not (known and all(len(p) > known and p[:known] == self._prefix_ids for p in prompts)):
             known = _shared_prefix(prompts) if len(prompts) > 1 else 0
             if not known:
                 return 0, None
-            self._prefix_ids, self._prefix_kv = list(prompts[0][:known]), None
-        if self._prefix_kv is None or self._prefix_kv[0] != self.model_version:
-            ids = torch.tensor([self._prefix_ids], device=device)
-            cache = self.model(input_ids=ids, use_cache=True, logits_to_keep=1).past_key_values
-            self._prefix_kv = (self.model_version, [(layer.keys, layer.values) for layer in cache.layers])
-        return known, self._prefix_kv[1]
+            self._prefix_ids, self._prefix_kv = list(prompts[0][:known]), {}
+        adapters = [row.adapter for row in rows]
+        missing = list(dict.fromkeys(a for a in adapters
+                                     if a not in self._prefix_kv or self._prefix_kv[a][0] != self.model_version))
+        if missing:
+            ids = torch.tensor([self._prefix_ids] * len(missing), device=device)
+            cache = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                               **self._adapters(missing)).past_key_values
+            for index, adapter in enumerate(missing):
+                self._prefix_kv[adapter] = (self.model_version, [(layer.keys[index : index + 1],
+                                                                  layer.values[index : index + 1])
+                                                                 for layer in cache.layers])
+        if len(set(adapters)) == 1:
+            return known, [(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1))
+                           for k, v in self._prefix_kv[adapters[0]][1]]
+        per_row = [self._prefix_kv[adapter][1] for adapter in adapters]
+        return known, [tuple(torch.cat([layers[i][part] for layers in per_row]) for part in (0, 1))
+                       for i in range(len(per_row[0]))]
+
+    def _adapters(self, adapters: list[str | None]) -> dict[str, Any]:
+        """The forward's ``adapter_names`` (PEFT's mixed-adapter batch: one per row) on a ``multi_adapter`` engine."""
+        if not self.multi_adapter:
+            return {}
+        return {"adapter_names": [adapter if adapter is not None else BASE for adapter in adapters]}
 
     def _sample_into(self, rows: list[_Row], logits: torch.Tensor) -> None:
         """Sample one token per row from ``logits`` [rows, vocab]; record it and whether the row is finished."""

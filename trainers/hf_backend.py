@@ -13,6 +13,11 @@ Every response carries vLLM-style exact token ids — ``prompt_token_ids`` at th
 asked, and the ``model_version`` that produced it (also as the ``X-Model-Version`` header). Concurrent requests
 are decoded together (see :mod:`agentlightning.trainers.generation`). Streaming responses are sent once the
 completion is generated (one content chunk plus a final chunk), with the token ids on the chunks as vLLM does.
+
+With ``policies`` (several policies, one LoRA adapter each on a PEFT model, named after the policy), a request is
+served by the adapter of its role (the ``X-AGL-Role`` header), else the adapter its ``model`` names (a policy or a
+role name), else the base model; each adapter has its own version, and responses say which
+``policy`` served them. Rows of different adapters are decoded in the same batch.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
+from agentlightning.trainers.generation import GenerationEngine, Sample, SamplingParams
+from agentlightning.trainers.policies import BASE_VERSION, PolicyMap, combined_version
+from agentlightning.trainers.tool_calls import parse_tool_calls
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -34,8 +42,7 @@ from agentlightning._uvicorn import BackgroundServer
 from agentlightning._wire import payloads
 from agentlightning._wire.messages import message_text
 from agentlightning._wire.payloads import Choice, Reply
-from agentlightning.trainers.generation import GenerationEngine, Sample, SamplingParams
-from agentlightning.trainers.tool_calls import parse_tool_calls
+from agentlightning.protocol import ROLE_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +72,7 @@ class HFBackendServer:
         default_max_tokens: int = 512,
         max_model_len: int | None = None,
         always_logprobs: bool = False,
+        policies: PolicyMap | None = None,
     ) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError(
@@ -80,6 +88,13 @@ class HFBackendServer:
         self.engine = GenerationEngine(
             model, tokenizer, max_batch_size=max_batch_size, batch_wait_s=batch_wait_s, max_model_len=max_model_len
         )
+        self.policies = policies
+        self.adapters = list(policies.policies) if policies is not None else []
+        if self.adapters:
+            self.engine.multi_adapter = True
+            self.engine.versions = {name: model_version for name in self.adapters}
+            self.engine.versions[None] = BASE_VERSION
+            model_version = combined_version(self.engine.versions)
         self.engine.model_version = model_version
         self._port = port
         self._http: BackgroundServer | None = None
@@ -129,11 +144,24 @@ class HFBackendServer:
         return str(self.engine.model_version)
 
     @contextmanager
-    def updating(self, new_version: str) -> Iterator[None]:
-        """Pause generation while the block changes the weights; serve them as ``new_version`` afterwards."""
+    def updating(self, new_version: str, policy: str | None = None) -> Iterator[None]:
+        """Pause generation while the block changes the weights; serve them as ``new_version`` afterwards (the
+        version of adapter ``policy`` only, with ``adapters``)."""
         with self.engine.paused():
             yield
-            self.engine.model_version = new_version
+            if policy is None:
+                self.engine.model_version = new_version
+                return
+            if policy not in self.adapters:
+                raise ValueError(f"HFBackendServer.updating(policy={policy!r}): serving adapters {self.adapters}")
+            self.engine.versions[policy] = new_version
+            self.engine.model_version = combined_version(self.engine.versions)
+
+    def served(self, policy: str | None) -> tuple[str, str]:
+        """(model name, version) that serve ``policy``'s adapter (None: the base model)."""
+        if policy is None:
+            return self.model_name, BASE_VERSION
+        return policy, self.engine.versions[policy]
 
     # -- HTTP ---------------------------------------------------------------------------------------------------
 
@@ -151,9 +179,11 @@ class HFBackendServer:
         return JSONResponse({"status": "ok", "model_version": self.model_version})
 
     async def _models(self, request: Request) -> Response:
-        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "agentlightning",
-                "model_version": self.model_version}
-        return JSONResponse({"object": "list", "data": [card]})
+        cards = [{"id": name, "object": "model", "created": 0, "owned_by": "agentlightning", "model_version": version,
+                  **({"parent": self.model_name} if name != self.model_name else {})}
+                 for name, version in [self.served(None) if self.adapters else (self.model_name, self.model_version),
+                                       *(self.served(name) for name in self.adapters)]]
+        return JSONResponse({"object": "list", "data": cards})
 
     async def _chat(self, request: Request) -> Response:
         try:
@@ -162,7 +192,7 @@ class HFBackendServer:
             tools = body.get("tools") or None
             prompt_ids = self._render(messages, tools)
             params, n = self._params(body, len(prompt_ids))
-            samples, version = await self._run(prompt_ids, params, n)
+            samples, version = await self._run(prompt_ids, params, n, self._adapter(request, body))
         except BadRequest as exc:
             return _error(400, str(exc))
         choices = []
@@ -170,7 +200,7 @@ class HFBackendServer:
             content, tool_calls = parse_tool_calls(sample.text) if tools else (sample.text, [])
             choices.append(Choice(content, tool_calls, "tool_calls" if tool_calls else sample.finish_reason,
                                   sample.token_ids, self._logprobs(sample, body)))
-        reply = self._reply(body, prompt_ids, choices, version)
+        reply = self._reply(body, prompt_ids, choices, version, samples[0].adapter)
         if body.get("stream"):
             return StreamingResponse(payloads.sse(payloads.chat_chunks(reply, include_usage=True)),
                                      media_type="text/event-stream", headers={"X-Model-Version": version})
@@ -191,12 +221,12 @@ class HFBackendServer:
             if body.get("stream"):
                 raise BadRequest("stream=true is not supported on /v1/completions; use /v1/chat/completions")
             params, n = self._params(body, len(prompt_ids))
-            samples, version = await self._run(prompt_ids, params, n)
+            samples, version = await self._run(prompt_ids, params, n, self._adapter(request, body))
         except BadRequest as exc:
             return _error(400, str(exc))
         choices = [Choice(sample.text, [], sample.finish_reason, sample.token_ids, self._logprobs(sample, body))
                    for sample in samples]
-        reply = self._reply(body, prompt_ids, choices, version)
+        reply = self._reply(body, prompt_ids, choices, version, samples[0].adapter)
         return JSONResponse(payloads.completion(reply), headers={"X-Model-Version": version})
 
     # -- helpers ------------------------------------------------------------------------------------------------
@@ -242,23 +272,39 @@ class HFBackendServer:
             )
         return params, n
 
-    async def _run(self, prompt_ids: list[int], params: SamplingParams, n: int) -> tuple[list[Sample], str]:
+    def _adapter(self, request: Request, body: dict[str, Any]) -> str | None:
+        """The adapter serving a request (see the module docstring); None: the base model, or no adapters."""
+        if not self.adapters:
+            return None
+        role = request.headers.get(ROLE_HEADER)
+        model = body.get("model")
+        assert self.policies is not None
+        if role:
+            return self.policies.policy_of(role)
+        if model in self.adapters:
+            return str(model)
+        return self.policies.policy_of(model) if isinstance(model, str) else None
+
+    async def _run(self, prompt_ids: list[int], params: SamplingParams, n: int, adapter: str | None = None
+                   ) -> tuple[list[Sample], str]:
         futures = []
         for index in range(n):
             row_params = params
             if params.seed is not None and index:
                 row_params = SamplingParams(**{**params.__dict__, "seed": params.seed + index})
             try:
-                futures.append(self.engine.submit(prompt_ids, row_params))
+                futures.append(self.engine.submit(prompt_ids, row_params, adapter))
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
         samples = [await asyncio.wrap_future(future) for future in futures]
         # Rows of one request may land in different batches around an update: report the newest version.
         return samples, max((str(sample.model_version) for sample in samples), key=_version_order)
 
-    def _reply(self, body: dict[str, Any], prompt_ids: list[int], choices: list[Choice], version: str) -> Reply:
+    def _reply(self, body: dict[str, Any], prompt_ids: list[int], choices: list[Choice], version: str,
+               adapter: str | None) -> Reply:
+        extra = {"model_version": version, **({"policy": adapter} if adapter is not None else {})}
         return Reply(model=body.get("model") or self.model_name, choices=choices, prompt_token_ids=prompt_ids,
-                     extra={"model_version": version})
+                     extra=extra)
 
     def _logprobs(self, sample: Sample, body: dict[str, Any]) -> list[dict[str, Any]] | None:
         """The sampled tokens' logprob entries, when the request asked for them (or the server always sends them)."""

@@ -8,7 +8,8 @@ the rollout source (Lightning Server + workers, or in-process), the
 metrics writer and checkpoints. Model versions are ``v<global step>``: ``v0`` is the initial model, and a call
 recorded with ``v3`` was sampled from the weights after the third update. Each step's groups come from a
 :class:`~agentlightning.trainers._pipeline.RolloutPipeline`, which with ``max_staleness > 0`` runs the rollouts of
-the next steps while a step trains.
+the next steps while a step trains. With ``policies=`` (one LoRA adapter per role), the trainer is a
+:class:`~agentlightning.trainers._policy_set.PolicySet` and each policy has its own update and version.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from agentlightning.rl.batch import pack
 from agentlightning.trainers._distributed import Ranks
 from agentlightning.trainers._pipeline import RolloutPipeline
 from agentlightning.trainers.config import TrainConfig, TrainResult
+from agentlightning.trainers.policies import PolicyMap, serving_routes
 from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -50,19 +52,21 @@ class TrainingRun:
         self.agent, self.dataset, self.config = agent, dataset, config
         self.val_dataset, self.source = val_dataset, source
         self.output_dir = Path(config.output_dir)
+        self.policies = None if config.policies is None else PolicyMap.parse(config.policies,
+                                                                             getattr(agent, "roles", None))
+        self._policy_set: Any = None
 
     # -- the run ------------------------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
+        from agentlightning.trainers.grpo import grpo_config
         from agentlightning.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-        from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
         from agentlightning.trainers.reporting import MetricsWriter, plot_curve, read_metrics
 
         run_started = time.perf_counter()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         model, tokenizer, model_name = self._load_model()
-        config = grpo_config(
-            str(self.output_dir / "trl"),
+        settings: dict[str, Any] = dict(
             micro_batch_size=self.config.micro_batch_size,
             learning_rate=self.config.learning_rate,
             beta=self.config.beta,
@@ -77,9 +81,12 @@ class TrainingRun:
             **{"vllm_importance_sampling_correction": self.config.backend != "hf" or self.config.max_staleness > 0,
                **self.config.trainer_args},
         )
-        ranks = Ranks()  # under `accelerate launch`, rank 0 runs the loop and the others follow (_distributed.py)
+        config = grpo_config(str(self.output_dir / "trl"), **settings)
+        ranks = Ranks()  # after the TRL config, whose process-group settings it applies; rank 0 runs the loop
+        if self.policies is not None and ranks.count > 1:
+            raise NotImplementedError("agl.train(policies=...) runs in one process, not under `accelerate launch`")
         base_dir = self._vllm_base_dir(model, tokenizer) if ranks.main else None
-        trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=_lora_config(self.config.lora))
+        trainer = self._trainer(model, tokenizer, config, settings)
         policy = trainer.model
 
         checkpoint = ranks.resume_path(self._resume_path(latest_checkpoint) if ranks.main else None)
@@ -94,8 +101,12 @@ class TrainingRun:
         sampler = _TaskSampler(len(self.dataset), self.config.seed, state.get("order") or None, int(state.get("cursor", 0)))
 
         backend = make_backend(self.config, policy, tokenizer, model_name, str(state.get("model_version", "v0")),
-                               base_dir).start()
-        if checkpoint is not None and self.config.backend != "hf":
+                               base_dir, self.policies).start()
+        if self.policies is not None:
+            for name, steps in trainer.steps.items():  # each adapter served at its (resumed) version
+                with backend.updating(f"v{steps}", policy=name):
+                    pass
+        elif checkpoint is not None and self.config.backend != "hf":
             with backend.updating(backend.model_version):
                 pass  # the server started from the initial weights: push the resumed ones
         backend.sampling_overrides = {"temperature": self.config.temperature}
@@ -104,9 +115,11 @@ class TrainingRun:
         pipeline = RolloutPipeline(
             source, self.dataset, sampler.next, tasks_per_step=self.config.tasks_per_step,
             group_size=self.config.group_size, max_staleness=self.config.max_staleness,
-            refill_cap=self.config.refill_cap, timeout=self._group_timeout(source), roles=self.config.roles,
-            credit=self.config.credit, air=self.config.air, algorithm=self.config.algorithm,
-            backlog=state.get("pending") or (), max_steps=self.config.max_steps,
+            refill_cap=self.config.refill_cap, timeout=self._group_timeout(source),
+            roles=self.policies.trained_roles if self.policies else self.config.roles,
+            credit=self.policies.credit(self.config.credit) if self.policies else self.config.credit,
+            air=self.config.air, algorithm=self.config.algorithm, backlog=state.get("pending") or (),
+            max_steps=self.config.max_steps, policy_of=self.policies.policy_of if self.policies else None,
         )
         history = read_metrics(writer.path)
         initial_val = state.get("initial_validation")
@@ -138,7 +151,7 @@ class TrainingRun:
                     bar.set_postfix(_postfix(row, self.config.max_staleness > 0), refresh=False)
                 if (self.config.checkpoint_every and (step + 1) % self.config.checkpoint_every == 0) or step + 1 == self.config.max_steps:
                     checkpoint_path = save_checkpoint(trainer, self.output_dir, {
-                        "step": step + 1, "global_step": trainer.state.global_step,
+                        "step": step + 1, "global_step": trainer.steps if self.policies else trainer.state.global_step,
                         "model_version": backend.model_version, "order": sampler.order, "cursor": sampler.cursor,
                         "pending": pipeline.pending_indices(), "initial_validation": initial_val,
                     })
@@ -171,14 +184,23 @@ class TrainingRun:
                     ranks: Ranks) -> dict[str, Any]:
         started = time.perf_counter()
         served_version = backend.model_version
-        data = pipeline.next_step(step, trainer.state.global_step)
+        on_version = _served_versions(backend, self.policies) or served_version
+        data = pipeline.next_step(step, trainer.steps if self.policies else trainer.state.global_step)
         rollout_seconds = time.perf_counter() - started
         transitions = data.transitions
         row: dict[str, Any] = {"step": step + 1, "model_version": served_version}
-        row.update(self._rollout_metrics(data.rollouts, "", served_version))
+        row.update(self._rollout_metrics(data.rollouts, "", on_version))
         row["transitions"] = len(transitions)
         row["rollout_seconds"] = rollout_seconds
         row.update(data.metrics)
+        if self.policies is not None:  # each policy's own batch, update and version
+            row.update(trainer.update(transitions, backend, self.config.max_prompt_length,
+                                      self.config.max_completion_length))
+            row.update(trainer.rewards(data.rollouts, self.config.credit, self.config.air))
+            _serve(source, backend)
+            row["model_version_after"] = backend.model_version
+            row["step_seconds"] = time.perf_counter() - started
+            return row
         batch = pack(
             transitions, tokenizer_pad(trainer), self.config.max_prompt_length, self.config.max_completion_length,
             drop_zero_variance_groups=True,
@@ -225,9 +247,15 @@ class TrainingRun:
             backend.sampling_overrides = {"temperature": self.config.temperature}
             _serve(source, backend)
         metrics = self._rollout_metrics(rollouts, "", backend.model_version)
-        return {key: metrics[key] for key in ("reward", "accuracy", "failed") if key in metrics}
+        kept = {key: metrics[key] for key in ("reward", "accuracy", "failed") if key in metrics}
+        if self._policy_set is not None:  # what each policy is rewarded for (its credit) on the held-out tasks
+            kept.update(self._policy_set.rewards(rollouts, self.config.credit, self.config.air))
+        return kept
 
-    def _rollout_metrics(self, rollouts: Sequence[Rollout], prefix: str, version: str) -> dict[str, Any]:
+    def _rollout_metrics(self, rollouts: Sequence[Rollout], prefix: str, version: str | dict[str | None, str]
+                         ) -> dict[str, Any]:
+        """Reward, accuracy and call statistics; ``calls_on_version`` counts calls served by ``version`` (per
+        policy: ``{policy: version}``)."""
         rewards = [rollout.final_reward if rollout.final_reward is not None else 0.0 for rollout in rollouts]
         judge = self.config.accuracy or (lambda rollout: (rollout.final_reward or 0.0) >= self.config.success_threshold)
         calls = [call for rollout in rollouts for call in rollout.llm_calls]
@@ -240,10 +268,30 @@ class TrainingRun:
             f"{prefix}rollouts": float(len(rollouts)),
             f"{prefix}llm_calls": float(len(calls)),
             f"{prefix}completion_tokens_mean": statistics.fmean(completion_tokens) if completion_tokens else 0.0,
-            f"{prefix}calls_on_version": float(sum(1 for c in calls if c.metadata.get("model_version") == version)),
+            f"{prefix}calls_on_version": float(sum(1 for c in calls if c.metadata.get("model_version") == (
+                version.get(c.metadata.get("policy")) if isinstance(version, dict) else version))),
         }
 
     # -- setup helpers --------------------------------------------------------------------------------------------
+
+    def _trainer(self, model: Any, tokenizer: Any, config: Any, settings: dict[str, Any]) -> Any:
+        """The TRL trainer of the run (``config``, made by ``grpo_config`` from ``settings``), or with ``policies``
+        a PolicySet (one trainer per policy's adapter, with the policy's learning rate)."""
+        from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+
+        trl_dir = self.output_dir / "trl"
+        if self.policies is None:
+            return LightningGRPOTrainer(model, config, tokenizer, peft_config=_lora_config(self.config.lora))
+        from agentlightning.trainers._policy_set import PolicySet
+
+        policies = self.policies.policies
+        adapters = {name: _lora_config(p.lora if p.lora is not None else (self.config.lora or True))
+                    for name, p in policies.items()}
+        per_policy = {name: grpo_config(str(trl_dir / name), **{
+                          **settings, "learning_rate": p.learning_rate or settings["learning_rate"]})
+                      for name, p in policies.items()}
+        self._policy_set = PolicySet(model, tokenizer, self.policies, adapters, per_policy)
+        return self._policy_set
 
     def _load_model(self) -> tuple[Any, Any, str]:
         from agentlightning.trainers.models import load_model, prepare_tokenizer
@@ -305,16 +353,18 @@ class TrainingRun:
 
 
 def make_backend(
-    config: TrainConfig, policy: Any, tokenizer: Any, model_name: str, model_version: str, base_dir: Path | None
+    config: TrainConfig, policy: Any, tokenizer: Any, model_name: str, model_version: str, base_dir: Path | None,
+    policies: PolicyMap | None = None,
 ) -> Any:
     """The :class:`~agentlightning.trainers.backend.Backend` that ``config.backend`` names, serving ``policy`` (not
-    started). ``base_dir`` is the initial model a vLLM server started here loads."""
+    started), with one adapter per policy of ``policies``. ``base_dir`` is the initial model a vLLM server started
+    here loads."""
     if config.backend == "hf":
         from agentlightning.trainers.hf_backend import HFBackendServer
 
         return HFBackendServer(
             policy, tokenizer, model_name=model_name, model_version=model_version, max_batch_size=config.max_batch_size,
-            always_logprobs=True, default_max_tokens=config.max_completion_length or 512,
+            always_logprobs=True, default_max_tokens=config.max_completion_length or 512, policies=policies,
         )
     if config.backend == "vllm":
         from agentlightning.trainers.vllm_backend import VLLMBackend
@@ -328,10 +378,12 @@ def make_backend(
             max_model_len=options.max_model_len, tensor_parallel_size=options.tensor_parallel_size,
             max_lora_rank=options.max_lora_rank, extra_args=options.extra_args, env=options.env,
             startup_timeout=options.startup_timeout, check_messages=_CHECK_MESSAGES if options.check_logprobs else None,
-            keep_previous=config.max_staleness > 0,
+            keep_previous=config.max_staleness > 0, policies=policies,
         )
     if getattr(config.backend, "policy", policy) is None:
         config.backend.policy = policy  # a Backend instance built before the trainer existed
+    if policies is not None and getattr(config.backend, "policies", None) is None:
+        config.backend.policies = policies
     return config.backend
 
 
@@ -347,8 +399,19 @@ def _live_weights(backend: Any) -> bool:
 
 
 def _serve(source: Any, backend: Any) -> None:
-    """Point the rollouts at what ``backend`` serves now, with its sampling overrides (the proxy enforces them)."""
-    source.set_model(backend.base_url, backend.model_name, backend.model_version, dict(backend.sampling_overrides))
+    """Point the rollouts at what ``backend`` serves now, with its sampling overrides (the proxy enforces them) and
+    each role's policy (``policies=``)."""
+    policies = getattr(backend, "policies", None)
+    routes = serving_routes(policies, backend.served) if policies is not None else ()
+    source.set_model(backend.base_url, backend.model_name, backend.model_version, dict(backend.sampling_overrides),
+                     routes=routes)
+
+
+def _served_versions(backend: Any, policies: PolicyMap | None) -> dict[str | None, str] | None:
+    """The version each policy (None: the base) is served at now, with ``policies``."""
+    if policies is None:
+        return None
+    return {name: backend.served(name)[1] for name in [None, *policies.policies]}
 
 
 class _TaskSampler:

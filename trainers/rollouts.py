@@ -42,9 +42,11 @@ class RolloutSource(Protocol):
         ...
 
     def set_model(
-        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None
+        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None,
+        routes: Sequence[Any] = (),
     ) -> None:
-        """Serve ``model_name`` at ``base_url`` as ``model_version``, forcing ``sampling_overrides`` on requests."""
+        """Serve ``model_name`` at ``base_url`` as ``model_version``, forcing ``sampling_overrides`` on requests;
+        ``routes`` (``agentlightning.server.Route``) serve some roles by other models (one policy per role)."""
         ...
 
     def close(self) -> None:
@@ -85,10 +87,11 @@ class ServerRollouts:
             raise
 
     def set_model(
-        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None
+        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None,
+        routes: Sequence[Any] = (),
     ) -> None:
         self.server.set_upstream(base_url, model_name, model_version, logprobs=self._logprobs,
-                                 sampling_overrides=sampling_overrides or {})
+                                 sampling_overrides=sampling_overrides or {}, routes=routes)
 
     def submit(
         self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None
@@ -155,9 +158,11 @@ class LocalRollouts:
         self._pool = ThreadPoolExecutor(max_workers=self.nworkers, thread_name_prefix="agl-local-rollout")
 
     def set_model(
-        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None
+        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None,
+        routes: Sequence[Any] = (),
     ) -> None:
-        # Only the HF backend is served this way (TrainConfig refuses another): it applies the overrides itself.
+        # Only the HF backend is served this way (TrainConfig refuses another): it applies the overrides itself and
+        # routes each role to its policy (the X-AGL-Role header).
         self.llm = LLM(base_url=base_url, model=model_name, model_version=model_version)
 
     def submit(

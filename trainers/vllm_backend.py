@@ -18,6 +18,11 @@ the trainer's weights, the new weights are pushed to the server by one of four s
 - ``"ipc"`` (trainer and vLLM on one GPU; full fine-tuning): CUDA IPC handles through vLLM's IPC weight-transfer
   engine (``--weight-transfer-config '{"backend":"ipc"}'``); needs vllm importable in the trainer's process.
 
+With ``policies`` (``agl.train(policies=...)``: one LoRA adapter per policy on one PEFT model), ``lora`` sync pushes
+one policy's adapter at a time (``updating(version, policy=name)``) as ``<model_name>-<policy>-<version>``; vLLM
+serves them all at once (multi-LoRA: ``--enable-lora --max-loras``), each request naming its policy's adapter
+(:meth:`VLLMBackend.served`), and the frozen base under ``model_name``.
+
 ``nccl`` and ``ipc`` need CUDA and raise :class:`VLLMUnavailable` without it. vLLM cannot force the training
 temperature on requests: whoever forwards rollout requests (the Lightning proxy) must merge
 :attr:`VLLMBackend.sampling_overrides` into each request body, as the HF backend does itself.
@@ -41,6 +46,8 @@ from types import TracebackType
 from typing import Any, Literal
 
 import httpx
+
+from agentlightning.trainers.policies import BASE_VERSION, combined_version
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +102,14 @@ class VLLMBackend:
         request_timeout: float = 300.0,
         check_messages: list[dict[str, Any]] | None = None,
         keep_previous: bool = False,
+        policies: Any = None,
     ) -> None:
         if (model is None) == (url is None):
             raise ValueError("VLLMBackend: give exactly one of model= (start vLLM here) or url= (use a running one)")
         if sync not in SYNC_MODES:
             raise ValueError(f"VLLMBackend(sync={sync!r}): use one of {', '.join(SYNC_MODES)}")
+        if policies is not None and sync != "lora":
+            raise ValueError(f"VLLMBackend(policies=..., sync={sync!r}): policies are LoRA adapters; use sync='lora'")
         self.model = None if model is None else str(model)
         self.policy = policy
         self.tokenizer = tokenizer
@@ -135,6 +145,9 @@ class VLLMBackend:
         self._keep_previous = keep_previous
         self._retired: str | None = None  # the previous adapter, still loaded for requests running on it
         self._transfer: Any = None  # TRL's VLLMClient (nccl) or vLLM's IPC trainer engine (ipc)
+        self.policies = policies  # a PolicyMap: one adapter per policy
+        self._loaded: dict[str, tuple[str, str]] = {}  # policy -> (adapter name served, version)
+        self._retired_by: dict[str, str] = {}  # policy -> its previous adapter, still loaded (keep_previous)
 
     # -- the Backend protocol -------------------------------------------------------------------------------------
 
@@ -194,7 +207,8 @@ class VLLMBackend:
         if self.sync_mode == "nccl" and self._transfer is not None:
             self._transfer.close_communicator()
         self._transfer = None
-        for adapter in (self._adapter, self._retired):
+        loaded = [name for name, _ in self._loaded.values()] + list(self._retired_by.values())
+        for adapter in (self._adapter, self._retired, *loaded):
             if self._http is not None and self._process is None and adapter is not None:
                 # A server someone else runs keeps running: take back the adapters loaded here (names may be reused).
                 try:
@@ -202,6 +216,8 @@ class VLLMBackend:
                 except httpx.HTTPError as exc:
                     logger.warning("could not unload LoRA adapter %s: %s", adapter, exc)
         self._adapter = self._retired = None
+        self._loaded.clear()
+        self._retired_by.clear()
         if self._http is not None:
             self._http.close()
             self._http = None
@@ -221,11 +237,15 @@ class VLLMBackend:
         self.stop()
 
     @contextmanager
-    def updating(self, new_version: str) -> Iterator[None]:
-        """The block changes ``policy``'s weights; on exit they are pushed to vLLM and served as ``new_version``."""
+    def updating(self, new_version: str, policy: str | None = None) -> Iterator[None]:
+        """The block changes ``policy``'s weights; on exit they are pushed to vLLM and served as ``new_version``
+        (with ``policies``: the adapter of policy ``policy``)."""
         yield
         if self.policy is None:
             raise RuntimeError("VLLMBackend.updating: set backend.policy (the trainer's model) before syncing")
+        if self.policies is not None:
+            self._sync_policy(policy, new_version)
+            return
         started = time.perf_counter()
         {"lora": self._sync_lora, "disk": self._sync_disk, "nccl": self._sync_transfer,
          "ipc": self._sync_transfer}[self.sync_mode](new_version)
@@ -236,7 +256,36 @@ class VLLMBackend:
             self.last_logprob_gap = self.logprob_gap(self.check_messages)
             logger.info("sampler/trainer logprob gap after sync: %.2e nats", self.last_logprob_gap)
 
+    def served(self, policy: str | None) -> tuple[str, str]:
+        """(model name, version) that serve ``policy``'s adapter now (None: the frozen base)."""
+        if policy is None:
+            return self._base_name or self._model_name, BASE_VERSION
+        if policy not in self._loaded:
+            raise RuntimeError(f"VLLMBackend: policy {policy!r} has no adapter loaded yet (updating(..., policy=))")
+        return self._loaded[policy]
+
     # -- sync modes -----------------------------------------------------------------------------------------------
+
+    def _sync_policy(self, policy: str | None, version: str) -> None:
+        """Save policy ``policy``'s adapter, load it under a new name, retire its previous one (multi-LoRA)."""
+        if policy is None or policy not in self.policies.policies:
+            raise ValueError(f"VLLMBackend.updating(policy={policy!r}): give one of {list(self.policies.policies)}")
+        started = time.perf_counter()
+        name = f"{self._base_name}-{policy}-{version}"
+        self.policy.save_pretrained(self._dir / name, selected_adapters=[policy])
+        path = self._dir / name / (policy if policy != "default" else "")  # PEFT's folder for a named adapter
+        self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+        previous = self._loaded.get(policy, (None,))[0]
+        self._loaded[policy] = (name, version)
+        if self._keep_previous and previous is not None:
+            previous, self._retired_by[policy] = self._retired_by.get(policy), previous
+        if previous is not None:
+            self._post("/v1/unload_lora_adapter", json={"lora_name": previous})
+            shutil.rmtree(self._dir / previous, ignore_errors=True)
+        self._version = combined_version({name: loaded[1] for name, loaded in self._loaded.items()})
+        logger.info("policy %s synced to vLLM in %.2f s as %s", policy, time.perf_counter() - started, name)
+        if self.check_messages is not None:
+            self.last_logprob_gap = self.logprob_gap(self.check_messages, policy=policy)
 
     def _sync_lora(self, version: str) -> None:
         if not hasattr(self.policy, "peft_config"):
@@ -288,11 +337,15 @@ class VLLMBackend:
 
     # -- checks ---------------------------------------------------------------------------------------------------
 
-    def logprob_gap(self, messages: list[dict[str, Any]], max_tokens: int = 8) -> float:
-        """Sample ``max_tokens`` from vLLM for ``messages``; return the largest |vLLM - ``policy``| token logprob."""
+    def logprob_gap(self, messages: list[dict[str, Any]], max_tokens: int = 8, policy: str | None = None) -> float:
+        """Sample ``max_tokens`` from vLLM for ``messages``; return the largest |vLLM - ``policy``| token logprob
+        (with ``policies``: of that policy's adapter)."""
         import torch
 
-        response = self.chat(messages, max_tokens=max_tokens, temperature=1.0, seed=0, logprobs=True)
+        served = {"model": self.served(policy)[0]} if policy is not None else {}
+        if policy is not None:
+            self.policy.set_adapter(policy)
+        response = self.chat(messages, max_tokens=max_tokens, temperature=1.0, seed=0, logprobs=True, **served)
         choice = response["choices"][0]
         prompt, completion = response["prompt_token_ids"], choice["token_ids"]
         sampled = torch.tensor([entry["logprob"] for entry in choice["logprobs"]["content"]], dtype=torch.float64)
@@ -327,6 +380,9 @@ class VLLMBackend:
             command += ["--chat-template", str(template)]
         if self.sync_mode == "lora":
             command += ["--enable-lora", "--max-lora-rank", str(args["max_lora_rank"])]
+            if self.policies is not None:  # every policy's adapter at once (and its previous one, kept)
+                count = len(self.policies.policies) * (2 if self._keep_previous else 1)
+                command += ["--max-loras", str(count)]
         elif self.sync_mode in ("nccl", "ipc"):
             command += ["--weight-transfer-config", f'{{"backend": "{self.sync_mode}"}}']
         return command + self.extra_args

@@ -74,8 +74,9 @@ def fill_answer(fields: dict[str, Any], answer: dict[str, Any], token_source: To
         metadata["usage"] = {key: value for key, value in usage.items() if type(value) is int}
     if isinstance(answer.get("model"), str):
         metadata["response_model"] = answer["model"]
-    if isinstance(answer.get("model_version"), str):  # the weights that produced it, when the backend says (HF)
-        metadata["model_version"] = answer["model_version"]
+    for key in ("model_version", "policy"):  # the weights (and policy) that produced it, when the backend says (HF)
+        if isinstance(answer.get(key), str):
+            metadata[key] = answer[key]
     if answer.get("choices", 1) > 1:
         metadata["choices"] = answer["choices"]
 
@@ -160,7 +161,7 @@ def read_response(api: str, response: Any) -> dict[str, Any]:
         if message.get("refusal"):
             output["refusal"] = message["refusal"]
     return _answer(output, body, _prompt_ids(body, choice), choice.get("token_ids"), _logprobs(choice.get("logprobs")),
-                   choices=len(choices), model_version=body.get("model_version"))
+                   choices=len(choices), model_version=body.get("model_version"), policy=body.get("policy"))
 
 
 def _read_responses(body: dict[str, Any]) -> dict[str, Any]:

@@ -40,8 +40,9 @@ def merge_records(call: Call, other: Call) -> None:
     if _rank(other) < _rank(call):
         call.prompt_token_ids, call.completion_token_ids = other.prompt_token_ids, other.completion_token_ids
         call.completion_logprobs, call.token_source = other.completion_logprobs, other.token_source
-        if "model_version" in other.metadata:  # the version that produced these ids
-            call.metadata["model_version"] = other.metadata["model_version"]
+        for key in ("model_version", "policy"):  # the version (and policy) that produced these ids
+            if key in other.metadata:
+                call.metadata[key] = other.metadata[key]
     if call.role is None:
         call.role = other.role
     if call.response_id is None:

@@ -13,7 +13,7 @@ from agentlightning._uvicorn import BackgroundServer
 from agentlightning.protocol import ModelVersion
 from agentlightning.server._app import create_app
 from agentlightning.server._errors import check_bind
-from agentlightning.server._runtime import Runtime, Settings, Upstream
+from agentlightning.server._runtime import Route, Runtime, Settings, Upstream
 from agentlightning.server.store import SQLiteStore, Store
 from agentlightning.types import Rollout
 
@@ -89,11 +89,13 @@ class LightningServer:
     def set_upstream(
         self, url: str, model_name: str | None = None, model_version: str | None = None, *,
         api_key: str | None = None, logprobs: bool | None = None, sampling_overrides: dict[str, Any] | None = None,
+        routes: Sequence[Route] | None = None,
     ) -> ModelVersion:
         """Forward the proxy to ``url`` serving ``model_name``; calls recorded from now on carry ``model_version``
         (default: ``model_name``). ``logprobs=True`` asks for sampling logprobs on every call; ``sampling_overrides``
-        (e.g. ``{"temperature": 1.0}``) replace those fields of every forwarded request. Unset arguments keep the
-        previous upstream's (else the constructor's) value."""
+        (e.g. ``{"temperature": 1.0}``) replace those fields of every forwarded request; ``routes`` serve some roles
+        by other models (one policy per role). Unset arguments keep the previous upstream's (else the constructor's)
+        value."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"upstream url must start with http:// or https://, got {url!r}")
         current = self.runtime.upstream or self._defaults
@@ -103,6 +105,7 @@ class LightningServer:
             api_key=api_key if api_key is not None else current.api_key,
             logprobs=logprobs if logprobs is not None else current.logprobs,
             sampling_overrides=dict(current.sampling_overrides if sampling_overrides is None else sampling_overrides),
+            routes=tuple(current.routes if routes is None else routes),
         )
         return self.store.set_model_version(version, model_name or "", url)
 

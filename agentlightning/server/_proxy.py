@@ -3,7 +3,8 @@
 Each request is forwarded upstream over the server's one ``httpx.AsyncClient`` (retried with backoff and jitter on
 5xx/429 and connection errors for ``Settings.upstream_retry_window`` seconds until its first byte reached the agent,
 held while the upstream is paused; streams passed through) and recorded as a ``Call`` of the rollout with the
-upstream's token ids and the model version served, committed before the answer's end reaches the agent.
+upstream's token ids and the model version served, committed before the answer's end reaches the agent. A call's
+role (the ``X-AGL-Role`` header, else a ``model`` naming a role) picks the policy serving it (``Upstream.routes``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
+from agentlightning.protocol import ROLE_HEADER
 from agentlightning.server._errors import openai_error
-from agentlightning.server._runtime import Runtime, Upstream
+from agentlightning.server._runtime import Route, Runtime, Upstream
 from agentlightning.types import new_id
 
 logger = logging.getLogger(__name__)
@@ -66,16 +68,21 @@ class Proxy:
             return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
-        call = {**request_fields(endpoint, body), "call_id": new_id("call"), "rollout_id": rollout_id,
+        role = request.headers.get(ROLE_HEADER) or (body["model"] if upstream.route(body.get("model")) else None)
+        route = upstream.route(role)  # an agent that cannot be instrumented may name its role as the model
+        call = {**request_fields(endpoint, body), "call_id": new_id("call"), "rollout_id": rollout_id, "role": role,
                 "status": "ok", "start_time": time.time()}
         call["metadata"].update(endpoint=endpoint, captured_by="proxy")
-        if upstream.model_version is not None:
-            call["metadata"]["model_version"] = upstream.model_version
+        version = route.model_version if route is not None else upstream.model_version
+        if version is not None:
+            call["metadata"]["model_version"] = version
+        if route is not None and route.policy is not None:
+            call["metadata"]["policy"] = route.policy
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
         sent = client.build_request("POST", f"{upstream.url.rstrip('/')}/{path}", headers=headers,
-                                    content=json.dumps(_upstream_body(body, endpoint, upstream)).encode())
+                                    content=json.dumps(_upstream_body(body, endpoint, upstream, route)).encode())
         stream = bool(body.get("stream"))
         response, tries = await self._send(client, sent, stream, call, attempt)
         if isinstance(response, JSONResponse):  # the upstream could not be reached
@@ -236,12 +243,13 @@ def _not_serving(rollout_id: str, state: tuple[str, int] | None) -> JSONResponse
                              "attempt that holds its lease", f"rollout_{state[0]}")
 
 
-def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream) -> dict[str, Any]:
-    """The request as sent upstream: served model name, token ids requested, sampling overrides, logprobs when
-    training wants them."""
+def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream, route: Route | None = None
+                   ) -> dict[str, Any]:
+    """The request as sent upstream: served model name (the role's route's), token ids requested, sampling
+    overrides, logprobs when training wants them."""
     payload = dict(body)
-    if upstream.model_name:
-        payload["model"] = upstream.model_name
+    if route is not None or upstream.model_name:
+        payload["model"] = route.model_name if route is not None else upstream.model_name
     payload["return_token_ids"] = True
     payload.update(upstream.sampling_overrides)
     if upstream.logprobs:

@@ -9,9 +9,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentlightning.capture import role_matches
 from agentlightning.protocol import Task, task_id_for
 from agentlightning.server._metrics import Metrics
 from agentlightning.server.store import Store
+
+
+@dataclass(frozen=True)
+class Route:
+    """Calls of ``roles`` (globs) are served by ``model_name``, recorded with ``policy`` and ``model_version``."""
+
+    roles: tuple[str, ...]
+    model_name: str
+    model_version: str | None = None
+    policy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -25,6 +36,11 @@ class Upstream:
     api_key: str | None = None
     logprobs: bool = False
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
+    routes: tuple[Route, ...] = ()
+
+    def route(self, role: Any) -> Route | None:
+        """The first route whose roles match ``role``, or None."""
+        return next((r for r in self.routes if isinstance(role, str) and role_matches(role, r.roles)), None)
 
 
 @dataclass(frozen=True)

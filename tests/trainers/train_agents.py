@@ -41,3 +41,17 @@ def counted_reply_agent(task: dict, llm: agl.LLM) -> float:
         messages=[{"role": "system", "content": COUNTED_SYSTEM}, {"role": "user", "content": task["question"]}],
     )
     return float((reply.choices[0].message.content or "0").split()[-1]) / 10.0
+
+
+@agl.rollout
+def writer_rewriter_agent(task: dict, llm: agl.LLM) -> float:
+    """Three roles in one rollout (writer, rewriter, checker), one chat call each; rewarded by the replies' lengths."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    replies = {}
+    for role in ("writer", "rewriter", "checker"):
+        with agl.role(role):
+            reply = client.chat.completions.create(
+                model=llm.model, messages=[{"role": "user", "content": f"{role}: {task['question']}"}], max_tokens=6
+            )
+        replies[role] = reply.choices[0].message.content or ""
+    return (len(replies["writer"]) % 4 + len(replies["rewriter"]) % 3) / 5.0
