@@ -109,6 +109,8 @@ class TrainConfig:
     success_threshold: float = 1.0
     """Accuracy is ``accuracy(rollout)``, else ``final_reward >= success_threshold``."""
     accuracy: Callable[[Rollout], bool] | None = None
+    stop_accuracy: float | None = None
+    """Stop training once a held-out evaluation's accuracy reaches this (None: run all ``max_steps``)."""
 
     # -- model backend ----------------------------------------------------------------------------------------
     backend: Any = "hf"

@@ -141,20 +141,28 @@ class TrainingRun:
                 if self.val_dataset and (
                     (self.config.val_every and (step + 1) % self.config.val_every == 0) or step + 1 == self.config.max_steps
                 ):
+                    val_started = time.perf_counter()
                     final_val = self._validate_policy(source, backend, f"step {step + 1}", pipeline)
                     row.update({f"val/{key}": value for key, value in final_val.items()})
+                    row["val_seconds"] = time.perf_counter() - val_started
                 row["elapsed_seconds"] = time.perf_counter() - run_started  # since run(), validation included
                 writer.write(row)
                 history.append(row)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(_postfix(row, self.config.max_staleness > 0), refresh=False)
-                if (self.config.checkpoint_every and (step + 1) % self.config.checkpoint_every == 0) or step + 1 == self.config.max_steps:
+                target = self.config.stop_accuracy
+                stop = target is not None and row.get("val/accuracy", -1.0) >= target
+                last = step + 1 == self.config.max_steps or stop
+                if (self.config.checkpoint_every and (step + 1) % self.config.checkpoint_every == 0) or last:
                     checkpoint_path = save_checkpoint(trainer, self.output_dir, {
                         "step": step + 1, "global_step": trainer.steps if self.policies else trainer.state.global_step,
                         "model_version": backend.model_version, "order": sampler.order, "cursor": sampler.cursor,
                         "pending": pipeline.pending_indices(), "initial_validation": initial_val,
                     })
+                if stop:
+                    logger.info("held-out accuracy %.3f >= %s: stopping after step %d", row["val/accuracy"], target, step + 1)
+                    break
             if bar is not None:
                 bar.close()
         except BaseException as error:
@@ -172,7 +180,8 @@ class TrainingRun:
             tokenizer.save_pretrained(model_path)
         curve = plot_curve(history, self.output_dir / "reward_curve.png")
         result = TrainResult(
-            output_dir=self.output_dir, steps=self.config.max_steps, model_version=backend.model_version, history=history,
+            output_dir=self.output_dir, steps=int(history[-1]["step"]) if history else 0, model_version=backend.model_version,
+            history=history,
             initial_validation=initial_val, final_validation=final_val, metrics_path=writer.path, curve_path=curve,
             checkpoint_path=checkpoint_path, model_path=model_path, model=policy, tokenizer=tokenizer,
         )

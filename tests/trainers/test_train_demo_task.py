@@ -63,14 +63,15 @@ def test_steps_are_printed_with_their_times_and_the_time_to_the_target(capsys):
     history = [{"step": 0, "elapsed_seconds": 30.0, "val/accuracy": 0.2, "val/reward": 0.25},
                {"step": 1, "elapsed_seconds": 45.0, "step_seconds": 15.0, "reward": 0.4},
                {"step": 2, "elapsed_seconds": 66.0, "step_seconds": 15.0, "reward": 0.6, "val/accuracy": 0.875,
-                "val/reward": 0.9},
+                "val/reward": 0.9, "val_seconds": 6.0},
                {"step": 3, "elapsed_seconds": 87.0, "step_seconds": 15.0, "reward": 0.8, "val/accuracy": 0.917,
-                "val/reward": 0.93},
+                "val/reward": 0.93, "val_seconds": 6.0},
                {"step": 4, "elapsed_seconds": 88.0, "reward": 1.0, "skipped_update": 1}]
-    assert time_to_accuracy(history, 0.9) == (3, 57.0)
+    assert time_to_accuracy(history, 0.9) == (3, 45.0, 57.0)  # 57 s, of which 12 s held-out evaluations
     assert time_to_accuracy(history, 0.95) is None
     print_steps(history, 0.9)
     out = capsys.readouterr().out
-    assert "before training: 30 s" in out and "step  3   15.0 s  training    57 s" in out
-    assert "held-out accuracy 0.917" in out and "step 3, 0.95 min of training" in out
+    assert "before training: 30 s" in out and "step  3   15.0 s  elapsed    57 s" in out
+    assert "held-out accuracy 0.917 (evaluated in 6 s)" in out
+    assert "step 3, training wall time 0.75 min (0.95 min with the evaluations)" in out
     assert "step  4  skipped" in out
