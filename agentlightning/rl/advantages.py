@@ -122,8 +122,13 @@ def _by_rollout(transitions: Sequence[Transition]) -> dict[str, _RolloutRows]:
 
 def _mean(members: Sequence[_RolloutRows]) -> float:
     """Mean reward with every rollout weighing 1 (its transitions 1/n each)."""
-    return math.fsum(math.fsum(row.reward for row in rollout.rows) / len(rollout.rows) for rollout in members
-                     ) / len(members)
+    return _exact_mean([_exact_mean([row.reward for row in rollout.rows]) for rollout in members])
+
+
+def _exact_mean(values: Sequence[float]) -> float:
+    """The mean, computed around the first value: equal values give exactly that value (``fsum([x] * 3) / 3`` may
+    not), so a group whose rewards all tie gets advantages of exactly 0 rather than rounding noise over ``eps``."""
+    return values[0] + math.fsum(value - values[0] for value in values) / len(values)
 
 
 def _std(members: Sequence[_RolloutRows], centre_of: _Centre, ddof: int) -> float | None:

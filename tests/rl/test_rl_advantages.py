@@ -54,6 +54,8 @@ def test_grpo_group_of_one_and_all_equal_rewards(caplog: pytest.LogCaptureFixtur
     assert advantages(compute_advantages(group([0.3, 0.3, 0.3]), eps=0.0)) == [0.0, 0.0, 0.0]
     flat = group([0.3, 0.3], calls=[2, 1])
     assert advantages(compute_advantages(flat, estimator="reinforce++", eps=0.0)) == [0.0] * 3
+    for estimator in ("grpo", "dr_grpo", "reinforce++", "reinforce++_baseline"):  # fsum([x] * 3) / 3 != x here
+        assert advantages(compute_advantages(group([3.5316274842091024] * 3), estimator=estimator)) == [0.0] * 3
 
 
 def test_grpo_failed_rollouts_without_reward() -> None:
