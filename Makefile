@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/python -m agentlightning.demo
+	$(BIN)/python -m examples.demo
 
 test: install
 	$(BIN)/python -m pytest -q

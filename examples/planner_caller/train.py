@@ -6,7 +6,7 @@ SmolLM2-135M, its own GRPO statistics and credit:
 
 - the planner is rewarded for its plan: 1.0 when the expression's value is the answer, 0.1 when it combines the
   problem's own numbers, else 0;
-- the caller gets the episode's reward (``agentlightning.demo.task.score``: 1.0 for a calculator call with the right
+- the caller gets the episode's reward (``examples.demo.task.score``: 1.0 for a calculator call with the right
   value, ...).
 
     python -m examples.planner_caller.train              # CPU, SmolLM2 (the bundled GGUF), ~20 min on 2 cores
@@ -28,8 +28,8 @@ from typing import Any
 import openai
 
 import agentlightning as agl
-from agentlightning.demo.__main__ import split_problems
-from agentlightning.demo.task import CALCULATOR_TOOL, EXAMPLE, SYSTEM_PROMPT, calculate, score, uses_problem_numbers
+from examples.demo.__main__ import split_problems
+from examples.demo.task import CALCULATOR_TOOL, EXAMPLE, SYSTEM_PROMPT, calculate, score, uses_problem_numbers
 
 PLANNER_PROMPT = [
     {"role": "system", "content": "Write the arithmetic expression that answers the question."},

@@ -27,11 +27,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the examples package, when run as a script
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # spinning OpenMP threads on a shared 2-core machine stall torch
 
 import agentlightning as agl  # noqa: E402 - after the thread setting
-from agentlightning.demo.__main__ import split_problems  # noqa: E402
-from agentlightning.demo.task import calculator_agent  # noqa: E402
+from examples.demo.__main__ import split_problems  # noqa: E402
+from examples.demo.task import calculator_agent  # noqa: E402
 
 ENV_SECONDS = (0.5, 2.0)
 

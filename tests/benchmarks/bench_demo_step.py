@@ -1,6 +1,6 @@
 """Benchmark: one ``make demo`` step broken down by phase, each against its compute limit, before vs after.
 
-The demo (``python -m agentlightning.demo``, SmolLM2-135M, LoRA GRPO, in-process HF backend) runs ``--steps``
+The demo (``python -m examples.demo``, SmolLM2-135M, LoRA GRPO, in-process HF backend) runs ``--steps``
 steps in a child process for each side: ``baseline`` is the code of ``--baseline`` (a git revision, default the
 commit this work started from, extracted with ``git archive``) and ``current`` is this worktree; the sides
 alternate ``--repeats`` times so that both see the same machine load. Each child times, from the outside (forward
@@ -75,7 +75,7 @@ def child(steps: int, seed: int, output_dir: str) -> dict[str, Any]:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     import agentlightning.trainers.models as models
-    from agentlightning.demo.__main__ import main
+    from examples.demo.__main__ import main
     from agentlightning.trainers.rollouts import LocalRollouts
 
     events: list[tuple[float, str, int]] = []  # (time, kind, tokens)

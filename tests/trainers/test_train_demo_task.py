@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import agentlightning as agl
-from agentlightning.demo.__main__ import split_problems
-from agentlightning.demo.task import calculate, calculator_agent, make_problems, score, uses_problem_numbers
+from examples.demo.__main__ import split_problems
+from examples.demo.task import calculate, calculator_agent, make_problems, score, uses_problem_numbers
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
 
 
@@ -58,7 +58,7 @@ def test_agent_scores_what_the_model_did(reply, reward):
 
 
 def test_steps_are_printed_with_their_times_and_the_time_to_the_target(capsys):
-    from agentlightning.demo.__main__ import print_steps, time_to_accuracy
+    from examples.demo.__main__ import print_steps, time_to_accuracy
 
     history = [{"step": 0, "elapsed_seconds": 30.0, "val/accuracy": 0.2, "val/reward": 0.25},
                {"step": 1, "elapsed_seconds": 45.0, "step_seconds": 15.0, "reward": 0.4},

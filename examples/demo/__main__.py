@@ -1,4 +1,4 @@
-"""``python -m agentlightning.demo``: the command line of the CPU demo (see the package docstring)."""
+"""``python -m examples.demo``: the command line of the CPU demo (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from agentlightning.demo import __doc__ as DEMO_DOC
-from agentlightning.demo.task import calculator_agent, make_problems
+from examples.demo import __doc__ as DEMO_DOC
+from examples.demo.task import calculator_agent, make_problems
 
 
 def split_problems(train_size: int, val_size: int, seed: int) -> tuple[list[dict], list[dict]]:
@@ -50,7 +50,7 @@ def print_steps(history: list[dict], target: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agentlightning.demo", description=(DEMO_DOC or "").split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m examples.demo", description=(DEMO_DOC or "").split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=16, help="training steps (default 16)")
     parser.add_argument("--tasks-per-step", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
