@@ -1,9 +1,9 @@
 """Capture of OpenAI-compatible requests an agent sends itself with ``httpx`` (``httpx.post(llm.base_url +
 "/chat/completions", json=...)``, ``httpx.Client`` / ``AsyncClient``, streamed or not): inside a rollout, each POST
 to a path ending in ``/chat/completions``, ``/completions`` or ``/responses`` becomes a ``Call``, read from the JSON
-body sent and the answer (a streamed body when it is read through or closed). Requests of the openai and anthropic
-clients (marked with ``X-Stainless-*`` headers) are left to their adapters. Other HTTP clients are captured by the
-server's proxy.
+body sent and the answer (a streamed body when it is read through or closed); inside ``agl.role`` the request
+carries the role for the proxy (``X-AGL-Role``). Requests of the openai and anthropic clients (``X-Stainless-*``
+headers) are left to their adapters. Other HTTP clients are captured by the server's proxy.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from agentlightning.adapters._stainless import Patch, arecorded, recorded
 
 from agentlightning._wire.read import ENDPOINTS, StreamFold, read_response
 from agentlightning.capture import LLMCall, current_recorder
+from agentlightning.protocol import ROLE_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +103,13 @@ def _start(request: httpx.Request) -> LLMCall | None:
     if (match := _ENDPOINT.match(str(request.url.copy_with(query=None)))) is None:
         return None
     try:
-        return LLMCall(ENDPOINTS[match[2]], recorder, match[1], json.loads(request.content))
+        call = LLMCall(ENDPOINTS[match[2]], recorder, match[1], json.loads(request.content))
     except Exception:  # noqa: BLE001 - a capture bug must not break the agent
         logger.warning("httpx capture could not read a request to %s; it is not recorded", request.url, exc_info=True)
         return None
+    if (role := call.fields["role"]) is not None:  # the proxy serves the call by the role's policy
+        request.headers[ROLE_HEADER] = role
+    return call
 
 
 def _send(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -3,8 +3,8 @@
 Each request is forwarded upstream over the server's one ``httpx.AsyncClient`` (retried with backoff and jitter on
 5xx/429 and connection errors for ``Settings.upstream_retry_window`` seconds until its first byte reached the agent,
 held while the upstream is paused; streams passed through) and recorded as a ``Call`` of the rollout with the
-upstream's token ids and the model version served, committed before the answer's end reaches the agent. A call's
-role (the ``X-AGL-Role`` header, else a ``model`` naming a role) picks the policy serving it (``Upstream.routes``).
+upstream's token ids and the model version served, committed before the answer's end reaches the agent. A call's role
+(its base URL ``.../v1/roles/<role>``, the ``X-AGL-Role`` header, a ``model`` naming a role) picks its policy's route.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ class Proxy:
 
     async def handle(self, client: httpx.AsyncClient, request: Request, rollout_id: str, path: str) -> Response:
         """Serve ``POST /rollouts/{rollout_id}/v1/{path}`` through ``client``."""
+        url_role = None
+        if path.startswith("roles/"):  # a role's own base URL, {llm.base_url}/roles/<role>
+            url_role, _, path = path.removeprefix("roles/").partition("/")
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
             return openai_error(404, f"unknown endpoint /v1/{path}: the proxy serves chat/completions, completions "
@@ -68,8 +71,9 @@ class Proxy:
             return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
-        role = request.headers.get(ROLE_HEADER) or (body["model"] if upstream.route(body.get("model")) else None)
-        route = upstream.route(role)  # an agent that cannot be instrumented may name its role as the model
+        role = url_role or request.headers.get(ROLE_HEADER)
+        role = role or (body["model"] if upstream.route(body.get("model")) else None)
+        route = upstream.route(role)  # an agent that cannot be instrumented may name its role in its URL or model
         call = {**request_fields(endpoint, body), "call_id": new_id("call"), "rollout_id": rollout_id, "role": role,
                 "status": "ok", "start_time": time.time()}
         call["metadata"].update(endpoint=endpoint, captured_by="proxy")
@@ -219,6 +223,7 @@ def router(runtime: Runtime) -> APIRouter:
     proxy = Proxy(runtime)
 
     @routes.get("/models", response_model=None)
+    @routes.get("/roles/{role}/models", response_model=None)
     async def models(rollout_id: str) -> dict[str, Any] | Response:
         state = runtime.store.rollout_state(rollout_id)
         if state is None:

@@ -305,9 +305,10 @@ def test_vllm_serves_two_policies_as_lora_adapters_at_once(served, tmp_path):
         backend.stop()
 
 
-def test_proxy_routes_each_role_by_header_or_by_model_name(tmp_path):
-    """The Lightning proxy serves a call by its role's route: the role from the header the openai capture sends
-    (``agl.role``), or, for an agent that cannot be instrumented, a ``model`` naming the role."""
+def test_proxy_routes_each_role_by_header_base_url_or_model_name(tmp_path):
+    """The Lightning proxy serves a call by its role's route: the role from the header the openai and raw-httpx
+    captures send (``agl.role``), or, for an agent that cannot be instrumented, the role's own base URL
+    (``{llm.base_url}/roles/<role>``) or a ``model`` naming the role."""
     import openai
 
     from agentlightning.server import LightningServer, Route
@@ -326,13 +327,19 @@ def test_proxy_routes_each_role_by_header_or_by_model_name(tmp_path):
             ask = {"messages": [{"role": "user", "content": "hi"}]}
             with agl.role("writer"):
                 client.chat.completions.create(model=llm.model, **ask)
+                httpx.post(f"{llm.base_url}/chat/completions", json={"model": llm.model, **ask}).raise_for_status()
             client.chat.completions.create(model="checker", **ask)  # no role known: the model names it
-            client.chat.completions.create(model=llm.model, **ask)  # neither: the upstream's model
+            writer = openai.OpenAI(base_url=f"{llm.base_url}/roles/writer", api_key="x", max_retries=0)
+            writer.chat.completions.create(model=llm.model, **ask)  # the role's own base URL names it
+            assert [m.id for m in writer.models.list()] == ["base"]
+            client.chat.completions.create(model=llm.model, **ask)  # none: the upstream's model
             return 1.0
 
         agl.run(agent, [{"q": "x"}], llm=agl.LLM(base_url=f"{server.url}/rollouts/{rid}/v1", model="base"))
-        assert [request.model for request in mock.requests] == ["adapter-writer", "base", "base"]
+        assert [request.model for request in mock.requests] == [
+            "adapter-writer", "adapter-writer", "base", "adapter-writer", "base"]
         seen = [(call.role, call.metadata.get("policy"), call.metadata.get("model_version"))
                 for call in server.store.proxy_calls(rid)]
-        assert seen == [("writer", "writer", "v3"), ("checker", None, "base"), (None, None, "b0")]
+        assert seen == [("writer", "writer", "v3")] * 2 + [("checker", None, "base"), ("writer", "writer", "v3"),
+                                                           (None, None, "b0")]
 
