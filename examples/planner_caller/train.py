@@ -1,7 +1,9 @@
 """The CPU demo's arithmetic task split into two roles, each trained as its own policy (one LoRA adapter each).
 
 The *planner* reads the word problem and writes the arithmetic expression that answers it; the *caller* gets the
-problem and the plan and calls the calculator tool. ``agl.train(policies=...)`` gives each role its own adapter on
+problem and the expression found in the plan (the plan's text when it has none) and calls the calculator tool. The
+caller's solved example has the same shape (the base model follows the shape of the example: with the planner's
+raw prose in view it answered in text and the caller got no reward to learn from). ``agl.train(policies=...)`` gives each role its own adapter on
 SmolLM2-135M, its own GRPO statistics and credit:
 
 - the planner is rewarded for its plan: 1.0 when the expression's value is the answer, 0.1 when it combines the
@@ -9,8 +11,11 @@ SmolLM2-135M, its own GRPO statistics and credit:
 - the caller gets the episode's reward (``examples.demo.task.score``: 1.0 for a calculator call with the right
   value, ...).
 
-    python -m examples.planner_caller.train              # CPU, SmolLM2 (the bundled GGUF), ~20 min on 2 cores
+    python -m examples.planner_caller.train              # CPU, SmolLM2 (the bundled GGUF), 8 steps
     python -m examples.planner_caller.train --steps 2    # a quick look
+
+Both policies are evaluated greedily on 16 held-out problems before training and every 2 steps
+(``val/policy/<name>/reward`` in ``metrics.jsonl`` under ``--output-dir``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -36,6 +42,7 @@ PLANNER_PROMPT = [
     {"role": "user", "content": "Ana has 3 pens and gets 2 more. How many pens does Ana have now?"},
     {"role": "assistant", "content": "3 + 2"},
 ]
+CALLER_EXAMPLE = [{"role": "user", "content": f"{EXAMPLE[0]['content']}\nPlan: 3 + 2"}, *EXAMPLE[1:]]
 _EXPRESSION = re.compile(r"\d+(?:\.\d+)?(?:\s*[-+*/x×]\s*\d+(?:\.\d+)?)+")
 
 
@@ -63,10 +70,11 @@ def planner_caller_agent(task: dict[str, Any], llm: agl.LLM) -> float:
             model=llm.model, messages=[*PLANNER_PROMPT, {"role": "user", "content": task["question"]}],
             max_tokens=16, temperature=temperature,
         ).choices[0].message.content or ""
-    question = f"{task['question']}\nPlan: {plan.strip()}"
+    found = _EXPRESSION.search(plan)
+    question = f"{task['question']}\nPlan: {found.group(0) if found else plan.strip()}"
     with agl.role("caller"):
         message = client.chat.completions.create(
-            model=llm.model, messages=[{"role": "system", "content": SYSTEM_PROMPT}, *EXAMPLE,
+            model=llm.model, messages=[{"role": "system", "content": SYSTEM_PROMPT}, *CALLER_EXAMPLE,
                                        {"role": "user", "content": question}],
             tools=[CALCULATOR_TOOL], max_tokens=40, temperature=temperature,
         ).choices[0].message
@@ -92,19 +100,23 @@ def credit(rollout: agl.Rollout, calls: Sequence[agl.Call], policy: str) -> list
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--tasks-per-step", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--val-size", type=int, default=16)
-    parser.add_argument("--val-every", type=int, default=5)
+    parser.add_argument("--val-size", type=int, default=16, help="held-out problems")
+    parser.add_argument("--val-every", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--nworkers", type=int, default=16)
+    parser.add_argument("--nworkers", type=int, default=32, help="agent threads")
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--output-dir", default="runs/planner-caller")
     parser.add_argument("--rollout-timeout", type=float, default=900.0, help="seconds (a busy CPU is slow)")
     args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # idle OpenMP threads sleep (set before torch loads)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("agentlightning.trainers.loop").setLevel(logging.INFO)
     train_set, held_out = split_problems(400, args.val_size, args.seed)
     started = time.perf_counter()
     lora = {"r": 16, "lora_alpha": 32}
@@ -122,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"held-out {key}: {before.get(key, float('nan')):.3f} -> {after.get(key, float('nan')):.3f}")
     for row in result.history:
         shown = {k: round(v, 3) for k, v in row.items() if k.startswith(("val/", "policy/")) and k.endswith("reward")}
-        print(f"step {row['step']}: {shown}")
+        seconds = {k: round(row[k]) for k in ("step_seconds", "val_seconds", "elapsed_seconds") if k in row}
+        print(f"step {row['step']}: {seconds} {shown}")
     return 0
 
 
