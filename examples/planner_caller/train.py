@@ -11,7 +11,7 @@ SmolLM2-135M, its own GRPO statistics and credit:
 - the caller gets the episode's reward (``examples.demo.task.score``: 1.0 for a calculator call with the right
   value, ...).
 
-    python -m examples.planner_caller.train              # CPU, SmolLM2 (the bundled GGUF), 8 steps
+    python -m examples.planner_caller.train              # CPU, SmolLM2 (the bundled GGUF), 8 steps, ~27 min loaded
     python -m examples.planner_caller.train --steps 2    # a quick look
 
 Both policies are evaluated greedily on 16 held-out problems before training and every 2 steps
