@@ -1,20 +1,23 @@
-"""Training across processes: ``agl.train`` under ``accelerate launch`` (DDP over the GPUs of one or more machines).
+"""Training across processes: ``agl.train`` under ``accelerate launch``, with DDP or FSDP2 over the GPUs of one or
+more machines (or CPU processes over gloo).
 
 Every rank runs the same script. TRL's ``TrainingArguments`` set up the process group (so ``trainer_args`` such as
 ``ddp_backend`` and ``ddp_timeout`` apply) and :class:`~agentlightning.trainers.grpo.LightningGRPOTrainer` wraps its
-model in ``DistributedDataParallel``. Then:
+model (:func:`wrap_model`). Then:
 
 - rank 0 owns the run: the Lightning Server, the model backend, the workers and the rollout pipeline; it writes
   metrics and checkpoints and shows progress. The other ranks build the same model and trainer, load the same
   checkpoint, and wait in :meth:`Ranks.follow`;
 - for each update rank 0 broadcasts the packed batch; every rank calls ``trainer.step(batch)``, which trains on the
-  rank's shard (:func:`shard`) and lets DDP average the gradients, so the update is the single-process update on
-  the whole batch (up to float rounding) and every rank holds the same weights afterwards. Rank 0's backend then
-  serves them (the Hugging Face backend generates from rank 0's live model).
+  rank's shard (:func:`shard`) and lets DDP (or FSDP's reduce-scatter) average the gradients, so the update is the
+  single-process update on the whole batch (up to float rounding). Rank 0's backend then serves it: under DDP
+  rank 0's live model; under FSDP, whose ranks each hold a shard of every parameter, rank 0's unsharded
+  :class:`ServedCopy`, into which every rank gathers the trained parameters after each optimizer step. Checkpoints
+  gather the trained parameters and the optimizer state the same way (:func:`full_tensor`, every rank) and load
+  them back into the shards (:func:`shard_like`).
 
-DeepSpeed and FSDP shard the weights and optimizer state across ranks; the backend's weight sync and the
-checkpoints read them whole on rank 0, so those configs are refused with an explanation (see ``docs/scaling.md``),
-with one process too (where TRL would otherwise ignore them, the model never being prepared for them).
+DeepSpeed configs are refused with an explanation (see ``docs/scaling.md``): its engine owns the optimizer step and
+keeps the ZeRO-partitioned state where the checkpoints and the weight sync cannot read it whole.
 """
 
 from __future__ import annotations
@@ -83,12 +86,14 @@ def wrap_model(trainer: Any) -> Any:
     across processes; sharded in place with FSDP2, after rank 0 has kept an unsharded copy of it
     (:class:`ServedCopy`, ``trainer.served_copy``)."""
     accelerator = trainer.accelerator
-    if trainer.is_deepspeed_enabled:
+    if trainer.is_deepspeed_enabled or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         raise NotImplementedError(
-            "agl.train runs DDP or FSDP2; this run is configured for DeepSpeed, which it does not support: ZeRO "
-            "keeps the optimizer state (and at stage 3 the weights) partitioned inside DeepSpeed's engine, while the "
-            "model backend on rank 0 serves, and the checkpoints save, whole weights and a torch optimizer's state. "
-            "Shard with an FSDP2 accelerate config (fsdp_version: 2) instead, or train with DDP; see docs/scaling.md"
+            "agl.train shards with FSDP2 or trains with DDP; this launch is configured for DeepSpeed, which it does "
+            "not support: DeepSpeed's engine takes the optimizer step inside the backward of a fixed number of "
+            "micro-batches (agl.train's batches vary, and the backend must pause around the step), and ZeRO keeps "
+            "the optimizer state (at stage 3 the weights too) partitioned inside the engine, where the checkpoints "
+            "and the backend's weight sync cannot read them whole. Shard with an FSDP2 accelerate config "
+            "(distributed_type: FSDP, fsdp_version: 2) instead; see docs/scaling.md"
         )
     plugin = _fsdp_plugin(trainer)
     if plugin is None:
