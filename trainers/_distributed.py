@@ -13,8 +13,8 @@ model (:func:`wrap_model`). Then:
   single-process update on the whole batch (up to float rounding). Rank 0's backend then serves it: under DDP
   rank 0's live model; under FSDP, whose ranks each hold a shard of every parameter, rank 0's unsharded
   :class:`ServedCopy`, into which every rank gathers the trained parameters after each optimizer step. Checkpoints
-  gather the trained parameters and the optimizer state the same way (:func:`full_tensor`, every rank) and load
-  them back into the shards (:func:`shard_like`).
+  gather the trained parameters and the optimizer state the same way (every rank; see
+  :mod:`~agentlightning.trainers.checkpoint`) and load them back into the shards.
 
 DeepSpeed configs are refused with an explanation (see ``docs/scaling.md``): its engine owns the optimizer step and
 keeps the ZeRO-partitioned state where the checkpoints and the weight sync cannot read it whole.
@@ -32,9 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentlightning.trainers.checkpoint import full_tensor, trained_state
+
 if TYPE_CHECKING:
     from agentlightning.rl.batch import PackedBatch
-    from agentlightning.trainers.config import TrainResult
+    from agentlightning.trainers.config import TrainConfig, TrainResult
 
 logger = logging.getLogger(__name__)
 
@@ -133,33 +135,15 @@ def _fsdp_plugin(trainer: Any) -> Any:
     return None
 
 
-def served_model(trainer: Any, on_device: bool) -> Any:
+def served_model(trainer: Any, config: TrainConfig) -> Any:
     """The model the backend serves and ``agl.train`` returns: ``trainer.model``, or under FSDP rank 0's unsharded
-    copy of it (moved to the training device when ``on_device``: the HF backend generates from it)."""
+    copy of it, on the training device unless a vLLM backend reads it from files (``disk`` or ``lora`` sync)."""
     copy = getattr(trainer, "served_copy", None)
     if copy is None:
         return trainer.model
-    if on_device and copy.model is not None:
+    if copy.model is not None and not (config.backend == "vllm" and config.vllm_sync in ("disk", "lora")):
         copy.model.to(trainer.accelerator.device)
     return copy.model
-
-
-def full_tensor(value: Any) -> Any:
-    """``value`` whole on every rank: a sharded (``DTensor``) parameter or state is gathered (every rank must call
-    this for it, in the same order); anything else is returned as it is."""
-    from torch.distributed.tensor import DTensor
-
-    return value.full_tensor() if isinstance(value, DTensor) else value
-
-
-def shard_like(value: torch.Tensor, like: Any) -> Any:
-    """The whole tensor ``value`` as this rank's shard of ``like``'s layout when ``like`` is sharded (no
-    communication: every rank holds ``value``), else ``value`` on ``like``'s device."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(like, DTensor):
-        return distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
-    return value.to(like.device)
 
 
 class ServedCopy:
@@ -262,8 +246,6 @@ class Ranks:
             if kind == "step":
                 trainer.step(payload)
             elif kind == "checkpoint":
-                from agentlightning.trainers.checkpoint import trained_state
-
                 trained_state(trainer)  # rank 0 saves what this gathers
             elif kind == "done":
                 return dataclasses.replace(payload, model=trainer.model, tokenizer=tokenizer)

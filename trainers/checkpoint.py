@@ -20,8 +20,6 @@ from typing import Any
 
 import torch
 
-from agentlightning.trainers._distributed import full_tensor, shard_like
-
 logger = logging.getLogger(__name__)
 
 
@@ -122,3 +120,21 @@ def _trained(trainer: Any) -> dict[str, Any]:
     """The parameters ``trainer``'s optimizer updates, by name (the LoRA adapter of its policy, or the model)."""
     updated = {id(param) for group in trainer.optimizer.param_groups for param in group["params"]}
     return {name: param for name, param in trainer.model.named_parameters() if id(param) in updated}
+
+
+def full_tensor(value: Any) -> Any:
+    """``value`` whole on every rank: a sharded (``DTensor``) parameter or state is gathered (every rank must call
+    this for it, in the same order); anything else is returned as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def shard_like(value: torch.Tensor, like: Any) -> Any:
+    """The whole tensor ``value`` as this rank's shard of ``like``'s layout when ``like`` is sharded (no
+    communication: every rank holds ``value``), else ``value`` on ``like``'s device."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(like, DTensor):
+        return distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+    return value.to(like.device)

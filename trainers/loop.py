@@ -87,7 +87,7 @@ class TrainingRun:
             raise NotImplementedError("agl.train(policies=...) runs in one process, not under `accelerate launch`")
         base_dir = self._vllm_base_dir(model, tokenizer) if ranks.main else None
         trainer = self._trainer(model, tokenizer, config, settings)
-        policy = served_model(trainer, self.config.backend == "hf")
+        policy = served_model(trainer, self.config)
 
         checkpoint = ranks.resume_path(self._resume_path(latest_checkpoint) if ranks.main else None)
         state: dict[str, Any] = {"step": 0, "order": [], "cursor": 0}
@@ -382,7 +382,7 @@ def make_backend(
         options = config.vllm
         return VLLMBackend(
             None if options.url else base_dir, url=options.url, policy=policy, tokenizer=tokenizer,
-            sync=options.sync or ("lora" if config.lora else "disk"),  # type: ignore[arg-type]
+            sync=config.vllm_sync,  # type: ignore[arg-type]
             model_name=None if options.url else model_name, model_version=model_version, python=options.python,
             dtype=options.dtype, gpu_memory_utilization=options.gpu_memory_utilization,
             max_model_len=options.max_model_len, tensor_parallel_size=options.tensor_parallel_size,
