@@ -1,20 +1,23 @@
-"""Training across processes: ``agl.train`` under ``accelerate launch`` (DDP over the GPUs of one or more machines).
+"""Training across processes: ``agl.train`` under ``accelerate launch``, with DDP or FSDP2 over the GPUs of one or
+more machines (or CPU processes over gloo).
 
 Every rank runs the same script. TRL's ``TrainingArguments`` set up the process group (so ``trainer_args`` such as
 ``ddp_backend`` and ``ddp_timeout`` apply) and :class:`~agentlightning.trainers.grpo.LightningGRPOTrainer` wraps its
-model in ``DistributedDataParallel``. Then:
+model (:func:`wrap_model`). Then:
 
 - rank 0 owns the run: the Lightning Server, the model backend, the workers and the rollout pipeline; it writes
   metrics and checkpoints and shows progress. The other ranks build the same model and trainer, load the same
   checkpoint, and wait in :meth:`Ranks.follow`;
 - for each update rank 0 broadcasts the packed batch; every rank calls ``trainer.step(batch)``, which trains on the
-  rank's shard (:func:`shard`) and lets DDP average the gradients, so the update is the single-process update on
-  the whole batch (up to float rounding) and every rank holds the same weights afterwards. Rank 0's backend then
-  serves them (the Hugging Face backend generates from rank 0's live model).
+  rank's shard (:func:`shard`) and lets DDP (or FSDP's reduce-scatter) average the gradients, so the update is the
+  single-process update on the whole batch (up to float rounding). Rank 0's backend then serves it: under DDP
+  rank 0's live model; under FSDP, whose ranks each hold a shard of every parameter, rank 0's unsharded
+  :class:`ServedCopy`, into which every rank gathers the trained parameters after each optimizer step. Checkpoints
+  gather the trained parameters and the optimizer state the same way (every rank; see
+  :mod:`~agentlightning.trainers.checkpoint`) and load them back into the shards.
 
-DeepSpeed and FSDP shard the weights and optimizer state across ranks; the backend's weight sync and the
-checkpoints read them whole on rank 0, so those configs are refused with an explanation (see ``docs/scaling.md``),
-with one process too (where TRL would otherwise ignore them, the model never being prepared for them).
+DeepSpeed configs are refused with an explanation (see ``docs/scaling.md``): its engine owns the optimizer step and
+keeps the ZeRO-partitioned state where the checkpoints and the weight sync cannot read it whole.
 """
 
 from __future__ import annotations
@@ -22,15 +25,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from agentlightning.trainers.checkpoint import full_tensor, trained_state
+
 if TYPE_CHECKING:
     from agentlightning.rl.batch import PackedBatch
-    from agentlightning.trainers.config import TrainResult
+    from agentlightning.trainers.config import TrainConfig, TrainResult
 
 logger = logging.getLogger(__name__)
 
@@ -78,20 +84,98 @@ def shard(batch: PackedBatch, rank: int, processes: int) -> tuple[PackedBatch, B
 
 
 def wrap_model(trainer: Any) -> Any:
-    """``trainer``'s model for the update: DDP-wrapped (accelerate's ``prepare_model``) when run across processes."""
+    """``trainer``'s model for the update: as it is in one process; DDP-wrapped (accelerate's ``prepare_model``)
+    across processes; sharded in place with FSDP2, after rank 0 has kept an unsharded copy of it
+    (:class:`ServedCopy`, ``trainer.served_copy``)."""
     accelerator = trainer.accelerator
-    if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled:
-        engine = "DeepSpeed" if trainer.is_deepspeed_enabled else "FSDP"
+    if trainer.is_deepspeed_enabled or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
         raise NotImplementedError(
-            f"agl.train trains with DDP; this run is configured for {engine}, "
-            "which shards the weights and optimizer state across ranks, while the model backend on rank 0 serves "
-            "(and the checkpoints save) rank 0's whole copy. Launch with a multi-GPU (DDP) accelerate config, e.g. "
-            "`accelerate launch --multi_gpu --num_processes 8 train.py`, and use lora=True for large models; see "
-            "docs/scaling.md"
+            "agl.train shards with FSDP2 or trains with DDP; this launch is configured for DeepSpeed, which it does "
+            "not support: DeepSpeed's engine takes the optimizer step inside the backward of a fixed number of "
+            "micro-batches (agl.train's batches vary, and the backend must pause around the step), and ZeRO keeps "
+            "the optimizer state (at stage 3 the weights too) partitioned inside the engine, where the checkpoints "
+            "and the backend's weight sync cannot read them whole. Shard with an FSDP2 accelerate config "
+            "(distributed_type: FSDP, fsdp_version: 2) instead; see docs/scaling.md"
         )
-    if accelerator.num_processes == 1:
-        return trainer.model_wrapped
-    return accelerator.prepare_model(trainer.model)
+    plugin = _fsdp_plugin(trainer)
+    if plugin is None:
+        return trainer.model_wrapped if accelerator.num_processes == 1 else accelerator.prepare_model(trainer.model)
+    if plugin.fsdp_version != 2:
+        raise NotImplementedError(
+            "agl.train shards with FSDP2 only; this accelerate config asks for FSDP1. Set `fsdp_version: 2` in its "
+            "fsdp_config; see docs/scaling.md"
+        )
+    trainer.served_copy = ServedCopy(trainer)
+    if trainer.is_fsdp_enabled:  # accelerate shards the model and moves the optimizer onto the shards
+        model, optimizer = accelerator.prepare(trainer.model, trainer.optimizer)
+        trainer.model, trainer.optimizer = model, optimizer.optimizer  # the torch optimizer
+    else:  # CPU ranks, which accelerate 1.15 leaves unsharded: its FSDP2 sharding, then a new optimizer on the shards
+        from types import SimpleNamespace
+
+        from accelerate.utils import fsdp2_prepare_model
+
+        view = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), device=accelerator.device,
+                               is_main_process=accelerator.is_main_process, mixed_precision=accelerator.mixed_precision)
+        model = trainer.model = fsdp2_prepare_model(view, trainer.model)
+        trainer.optimizer = trainer.lr_scheduler = None
+        trainer.create_optimizer_and_scheduler(num_training_steps=max(trainer.args.max_steps, 1))
+    trainer.served_copy.bind(model)
+    return model
+
+
+def _fsdp_plugin(trainer: Any) -> Any:
+    """The FSDP settings of this launch, or None: accelerate's plugin, or on CPU ranks (where accelerate 1.15 ignores
+    an FSDP config and would train DDP) one built from the config ``accelerate launch`` put in the environment."""
+    if trainer.is_fsdp_enabled:
+        return trainer.accelerator.state.fsdp_plugin
+    if trainer.accelerator.num_processes > 1 and os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        return FullyShardedDataParallelPlugin()
+    return None
+
+
+def served_model(trainer: Any, config: TrainConfig) -> Any:
+    """The model the backend serves and ``agl.train`` returns: ``trainer.model``, or under FSDP rank 0's unsharded
+    copy of it, on the training device unless a vLLM backend reads it from files (``disk`` or ``lora`` sync)."""
+    copy = getattr(trainer, "served_copy", None)
+    if copy is None:
+        return trainer.model
+    if copy.model is not None and not (config.backend == "vllm" and config.vllm_sync in ("disk", "lora")):
+        copy.model.to(trainer.accelerator.device)
+    return copy.model
+
+
+class ServedCopy:
+    """Rank 0's unsharded copy of a model that FSDP shards across the ranks: what the backend serves (the HF backend
+    generates from it; vLLM's sync reads it), what the final model saves and what ``agl.train`` returns on rank 0.
+    Made before sharding; :meth:`refresh` (after each optimizer step, and after loading a checkpoint) gathers the
+    parameters that train (the LoRA adapter, or the whole model) into it. Other ranks hold no copy."""
+
+    def __init__(self, trainer: Any) -> None:
+        import copy
+
+        self.model = copy.deepcopy(trainer.model) if trainer.accelerator.is_main_process else None
+        self._trained: list[tuple[str, Any]] = []
+        for module in self.model.modules() if self.model is not None else ():
+            # TRL's fused-LM-head forward, set on the instance, calls the original model's (soon sharded) forward:
+            # the copy, which only generates, takes its class's own.
+            vars(module).pop("forward", None)
+
+    def bind(self, sharded: Any) -> None:
+        """Follow the parameters that train in ``sharded`` (the same model, its parameters now shards)."""
+        self._trained = [(name, param) for name, param in sharded.named_parameters() if param.requires_grad]
+        if self.model is not None:
+            own = dict(self.model.named_parameters())
+            self._targets = [own[name] for name, _ in self._trained]
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copy the sharded model's trained parameters into the copy (every rank must call this)."""
+        for index, (_, param) in enumerate(self._trained):
+            whole = full_tensor(param.detach())
+            if self.model is not None:
+                self._targets[index].copy_(whole)
 
 
 def mean_over_ranks(value: float, trainer: Any) -> float:
@@ -104,7 +188,8 @@ def mean_over_ranks(value: float, trainer: Any) -> float:
 
 class Ranks:
     """This process's place in an ``accelerate launch`` (a single process is rank 0 of 1) and the messages rank 0
-    sends the other ranks: ``("step", batch)``, ``("done", result)`` or ``("abort", reason)``."""
+    sends the other ranks: ``("step", batch)``, ``("checkpoint", None)`` (FSDP: gather the state rank 0 saves),
+    ``("done", result)`` or ``("abort", reason)``."""
 
     def __init__(self) -> None:
         from accelerate import PartialState
@@ -137,6 +222,11 @@ class Ranks:
             self._step_ends_at = trainer.state.global_step + trainer.num_iterations
             self.share(("step", batch))
 
+    def send_checkpoint(self, trainer: Any) -> None:
+        """On rank 0, before saving a checkpoint of a sharded (FSDP) model: the other ranks help gather it."""
+        if self.main and self.count > 1 and trainer.served_copy is not None:
+            self.share(("checkpoint", None))
+
     def finish(self, result: TrainResult) -> None:
         """On rank 0 at the end of the run: the other ranks return ``result`` (with their own model)."""
         if self.main and self.count > 1:
@@ -155,6 +245,8 @@ class Ranks:
             kind, payload = self.share(None)
             if kind == "step":
                 trainer.step(payload)
+            elif kind == "checkpoint":
+                trained_state(trainer)  # rank 0 saves what this gathers
             elif kind == "done":
                 return dataclasses.replace(payload, model=trainer.model, tokenizer=tokenizer)
             else:

@@ -4,7 +4,9 @@ Layout: ``<output_dir>/checkpoints/step-<N>/`` with ``trainable.pt`` (the parame
 or the whole model), ``optimizer.pt``, ``scheduler.pt`` and ``state.json`` (step, model version, task sampler,
 RNG state). With several policies (:class:`~agentlightning.trainers._policy_set.PolicySet`), each policy's adapter,
 optimizer and scheduler are in ``policies/<name>/`` with its own ``trainer_state.json`` (its update count). A
-checkpoint directory appears only once complete (written under a temporary name, then renamed).
+checkpoint directory appears only once complete (written under a temporary name, then renamed). Under FSDP the
+weights and optimizer state are gathered whole (:func:`trained_state`, on every rank) and saved in the same layout,
+so a checkpoint resumes with or without sharding.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def save_checkpoint(trainer: Any, output_dir: Path, state: dict[str, Any], keep:
     for folder, unit in _units(trainer):
         directory = temporary / folder
         directory.mkdir(parents=True, exist_ok=True)
-        torch.save({name: param.detach().cpu() for name, param in _trained(unit).items()}, directory / "trainable.pt")
-        torch.save(unit.optimizer.state_dict(), directory / "optimizer.pt")
+        weights, optimizer = trained_state(unit)
+        torch.save(weights, directory / "trainable.pt")
+        torch.save(optimizer, directory / "optimizer.pt")
         torch.save(unit.lr_scheduler.state_dict(), directory / "scheduler.pt")
         if folder:
             (directory / "trainer_state.json").write_text(json.dumps({"global_step": unit.state.global_step}))
@@ -78,13 +81,31 @@ def load_checkpoint(trainer: Any, path: Path) -> dict[str, Any]:
             )
         with torch.no_grad():
             for name, value in trainable.items():
-                own[name].copy_(value.to(own[name].device))
-        unit.optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True))
+                own[name].copy_(shard_like(value, own[name]))
+        optimizer = torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=True)
+        params = [param for group in unit.optimizer.param_groups for param in group["params"]]
+        for index, values in optimizer["state"].items():  # under FSDP: each rank's shard of the whole state
+            for key, value in values.items():
+                if isinstance(value, torch.Tensor) and value.shape == params[index].shape:
+                    values[key] = shard_like(value, params[index])
+        unit.optimizer.load_state_dict(optimizer)
         unit.lr_scheduler.load_state_dict(torch.load(directory / "scheduler.pt", map_location="cpu", weights_only=True))
         steps = json.loads((directory / "trainer_state.json").read_text()) if folder else state
         unit.state.global_step = int(steps.get("global_step", state["step"]))
+        if getattr(unit, "served_copy", None) is not None:
+            unit.served_copy.refresh()
     logger.info("resumed from %s (step %s)", path, state["step"])
     return state
+
+
+def trained_state(trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The trained parameters by name and the optimizer's state, whole and on the CPU: gathered from the ranks'
+    shards under FSDP (then every rank must call this; all get them)."""
+    weights = {name: full_tensor(param.detach()).cpu() for name, param in _trained(trainer).items()}
+    optimizer = trainer.optimizer.state_dict()
+    optimizer["state"] = {index: {key: full_tensor(value).cpu() if isinstance(value, torch.Tensor) else value
+                                  for key, value in values.items()} for index, values in optimizer["state"].items()}
+    return weights, optimizer
 
 
 def _units(trainer: Any) -> list[tuple[str, Any]]:
@@ -99,3 +120,21 @@ def _trained(trainer: Any) -> dict[str, Any]:
     """The parameters ``trainer``'s optimizer updates, by name (the LoRA adapter of its policy, or the model)."""
     updated = {id(param) for group in trainer.optimizer.param_groups for param in group["params"]}
     return {name: param for name, param in trainer.model.named_parameters() if id(param) in updated}
+
+
+def full_tensor(value: Any) -> Any:
+    """``value`` whole on every rank: a sharded (``DTensor``) parameter or state is gathered (every rank must call
+    this for it, in the same order); anything else is returned as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return value.full_tensor() if isinstance(value, DTensor) else value
+
+
+def shard_like(value: torch.Tensor, like: Any) -> Any:
+    """The whole tensor ``value`` as this rank's shard of ``like``'s layout when ``like`` is sharded (no
+    communication: every rank holds ``value``), else ``value`` on ``like``'s device."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(like, DTensor):
+        return distribute_tensor(value.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+    return value.to(like.device)

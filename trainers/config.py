@@ -217,6 +217,11 @@ class TrainConfig:
             return self.dynamic_sampling
         return self.tasks_per_step if self.max_staleness > 0 else 0
 
+    @property
+    def vllm_sync(self) -> str:
+        """How the weights reach a vLLM backend: ``vllm.sync``, else a LoRA adapter's files or the model's."""
+        return self.vllm.sync or ("lora" if self.lora else "disk")
+
     @classmethod
     def from_options(cls, config: TrainConfig | None, options: dict[str, Any]) -> TrainConfig:
         """``config`` (or the defaults) with ``options`` (field names) replacing its values."""

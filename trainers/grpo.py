@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from agentlightning.trainers._distributed import BatchTotals, mean_over_ranks, shard, wrap_model
+from agentlightning.trainers._distributed import BatchTotals, ServedCopy, mean_over_ranks, shard, wrap_model
 from agentlightning.trainers._importance import importance_weights
 
 if TYPE_CHECKING:
@@ -119,7 +119,8 @@ class LightningGRPOTrainer(GRPOTrainer):
             callbacks=list(callbacks) if callbacks else None,
         )
         self.create_optimizer_and_scheduler(num_training_steps=max(args.max_steps, 1))
-        self.model_wrapped = wrap_model(self)  # DDP under accelerate launch; step() trains each rank on its shard
+        self.served_copy: ServedCopy | None = None  # rank 0's unsharded copy under FSDP (what the backend serves)
+        self.model_wrapped = wrap_model(self)  # DDP/FSDP under accelerate launch; step() trains each rank's shard
         self._sampler_correction = False
         self._sampler_stats: dict[str, float] = {}
 
@@ -164,7 +165,8 @@ class LightningGRPOTrainer(GRPOTrainer):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """TRL's per-token log-probabilities and entropies, with the prompt prefix that every row of a chunk shares
         (system prompt, tools, examples) run once and its KV cache repeated for the rows (gradients flow through
-        it). Multimodal or MoE inputs, and chunks without such a prefix, go through TRL's own forward."""
+        it). Multimodal or MoE inputs, FSDP-sharded models and chunks without such a prefix go through TRL's own
+        forward."""
         prompt_width = input_ids.size(1) - logits_to_keep
         if compute_aux_loss or any(value is not None for value in extra.values()):
             return super()._get_per_token_logps_and_entropies(
@@ -174,7 +176,9 @@ class LightningGRPOTrainer(GRPOTrainer):
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
             ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
-            shared = _shared_prompt_prefix(ids, mask, prompt_width)
+            # FSDP: the prefix's KV cache reaches its layers' weights outside the layers' outputs, where FSDP's
+            # backward hooks gather them, so sharded models take TRL's forward.
+            shared = 0 if self.served_copy is not None else _shared_prompt_prefix(ids, mask, prompt_width)
             if shared == 0:
                 chunk_logps, chunk_entropies, _ = super()._get_per_token_logps_and_entropies(
                     model, ids, mask, logits_to_keep, compute_entropy=compute_entropy
@@ -244,6 +248,8 @@ class LightningGRPOTrainer(GRPOTrainer):
                 grad_norm = float(norm) if norm is not None else None
             with weights_changing() if weights_changing is not None else nullcontext():
                 self.optimizer.step()
+                if self.served_copy is not None:
+                    self.served_copy.refresh()  # FSDP: the new weights, gathered into rank 0's copy
             self.lr_scheduler.step()
             self.model.zero_grad(set_to_none=True)
             self.state.global_step += 1

@@ -24,7 +24,7 @@ from typing import Any
 
 from agentlightning._decorator import RolloutAgent
 from agentlightning.rl.batch import pack
-from agentlightning.trainers._distributed import Ranks
+from agentlightning.trainers._distributed import Ranks, served_model
 from agentlightning.trainers._pipeline import RolloutPipeline
 from agentlightning.trainers.config import TrainConfig, TrainResult
 from agentlightning.trainers.policies import PolicyMap, serving_routes
@@ -87,7 +87,7 @@ class TrainingRun:
             raise NotImplementedError("agl.train(policies=...) runs in one process, not under `accelerate launch`")
         base_dir = self._vllm_base_dir(model, tokenizer) if ranks.main else None
         trainer = self._trainer(model, tokenizer, config, settings)
-        policy = trainer.model
+        policy = served_model(trainer, self.config)
 
         checkpoint = ranks.resume_path(self._resume_path(latest_checkpoint) if ranks.main else None)
         state: dict[str, Any] = {"step": 0, "order": [], "cursor": 0}
@@ -155,6 +155,7 @@ class TrainingRun:
                 stop = target is not None and row.get("val/accuracy", -1.0) >= target
                 last = step + 1 == self.config.max_steps or stop
                 if (self.config.checkpoint_every and (step + 1) % self.config.checkpoint_every == 0) or last:
+                    ranks.send_checkpoint(trainer)
                     checkpoint_path = save_checkpoint(trainer, self.output_dir, {
                         "step": step + 1, "global_step": trainer.steps if self.policies else trainer.state.global_step,
                         "model_version": backend.model_version, "order": sampler.order, "cursor": sampler.cursor,
@@ -381,7 +382,7 @@ def make_backend(
         options = config.vllm
         return VLLMBackend(
             None if options.url else base_dir, url=options.url, policy=policy, tokenizer=tokenizer,
-            sync=options.sync or ("lora" if config.lora else "disk"),  # type: ignore[arg-type]
+            sync=config.vllm_sync,  # type: ignore[arg-type]
             model_name=None if options.url else model_name, model_version=model_version, python=options.python,
             dtype=options.dtype, gpu_memory_utilization=options.gpu_memory_utilization,
             max_model_len=options.max_model_len, tensor_parallel_size=options.tensor_parallel_size,

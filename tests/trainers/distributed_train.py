@@ -1,8 +1,10 @@
 """One ``agl.train`` run of tests/trainers/test_distributed.py: ``accelerate launch ... distributed_train.py OUT``
 runs it across processes, :func:`train` in one. The rollouts' replies come from a mock server (a deterministic
-backend), so every run trains on the same batches; each rank saves its final weights, and which server/client
-modules it loaded, to ``OUT/rank<N>.pt``; then the run resumed for a third step (``rank<N>-resumed.pt``) and a run
-on the Hugging Face backend (``rank<N>-live.pt``)."""
+backend), so every run trains on the same batches; each rank saves its final weights (under FSDP: rank 0 its
+unsharded copy, the others their shards), and which server/client modules it loaded, to ``OUT/rank<N>.pt``; then
+the run resumed for a third step (``rank<N>-resumed.pt``) and a run on the Hugging Face backend
+(``rank<N>-live.pt``). ``distributed_train.py OUT 0.9`` trains with momentum 0.9 (its buffers go through the
+checkpoint)."""
 
 from __future__ import annotations
 
@@ -67,20 +69,22 @@ class CountingBackend:
         self._version = new_version
 
 
-def train(out: Path, **options: Any) -> Any:
-    """The compared run: two steps against the counting mock server (``options`` replace settings)."""
+def train(out: Path, momentum: float = 0.0, **options: Any) -> Any:
+    """The compared run: two steps of SGD (with ``momentum``) against the counting mock server (``options`` replace
+    settings)."""
     model, tokenizer = tiny_model(seed=3)  # the same random weights on every rank
     settings = dict(
         backend=CountingBackend(out), output_dir=out / "run", tasks_per_step=1, group_size=5, max_steps=2,
         micro_batch_size=2, nworkers=1, learning_rate=0.5, save_model=False, progress=False, rollout_timeout=60,
-        trainer_args={"optim": "sgd", "vllm_importance_sampling_correction": False},
+        trainer_args={"optim": "sgd", "optim_args": f"momentum={momentum}",
+                      "vllm_importance_sampling_correction": False},
     )
     return agl.train(counted_reply_agent, TASKS, model=model, tokenizer=tokenizer, **{**settings, **options})
 
 
 def resumed(out: Path) -> dict[str, Any]:
-    """The options that continue the run in ``out`` for a third step."""
-    return {"max_steps": 3, "resume": True, "backend": CountingBackend(out, "v2")}
+    """The options that continue the run in ``out`` for a third step, saving the final model."""
+    return {"max_steps": 3, "resume": True, "backend": CountingBackend(out, "v2"), "save_model": True}
 
 
 def train_live(out: Path) -> Any:
@@ -95,17 +99,22 @@ def train_live(out: Path) -> Any:
 
 
 def _save(result: Any, path: Path) -> None:
+    """The rank's model (under FSDP: rank 0's unsharded copy, the other ranks' own shards, named in ``sharded``)."""
+    from torch.distributed.tensor import DTensor
+
     loaded = sorted(name for name in sys.modules if name.startswith(("agentlightning.server", "agentlightning.client")))
-    torch.save({"weights": {k: v.detach().cpu() for k, v in result.model.state_dict().items()},
+    state = result.model.state_dict()
+    torch.save({"weights": {k: (v.to_local() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()},
+                "sharded": sorted(k for k, v in state.items() if isinstance(v, DTensor)),
                 "steps": len(result.history), "version": result.model_version, "modules": loaded}, path)
 
 
 if __name__ == "__main__":
     from accelerate import PartialState
 
-    out = Path(sys.argv[1])
-    rank = train(out)  # initialises the process group (TRL's TrainingArguments)
+    out, momentum = Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+    rank = train(out, momentum)  # initialises the process group (TRL's TrainingArguments)
     index = PartialState().process_index
     _save(rank, out / f"rank{index}.pt")
-    _save(train(out, **resumed(out)), out / f"rank{index}-resumed.pt")
+    _save(train(out, momentum, **resumed(out)), out / f"rank{index}-resumed.pt")
     _save(train_live(out), out / f"rank{index}-live.pt")

@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -32,21 +33,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_two_ranks_train_like_one_process_and_only_rank_0_serves(tmp_path):
-    pytest.importorskip("accelerate")
+def _launch_and_compare(two: Path, one: Path, launch_args: list[str], momentum: float) -> tuple[Any, Any, dict]:
+    """Launch distributed_train.py on 2 ranks into ``two`` while this process makes the same two runs (2 steps, then
+    resumed for a third) into ``one``; return those runs' results and what each rank saved, by (rank, tag)."""
     import distributed_train
 
-    two, one = tmp_path / "two", tmp_path / "one"
-    two.mkdir()
-    one.mkdir()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(_free_port()), str(HERE / "distributed_train.py"), str(two)]
+    command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, "--main_process_port",
+               str(_free_port()), str(HERE / "distributed_train.py"), str(two), str(momentum)]
     launch = subprocess.Popen(command, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        reference = distributed_train.train(one)  # the same runs in this one process, meanwhile
-        reference_resumed = distributed_train.train(one, **distributed_train.resumed(one))
+        reference = distributed_train.train(one, momentum)  # the same runs in this one process, meanwhile
+        reference_resumed = distributed_train.train(one, momentum, **distributed_train.resumed(one))
         output, _ = launch.communicate(timeout=300)
     finally:
         if launch.poll() is None:
@@ -55,6 +53,18 @@ def test_two_ranks_train_like_one_process_and_only_rank_0_serves(tmp_path):
     assert launch.returncode == 0, output[-4000:]
     saved = {(rank, tag): torch.load(two / f"rank{rank}{tag}.pt", weights_only=True)
              for rank in (0, 1) for tag in ("", "-resumed", "-live")}
+    return reference, reference_resumed, saved
+
+
+def test_two_ranks_train_like_one_process_and_only_rank_0_serves(tmp_path):
+    pytest.importorskip("accelerate")
+
+    two, one = tmp_path / "two", tmp_path / "one"
+    two.mkdir()
+    one.mkdir()
+    reference, reference_resumed, saved = _launch_and_compare(
+        two, one, ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                   "--dynamo_backend", "no"], 0.0)
     rank0 = saved[0, ""]
 
     # Every rank holds the same weights after the updates, equal (up to float rounding) to one process's; so after
@@ -91,6 +101,61 @@ def test_two_ranks_train_like_one_process_and_only_rank_0_serves(tmp_path):
     assert all(row["train/rows"] == 5 and row["train/micro_batches"] == 2 for row in rows)  # 3 rows a rank
     with sqlite3.connect(two / "run" / "store.db") as store:
         assert store.execute("SELECT status, COUNT(*) FROM rollouts GROUP BY status").fetchall() == [("succeeded", 15)]
+    assert sorted(path.name for path in (two / "run" / "checkpoints").iterdir()) == ["step-2", "step-3"]
+
+
+def test_fsdp2_ranks_shard_the_model_train_like_one_process_and_rank_0_serves_a_gathered_copy(tmp_path):
+    """FSDP2 from an accelerate config file (tests/trainers/fsdp2.yaml), SGD with momentum, whose buffers the
+    checkpoint gathers from the shards and the resumed run shards again."""
+    pytest.importorskip("accelerate")
+    from transformers import AutoModelForCausalLM
+
+    two, one = tmp_path / "two", tmp_path / "one"
+    two.mkdir()
+    one.mkdir()
+    reference, reference_resumed, saved = _launch_and_compare(
+        two, one, ["--config_file", str(HERE / "fsdp2.yaml")], 0.9)
+
+    # Rank 1 holds only its shard of each parameter (FSDP2 splits dim 0), and it is the matching slice of the
+    # unsharded copy rank 0 serves; that copy equals (up to float rounding) one process's weights, after two updates
+    # and after a third resumed from the checkpoint (whole weights and momentum, sharded again on load).
+    for tag, result, steps in (("", reference, 2), ("-resumed", reference_resumed, 3)):
+        single = {name: value.detach() for name, value in result.model.state_dict().items()}
+        copy, shards = saved[0, tag]["weights"], saved[1, tag]
+        assert saved[0, tag]["sharded"] == [] and set(shards["sharded"]) == set(single) == set(copy)
+        for name, value in copy.items():
+            gap = float((value - single[name]).abs().max())
+            assert torch.allclose(value, single[name], rtol=0, atol=1e-6), (tag, name, gap)
+            local = shards["weights"][name]
+            assert local.numel() < value.numel() and torch.equal(local, value.chunk(2)[1]), (tag, name)
+        assert saved[0, tag]["steps"] == shards["steps"] == len(result.history) == steps
+        assert saved[0, tag]["version"] == shards["version"] == result.model_version == f"v{steps}"
+    third = {name: value - saved[0, ""]["weights"][name] for name, value in saved[0, "-resumed"]["weights"].items()}
+    assert max(float(delta.abs().max()) for delta in third.values()) > 1e-3  # the third step trained
+    optimizers = [torch.load(run / "run" / "checkpoints" / "step-3" / "optimizer.pt", weights_only=True)
+                  for run in (two, one)]
+    assert optimizers[0]["state"].keys() == optimizers[1]["state"].keys() and optimizers[0]["state"]
+    for index, state in optimizers[1]["state"].items():
+        assert torch.allclose(optimizers[0]["state"][index]["momentum_buffer"], state["momentum_buffer"], rtol=0,
+                              atol=1e-6), index
+    model = AutoModelForCausalLM.from_pretrained(two / "run" / "model")  # save_model: the gathered weights
+    final = saved[0, "-resumed"]["weights"]
+    assert all(torch.equal(value, final[name]) for name, value in model.state_dict().items())
+
+    # The Hugging Face backend on rank 0 sampled from its copy, a LoRA adapter gathered after each update: equal to
+    # rank 1's shards of the adapter, and trained.
+    live0, live1 = saved[0, "-live"], saved[1, "-live"]
+    assert live0["version"] == live1["version"] == "v2"
+    adapter = [name for name in live0["weights"] if "lora_B" in name]
+    assert adapter and set(adapter) <= set(live1["sharded"])
+    assert all(torch.equal(live1["weights"][name], live0["weights"][name].chunk(2)[1]) for name in live1["sharded"])
+    assert max(float(live0["weights"][name].abs().max()) for name in adapter) > 0  # lora_B starts at zero
+    live = [json.loads(line) for line in (two / "live" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["model_version_after"] for row in live] == ["v1", "v2"] and all(row["transitions"] for row in live)
+
+    # Only rank 0 started the backend, the Lightning Server and the workers.
+    assert sorted(path.name for path in two.glob("backend-started-*")) == ["backend-started-rank0"]
+    assert "agentlightning.server" in saved[0, ""]["modules"] and saved[1, ""]["modules"] == []
     assert sorted(path.name for path in (two / "run" / "checkpoints").iterdir()) == ["step-2", "step-3"]
 
 
