@@ -1,10 +1,13 @@
 """Benchmark: one ``make demo`` step broken down by phase, each against its compute limit, before vs after.
 
 The demo (``python -m examples.demo``, SmolLM2-135M, LoRA GRPO, in-process HF backend) runs ``--steps``
-steps in a child process for each side: ``baseline`` is the code of ``--baseline`` (a git revision, default the
-commit this work started from, extracted with ``git archive``) and ``current`` is this worktree; the sides
-alternate ``--repeats`` times so that both see the same machine load. Each child times, from the outside (forward
-hooks on the policy model, PyTorch's global optimizer hooks, a wrapper around the rollout source's ``run``):
+steps in a child process for each side, each with its own defaults (``--demo-args`` adds options to both):
+``baseline`` is the code of ``--baseline`` (a git revision, default the commit this work started from, extracted
+with ``git archive``; its demo is ``examples.demo``, or ``agentlightning.demo`` before 7ca1f29) and ``current`` is
+this worktree; the sides alternate ``--repeats`` times so that both see the same machine load. Rollouts have no
+timeout (a loaded machine must not turn slow rollouts into lost ones). Each child times, from the outside (forward
+hooks on the policy model, PyTorch's global optimizer hooks, wrappers around the rollout pipeline's ``next_step``,
+the rollout source's ``run`` and the generation engine's ``submit``):
 
 - rollout prefill / decode: no-grad forwards of several tokens / of one token, during a training step's rollouts;
 - rollout other: the rest of those rollouts (HTTP, the agents, capture, waiting for a batch);
@@ -20,7 +23,7 @@ per token whose logits are needed; the prompt prefix shared by a step's requests
 much as forward (LoRA: the frozen weights need activation gradients only); attention (~5% here) is left out.
 Figures are seconds per training step (median over the steps after the first) and the ratio to the limit.
 
-    python tests/benchmarks/bench_demo_step.py [--steps 3] [--repeats 1] [--baseline REV]
+    python tests/benchmarks/bench_demo_step.py [--steps 3] [--repeats 1] [--baseline REV] [--demo-args '...']
     python -m pytest -q -s tests/benchmarks/bench_demo_step.py
 """
 
@@ -39,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-BASELINE = "7ca1f29"  # the demo moved to examples/demo, before the settings of issue 22's last round
+BASELINE = "7ca1f29"  # the demo at examples/demo with 4 tasks x 4 rollouts a step
 PHASES = ["rollout prefill", "rollout decode", "rollout other", "update forward", "update backward",
           "update optimizer", "update other", "step other"]
 
