@@ -1,10 +1,13 @@
 """Benchmark: one ``make demo`` step broken down by phase, each against its compute limit, before vs after.
 
 The demo (``python -m examples.demo``, SmolLM2-135M, LoRA GRPO, in-process HF backend) runs ``--steps``
-steps in a child process for each side: ``baseline`` is the code of ``--baseline`` (a git revision, default the
-commit this work started from, extracted with ``git archive``) and ``current`` is this worktree; the sides
-alternate ``--repeats`` times so that both see the same machine load. Each child times, from the outside (forward
-hooks on the policy model, PyTorch's global optimizer hooks, a wrapper around the rollout source's ``run``):
+steps in a child process for each side, each with its own defaults (``--demo-args`` adds options to both):
+``baseline`` is the code of ``--baseline`` (a git revision, default the commit this work started from, extracted
+with ``git archive``; its demo is ``examples.demo``, or ``agentlightning.demo`` before 7ca1f29) and ``current`` is
+this worktree; the sides alternate ``--repeats`` times so that both see the same machine load. Rollouts have no
+timeout (a loaded machine must not turn slow rollouts into lost ones). Each child times, from the outside (forward
+hooks on the policy model, PyTorch's global optimizer hooks, wrappers around the rollout pipeline's ``next_step``,
+the rollout source's ``run`` and the generation engine's ``submit``):
 
 - rollout prefill / decode: no-grad forwards of several tokens / of one token, during a training step's rollouts;
 - rollout other: the rest of those rollouts (HTTP, the agents, capture, waiting for a batch);
@@ -20,7 +23,7 @@ per token whose logits are needed; the prompt prefix shared by a step's requests
 much as forward (LoRA: the frozen weights need activation gradients only); attention (~5% here) is left out.
 Figures are seconds per training step (median over the steps after the first) and the ratio to the limit.
 
-    python tests/benchmarks/bench_demo_step.py [--steps 3] [--repeats 1] [--baseline REV]
+    python tests/benchmarks/bench_demo_step.py [--steps 3] [--repeats 1] [--baseline REV] [--demo-args '...']
     python -m pytest -q -s tests/benchmarks/bench_demo_step.py
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -38,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-BASELINE = "703fac5"  # the code before issue 22
+BASELINE = "7ca1f29"  # the demo at examples/demo with 4 tasks x 4 rollouts a step
 PHASES = ["rollout prefill", "rollout decode", "rollout other", "update forward", "update backward",
           "update optimizer", "update other", "step other"]
 
@@ -70,13 +74,19 @@ def _shared(prompts: list[list[int]]) -> int:
     return length
 
 
-def child(steps: int, seed: int, output_dir: str) -> dict[str, Any]:
+def child(steps: int, seed: int, output_dir: str, demo_args: list[str]) -> dict[str, Any]:
+    import agentlightning.trainers.models as models
     import torch
+    from agentlightning.trainers.generation import GenerationEngine
+    from agentlightning.trainers.rollouts import LocalRollouts
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-    import agentlightning.trainers.models as models
-    from examples.demo.__main__ import main
-    from agentlightning.trainers.rollouts import LocalRollouts
+    import agentlightning as agl
+
+    try:
+        from examples.demo.__main__ import main
+    except ModuleNotFoundError:  # a revision before 7ca1f29: the demo was agentlightning.demo
+        from agentlightning.demo.__main__ import main
 
     events: list[tuple[float, str, int]] = []  # (time, kind, tokens)
     windows: list[dict[str, Any]] = []  # rollout-source runs: label, start, end, prompts, completions
@@ -110,22 +120,52 @@ def child(steps: int, seed: int, output_dir: str) -> dict[str, Any]:
     models.load_model = load_model
     register_optimizer_step_pre_hook(lambda *a: events.append((time.perf_counter(), "opt+", 0)))
     register_optimizer_step_post_hook(lambda *a: events.append((time.perf_counter(), "opt-", 0)))
+    requests: list[tuple[float, list[int], int]] = []  # (submitted at, prompt ids, completion tokens)
+    submit = GenerationEngine.submit
+
+    def timed_submit(self: Any, prompt_ids: list[int], *args: Any, **kwargs: Any) -> Any:
+        submitted, future = time.perf_counter(), submit(self, prompt_ids, *args, **kwargs)
+        future.add_done_callback(lambda done: requests.append(
+            (submitted, list(prompt_ids), 0 if done.exception() else len(done.result().token_ids))))
+        return future
+
+    def window(label: str, started: float) -> None:
+        ended = time.perf_counter()
+        mine = [(prompt, completion) for at, prompt, completion in requests if started <= at <= ended]
+        windows.append({"label": label, "start": started, "end": ended, "prompts": [p for p, _ in mine],
+                        "completions": [c for _, c in mine]})
+
     run = LocalRollouts.run
 
     def timed_run(self: Any, tasks: Any, group_size: int, group_prefix: str, timeout: Any) -> Any:
         started = time.perf_counter()
         rollouts = run(self, tasks, group_size, group_prefix, timeout)
-        calls = [call for rollout in rollouts for call in rollout.llm_calls]
-        windows.append({"label": group_prefix, "start": started, "end": time.perf_counter(),
-                        "prompts": [list(c.prompt_token_ids or []) for c in calls],
-                        "completions": [len(c.completion_token_ids or []) for c in calls]})
+        window(group_prefix, started)
         return rollouts
 
-    LocalRollouts.run = timed_run
+    GenerationEngine.submit = timed_submit
+    train = agl.train  # no rollout timeout: on a loaded machine slow rollouts must not become lost ones
+    agl.train = lambda *args, **kwargs: train(*args, **{**kwargs, "rollout_timeout": None})
+    LocalRollouts.run = timed_run  # validations (and a step's rollouts before the rollout pipeline existed)
+    try:
+        from agentlightning.trainers._pipeline import RolloutPipeline
+    except ModuleNotFoundError:
+        RolloutPipeline = None
+    if RolloutPipeline is not None:  # a training step's rollouts: submitted and awaited by the pipeline
+        next_step = RolloutPipeline.next_step
+
+        def timed_next_step(self: Any, step: int, *args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            data = next_step(self, step, *args, **kwargs)
+            window(f"step{step}", started)
+            return data
+
+        RolloutPipeline.next_step = timed_next_step
     info["matmul_flops"] = _matmul_rate()
     info["source"] = str(Path(models.__file__).resolve().parent)
     started = time.perf_counter()
-    main(["--steps", str(steps), "--seed", str(seed), "--output-dir", output_dir, "--val-every", str(steps)])
+    main(["--steps", str(steps), "--seed", str(seed), "--output-dir", output_dir, "--val-every", str(steps),
+          *demo_args])
     info["wall"] = time.perf_counter() - started
     info["matmul_flops"] = min(info["matmul_flops"], _matmul_rate())
     rows = [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
@@ -219,7 +259,10 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
 
 def _baseline_tree(revision: str, directory: Path) -> Path:
     directory.mkdir()
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, "agentlightning", "adapters", "trainers"],
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", revision],
+                            check=True, capture_output=True, text=True).stdout.split()
+    paths = [path for path in ("agentlightning", "adapters", "trainers", "examples") if path in listed]
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, *paths],
                              check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
     (directory / "agentlightning" / "trainers").symlink_to(directory / "trainers")
@@ -227,13 +270,12 @@ def _baseline_tree(revision: str, directory: Path) -> Path:
     return directory
 
 
-def _run_child(pythonpath: Path | None, steps: int, seed: int, workdir: Path) -> dict[str, Any]:
+def _run_child(pythonpath: Path, steps: int, seed: int, workdir: Path, demo_args: str) -> dict[str, Any]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
+    env["PYTHONPATH"] = str(pythonpath)  # its agentlightning (before the editable install's) and its examples
     out = workdir / "result.json"
     subprocess.run([sys.executable, __file__, "--child", "--steps", str(steps), "--seed", str(seed),
-                    "--output-dir", str(workdir / "run"), "--json", str(out)],
+                    "--output-dir", str(workdir / "run"), "--json", str(out), f"--demo-args={demo_args}"],
                    env=env, check=True, cwd=workdir, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
@@ -263,15 +305,15 @@ def _report(results: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def bench(steps: int = 3, repeats: int = 1, baseline: str = BASELINE, seed: int = 0) -> str:
+def bench(steps: int = 3, repeats: int = 1, baseline: str = BASELINE, seed: int = 0, demo_args: str = "") -> str:
     results: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
     with tempfile.TemporaryDirectory(prefix="agl-bench-demo-") as tmp:
         tree = _baseline_tree(baseline, Path(tmp) / "baseline-src")
         for repeat in range(repeats):
-            for side, path in (("baseline", tree), ("current", None)):
+            for side, path in (("baseline", tree), ("current", REPO)):
                 workdir = Path(tmp) / f"{side}-{repeat}"
                 workdir.mkdir()
-                results[side].append(_run_child(path, steps, seed, workdir))
+                results[side].append(_run_child(path, steps, seed, workdir, demo_args))
     return _report(results)
 
 
@@ -285,11 +327,14 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--baseline", default=BASELINE)
+    parser.add_argument("--demo-args", default="",
+                        help="more options for both sides' demo, e.g. '--tasks-per-step 4 --group-size 8'")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--output-dir", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.child:
-        Path(options.json).write_text(json.dumps(child(options.steps, options.seed, options.output_dir)))
+        result = child(options.steps, options.seed, options.output_dir, shlex.split(options.demo_args))
+        Path(options.json).write_text(json.dumps(result))
     else:
-        print(bench(options.steps, options.repeats, options.baseline, options.seed))
+        print(bench(options.steps, options.repeats, options.baseline, options.seed, options.demo_args))
