@@ -15,11 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from agentlightning.capture import (
-    RolloutRecorder,
-    current_recorder,
-    enable_auto_instrumentation,
-    explain_rollout,
-    recording,
+    RolloutRecorder, current_recorder, enable_auto_instrumentation, explain_rollout, recording,
 )
 from agentlightning.protocol import task_id_for
 from agentlightning.types import LLM, ErrorInfo, Reward, Rollout, RolloutStatus, check_finite, new_id

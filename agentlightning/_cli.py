@@ -50,24 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if extra and not (args.command == "server" and args.model):
+    training = args.command == "server" and args.model
+    if extra and not training:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    commands = {"server": _serve, "client": _client, "train": _train, "dashboard": _dashboard, "rollouts": _rollouts}
     try:
-        if args.command == "server":
-            return _serve_training(args, extra) if args.model else _serve(args)
-        if args.command == "client":
-            return _client(args)
-        if args.command == "train":
-            return _train(args)
-        if args.command == "dashboard":
-            return _dashboard(args)
-        return _rollouts(args)
+        return _serve_training(args, extra) if training else commands[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
         print(f"agl {args.command}: error: {exc}", file=sys.stderr)
         return 2
-
-
-# -- server ---------------------------------------------------------------------------------------------------
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,9 +150,6 @@ def _collect(server: Any, group_size: int, stop: threading.Event) -> None:
         stop.set()
 
 
-# -- client ---------------------------------------------------------------------------------------------------
-
-
 def _client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", required=True, help="the agent as 'package.module:function'")
     parser.add_argument("--dataset", help="JSONL or JSON file of tasks (uploaded if the server lacks it)")
@@ -191,9 +179,6 @@ def _client(args: argparse.Namespace) -> int:
     client.train(args.agent, dataset=args.dataset, dataset_id=args.dataset_id, nworkers=args.nworkers,
                  timeout=args.timeout, workers=workers, log_level=logging.getLogger().level)
     return 0
-
-
-# -- train ----------------------------------------------------------------------------------------------------
 
 
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -234,9 +219,6 @@ def _dashboard(args: argparse.Namespace) -> int:
     print(f"dashboard of {args.run_dir} on http://{args.host}:{args.port}/ui/ (read-only); Ctrl-C stops", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
-
-
-# -- rollouts -------------------------------------------------------------------------------------------------
 
 
 def _source_arguments(parser: argparse.ArgumentParser) -> None:

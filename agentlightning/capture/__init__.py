@@ -5,13 +5,7 @@ Framework adapters (``agentlightning.adapters``) use only the names exported her
 """
 
 from agentlightning.capture._context import (
-    RolloutRecorder,
-    current_recorder,
-    current_role,
-    note_stray_call,
-    recording,
-    reset_role,
-    set_role,
+    RolloutRecorder, current_recorder, current_role, note_stray_call, recording, reset_role, set_role,
     stray_calls_since,
 )
 from agentlightning.capture._diagnostics import explain_rollout

@@ -17,11 +17,7 @@ from typing import Literal, get_args
 from agentlightning.rl.air import AIR, AirRule, CallRewardFunction, as_air
 from agentlightning.rl.credit import CreditFunction, assign_credit, resolve_credit
 from agentlightning.rl.tokens import (
-    RetokenizeError,
-    Tokenizer,
-    merge_duplicates,
-    retokenize_completion,
-    retokenize_prompt,
+    RetokenizeError, Tokenizer, merge_duplicates, retokenize_completion, retokenize_prompt,
 )
 from agentlightning.capture import role_matches, unmatched_patterns
 from agentlightning.types import Call, Rollout, Transition, check_finite
