@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from agentlightning.rl.batch import PackedBatch
+    from agentlightning.trainers.batch import PackedBatch
     from agentlightning.trainers.config import TrainResult
 
 logger = logging.getLogger(__name__)
