@@ -1,15 +1,5 @@
-"""``agl.train``: train the LLM inside an agent with GRPO, on one machine (server, backend and workers in-process).
-
-(The module is ``agentlightning._train`` so that importing it never shadows the function ``agl.train``.)
-
-    result = agl.train(agent, dataset, model="smollm2", group_size=4, max_steps=20, val_dataset=held_out)
-    print(result.summary())
-
-Each step samples ``tasks_per_step`` tasks, runs ``group_size`` rollouts of each through the Lightning Server's
-proxy (or in-process with ``use_server=False``), extracts transitions (LightningRL: roles, credit assignment,
-AIR), computes group-relative advantages, packs them and makes one TRL update; the backend then serves the new
-weights under a new model version. The heavy parts live in ``agentlightning.trainers`` (imported on call).
-"""
+"""``agl.train``: train the LLM inside an agent with GRPO on one machine (``agentlightning._train``, so that importing
+the module never shadows the function). The heavy parts live in ``agentlightning.trainers``, imported on call."""
 
 from __future__ import annotations
 
@@ -20,15 +10,8 @@ if TYPE_CHECKING:
     from agentlightning.trainers.config import TrainConfig, TrainResult
 
 
-def train(
-    agent: Any,
-    dataset: Sequence[Any],
-    roles: Sequence[str] | None = None,
-    *,
-    val_dataset: Sequence[Any] | None = None,
-    config: TrainConfig | None = None,
-    **options: Any,
-) -> TrainResult:
+def train(agent: Any, dataset: Sequence[Any], roles: Sequence[str] | None = None, *,
+          val_dataset: Sequence[Any] | None = None, config: TrainConfig | None = None, **options: Any) -> TrainResult:
     """Train the LLM inside ``agent`` (an ``@agl.rollout`` function) on ``dataset`` (a list of tasks).
 
     ``roles`` selects the roles whose LLM calls are trained (globs; default: the agent's ``roles``, else all).

@@ -93,10 +93,8 @@ class SQLiteStore(Store):
             rows = self._all("SELECT task_id, payload FROM tasks WHERE dataset_id=? ORDER BY idx", dataset_id)
         return [Task(task_id=r["task_id"], payload=json.loads(r["payload"])) for r in rows]
 
-    def enqueue(
-        self, tasks: Sequence[Task], *, group_size: int = 1, group_id: str | None = None,
-        dataset_id: str | None = None, timeout: float | None = None, max_attempts: int = 3,
-    ) -> list[str]:
+    def enqueue(self, tasks: Sequence[Task], *, group_size: int = 1, group_id: str | None = None,
+                dataset_id: str | None = None, timeout: float | None = None, max_attempts: int = 3) -> list[str]:
         if group_size < 1:
             raise StoreError(f"group_size must be >= 1, got {group_size}")
         if max_attempts < 1:
@@ -158,9 +156,8 @@ class SQLiteStore(Store):
     def complete(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout) -> ResultOutcome:
         return self.complete_and_dequeue(rollout_id, attempt, worker_id, result, None)[0]
 
-    def complete_and_dequeue(
-        self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, lease_seconds: float | None
-    ) -> tuple[ResultOutcome, Lease | None]:
+    def complete_and_dequeue(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout,
+                             lease_seconds: float | None) -> tuple[ResultOutcome, Lease | None]:
         """Store a result; with ``lease_seconds`` (and a worker), also lease the next queued rollout to ``worker_id``
         in the same commit."""
         event = event_for_status(result.status)
@@ -349,10 +346,8 @@ class SQLiteStore(Store):
             attempt=row["attempt"], status=row["status"], model_version=row["model_version"], timings=timings,
         )
 
-    def list_rollouts(
-        self, *, status: str | None = None, task_id: str | None = None, group_id: str | None = None,
-        dataset_id: str | None = None, limit: int = 100, offset: int = 0,
-    ) -> list[RolloutSummary]:
+    def list_rollouts(self, *, status: str | None = None, task_id: str | None = None, group_id: str | None = None,
+                      dataset_id: str | None = None, limit: int = 100, offset: int = 0) -> list[RolloutSummary]:
         filters = {"status": status, "task_id": task_id, "group_id": group_id, "dataset_id": dataset_id}
         given = {column: value for column, value in filters.items() if value is not None}
         where = " WHERE " + " AND ".join(f"{column}=?" for column in given) if given else ""
