@@ -1,10 +1,11 @@
 """Where captured data goes: the current rollout's recorder and the current role, held in ContextVars (they follow
-the code into asyncio tasks and into threads started with ``contextvars.copy_context()``)."""
+the code into asyncio tasks and into threads started with ``contextvars.copy_context()``), and ``agl.emit_reward``."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import operator
 import threading
 import time
@@ -13,7 +14,9 @@ from collections.abc import Iterator
 from contextvars import ContextVar, Token
 
 from agentlightning.capture._telemetry import tracing_enabled
-from agentlightning.types import Call, Reward
+from agentlightning.types import Call, Reward, check_finite
+
+logger = logging.getLogger(__name__)
 
 
 class RolloutRecorder:
@@ -119,3 +122,18 @@ def recording(recorder: RolloutRecorder) -> Iterator[RolloutRecorder]:
         _current_recorder.reset(token)
         with _open_recordings_lock:
             _open_recordings -= 1
+
+
+def emit_reward(value: float, final: bool = False, name: str | None = None) -> Reward | None:
+    """Record a reward in the current rollout: ``final=True`` sets the episode return R (used when the agent returns
+    None); otherwise it attaches to the latest finished LLM call (or to the episode before any). Outside a rollout
+    it is dropped with a warning (None is returned); a value that is not a finite number raises ``ValueError``."""
+    number = check_finite(value, f"agl.emit_reward(name={name!r})")
+    recorder = current_recorder()
+    if recorder is None:
+        logger.warning("agl.emit_reward(%r) called outside a rollout; the reward is dropped", value)
+        return None
+    call_id = None if final else next((call.call_id for call in reversed(recorder.calls) if call.kind == "llm"), None)
+    reward = Reward(value=number, call_id=call_id, source="final" if final else "emitted", name=name)
+    recorder.rewards.append(reward)
+    return reward

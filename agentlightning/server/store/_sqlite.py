@@ -20,11 +20,11 @@ from agentlightning._wire.read import json_text
 from agentlightning.protocol import (
     AttemptInfo, DatasetInfo, Lease, ModelVersion, ResultOutcome, RolloutSummary, Task, dataset_id_for, task_id_for,
 )
-from agentlightning.server._join import join_calls, join_late_call
 from agentlightning.server._states import Decision, decide, event_for_status
 from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError, StoreUnavailable
 from agentlightning.server.store._schema import (
-    calls_from_json, check_task_ids, check_writable, file_identity, json_text_of, open_database,
+    calls_from_json, check_task_ids, check_writable, file_identity, join_calls, join_late_call, json_text_of,
+    open_database,
 )
 from agentlightning.types import FINISHED_STATUSES, Call, ErrorInfo, Reward, Rollout, new_id
 
