@@ -256,11 +256,7 @@ class SQLiteStore(Store):
                 error = ErrorInfo(type="LeaseExpired", message=f"worker {worker_id} stopped reporting on attempt "
                                   f"{attempt}; its lease expired at {expired_at}")
                 decision = decide("running", "lease_expired", attempt, max_attempts)
-                with self._transaction():
-                    self._end_attempt(rollout_id, attempt, worker_id, "lease_expired", error, [], now)
-                    failed = self._row_rollout(rollout_id).model_copy(update={"status": "failed", "error": error})
-                    self._finish(rollout_id, attempt, decision, failed, now)
-                self._running.pop(rollout_id, None)
+                self._end_unreported(rollout_id, attempt, worker_id, "lease_expired", decision, "failed", error, now)
                 outcomes.append(ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state,
                                               attempt=decision.attempt, retried=decision.retried,
                                               message=error.message))
@@ -274,14 +270,20 @@ class SQLiteStore(Store):
                                      message=f"rollout {rollout_id} already finished as {status}")
             decision = decide(status, "cancel", attempt, attempt)
             error = ErrorInfo(type="Cancelled", message="cancelled by the server")
-            cancelled = self._row_rollout(rollout_id).model_copy(update={"status": "cancelled", "error": error})
-            now = time.time()
-            with self._transaction():
-                if status == "running":
-                    self._end_attempt(rollout_id, attempt, None, "cancelled", error, [], now)
-                self._finish(rollout_id, attempt, decision, cancelled, now)
-            self._running.pop(rollout_id, None)
+            self._end_unreported(rollout_id, attempt, None, "cancelled" if status == "running" else None, decision,
+                                 "cancelled", error, time.time())
         return ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state, attempt=attempt)
+
+    def _end_unreported(self, rollout_id: str, attempt: int, worker_id: str | None, ended_as: str | None,
+                        decision: Decision, status: str, error: ErrorInfo, now: float) -> None:
+        """End a rollout's attempt that no worker reported, ``ended_as`` in its log (None: it never started), and the
+        rollout as decided (a final one stored as ``status`` with ``error``)."""
+        with self._transaction():
+            if ended_as is not None:
+                self._end_attempt(rollout_id, attempt, worker_id, ended_as, error, [], now)
+            record = self._row_rollout(rollout_id).model_copy(update={"status": status, "error": error})
+            self._finish(rollout_id, attempt, decision, record, now)
+        self._running.pop(rollout_id, None)
 
     def rollout_state(self, rollout_id: str) -> tuple[str, int] | None:
         attempt = self._running.get(rollout_id)
