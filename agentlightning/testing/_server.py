@@ -25,8 +25,7 @@ from starlette.routing import Route
 from agentlightning._uvicorn import BackgroundServer
 from agentlightning._wire import payloads
 from agentlightning._wire.payloads import Choice, Reply
-from agentlightning.testing._replies import MockReply, MockRequest
-from agentlightning.testing._tokenizer import MockTokenizer, render_chat_prompt
+from agentlightning.testing._replies import MockReply, MockRequest, MockTokenizer, render_chat_prompt
 from agentlightning.types import LLM
 
 logger = logging.getLogger(__name__)
