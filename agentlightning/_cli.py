@@ -193,9 +193,8 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
 def _train(args: argparse.Namespace) -> int:
     from agentlightning.client._agentref import load_agent
     from agentlightning.client._client import load_records
-
+    from agentlightning.trainers import train
     from agentlightning.trainers.config import load_config
-    from agentlightning._train import train
 
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
     config = load_config(args.config, args.sets)
