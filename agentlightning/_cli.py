@@ -7,6 +7,7 @@ with the parsed server options and the words this parser did not know (the train
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import logging
@@ -141,9 +142,7 @@ def _collect(server: Any, group_size: int, stop: threading.Event) -> None:
             rollouts = server.wait(ids, timeout=1.0)
         except TimeoutError:
             continue
-        counts: dict[str, int] = {}
-        for rollout in rollouts:
-            counts[rollout.status] = counts.get(rollout.status, 0) + 1
+        counts = dict(collections.Counter(rollout.status for rollout in rollouts))
         logger.info("all %d rollouts finished: %s; telling clients to stop", len(ids), counts)
         server.request_stop()
         stop.wait(3.0)  # clients poll at least every few seconds
@@ -167,17 +166,14 @@ def _client_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace) -> int:
-    from agentlightning.client import Client
+    from agentlightning.client import Client, RayWorkers  # RayWorkers imports Ray once they start
 
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
-    workers = None
-    if args.ray is not None:
-        from agentlightning.client import RayWorkers
-
-        workers = RayWorkers(args.ray or None, args.nworkers, args.cpus_per_worker, runtime_env=args.runtime_env_json)
-    client = Client(args.server_url, token=args.token)
-    client.train(args.agent, dataset=args.dataset, dataset_id=args.dataset_id, nworkers=args.nworkers,
-                 timeout=args.timeout, workers=workers, log_level=logging.getLogger().level)
+    workers = None if args.ray is None else RayWorkers(args.ray or None, args.nworkers, args.cpus_per_worker,
+                                                         runtime_env=args.runtime_env_json)
+    Client(args.server_url, token=args.token).train(
+        args.agent, dataset=args.dataset, dataset_id=args.dataset_id, nworkers=args.nworkers, timeout=args.timeout,
+        workers=workers, log_level=logging.getLogger().level)
     return 0
 
 
@@ -284,8 +280,7 @@ def _api(args: argparse.Namespace) -> Any:
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    header = f"{'ROLLOUT':<22} {'STATUS':<10} {'TRY':>3} {'TASK':<18} {'REWARD':>7} {'CALLS':>5} {'MODEL':<12} ENDED"
-    print(header)
+    print(f"{'ROLLOUT':<22} {'STATUS':<10} {'TRY':>3} {'TASK':<18} {'REWARD':>7} {'CALLS':>5} {'MODEL':<12} ENDED")
     for row in rows:
         reward = "" if row["final_reward"] is None else f"{row['final_reward']:.3g}"
         ended = time.strftime("%H:%M:%S", time.localtime(row["ended"])) if row["ended"] else ""

@@ -128,9 +128,8 @@ class LightningServer:
                                     max_attempts=max_attempts)
 
     def wait(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
-        """Block until every rollout finished; returns them in the given order with calls joined.
-
-        Raises ``TimeoutError`` (saying how many are unfinished) after ``timeout`` seconds."""
+        """Block until every rollout finished; returns them in the given order with calls joined. Raises
+        ``TimeoutError`` (saying how many are unfinished) after ``timeout`` seconds."""
         ids = list(rollout_ids)
         pending = set(ids)
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentlightning._wire.messages import message_text
+from agentlightning._wire.messages import message_text, tool_call
 from agentlightning._wire.read import request_fields
 
 BYTE_OFFSET = 3
@@ -62,8 +62,7 @@ class MockReply:
 
     def openai_tool_calls(self) -> list[dict[str, Any]]:
         """The tool calls as the chat API carries them."""
-        return [{"id": call.call_id(), "type": "function",
-                 "function": {"name": call.name, "arguments": call.arguments_json()}} for call in self.tool_calls]
+        return [tool_call(call.call_id(), call.name, call.arguments_json()) for call in self.tool_calls]
 
     def completion_text(self) -> str:
         """The text the completion's token ids stand for: content, then the rendered tool calls."""
