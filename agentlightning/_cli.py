@@ -187,7 +187,7 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from agentlightning.client._agentref import load_agent
+    from agentlightning.client._worker import load_agent
     from agentlightning.client._client import load_records
     from agentlightning.trainers import train
     from agentlightning.trainers.config import load_config
