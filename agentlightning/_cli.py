@@ -26,20 +26,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agl`` console script."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", default=os.environ.get("AGL_LOG_LEVEL", "INFO"), help="logging level")
+    remote = argparse.ArgumentParser(add_help=False, parents=[common])  # options of the commands that ask a server
+    remote.add_argument("--server-url", help="default $AGL_SERVER_URL (or $AgentLightningServerUrl)")
+    remote.add_argument("--token", help="default $AGL_SERVER_TOKEN")
+    source = argparse.ArgumentParser(add_help=False, parents=[remote])
+    source.add_argument("--store", help="read this SQLite store directly instead of asking a server")
     parser = argparse.ArgumentParser(prog="agl", description="Agent Lightning: train the LLM inside any agent.")
     commands = parser.add_subparsers(dest="command", required=True)
     add_server_arguments(commands.add_parser("server", parents=[common], help="run the Lightning Server"))
-    _client_arguments(commands.add_parser("client", parents=[common], help="serve rollouts of an agent"))
+    _client_arguments(commands.add_parser("client", parents=[remote], help="serve rollouts of an agent"))
     _train_arguments(commands.add_parser("train", parents=[common], help="train the LLM inside an agent"))
     rollouts = commands.add_parser("rollouts", help="inspect rollouts").add_subparsers(dest="action", required=True)
-    _source_arguments(listing := rollouts.add_parser("list", parents=[common], help="list rollouts, newest first"))
+    listing = rollouts.add_parser("list", parents=[source], help="list rollouts, newest first")
     listing.add_argument("--status", help="only this state (queued, running, succeeded, failed, timeout, cancelled)")
     listing.add_argument("--task-id")
     listing.add_argument("--group-id")
     listing.add_argument("--dataset-id")
     listing.add_argument("--limit", type=int, default=20)
     listing.add_argument("--json", action="store_true", help="print JSON lines")
-    _source_arguments(show := rollouts.add_parser("show", parents=[common], help="show one rollout in detail"))
+    show = rollouts.add_parser("show", parents=[source], help="show one rollout in detail")
     show.add_argument("rollout_id")
     show.add_argument("--tokens", action="store_true", help="print the token ids of every LLM call")
     show.add_argument("--json", action="store_true", help="print the rollout as JSON")
@@ -154,8 +159,6 @@ def _client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", help="JSONL or JSON file of tasks (uploaded if the server lacks it)")
     parser.add_argument("--dataset-id", help="id of a dataset already on the server")
     parser.add_argument("--nworkers", type=int, default=-1, help="worker processes (-1: one per core)")
-    parser.add_argument("--server-url", help="default $AGL_SERVER_URL (or $AgentLightningServerUrl)")
-    parser.add_argument("--token", help="default $AGL_SERVER_TOKEN")
     parser.add_argument("--timeout", type=float, help="seconds per rollout (default: the server's)")
     parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                         help="run the workers as Ray actors on the cluster at ADDRESS (auto, ray://head:10001; "
@@ -214,12 +217,6 @@ def _dashboard(args: argparse.Namespace) -> int:
     print(f"dashboard of {args.run_dir} on http://{args.host}:{args.port}/ui/ (read-only); Ctrl-C stops", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
-
-
-def _source_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", help="read this SQLite store directly instead of asking a server")
-    parser.add_argument("--server-url", help="default $AGL_SERVER_URL (or $AgentLightningServerUrl)")
-    parser.add_argument("--token", help="default $AGL_SERVER_TOKEN")
 
 
 def _rollouts(args: argparse.Namespace) -> int:
