@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import contextvars
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -77,25 +76,18 @@ def _check_arguments(agent: Any, tasks: Any, llm: Any, n_workers: Any, timeout: 
 
 async def _run_all(agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int, timeout: float | None
                    ) -> list[Rollout]:
-    """``n_workers`` rollouts at a time: async agents as tasks of this loop, sync ones each on a pool thread (which
-    :meth:`Attempt.run` leaves at the timeout: the agent runs on a daemon thread of its own)."""
-    loop, semaphore = asyncio.get_running_loop(), asyncio.Semaphore(n_workers)
-    threads = concurrent.futures.ThreadPoolExecutor(n_workers, thread_name_prefix="agl-run")
+    """``n_workers`` attempts at a time: async agents as tasks of this loop, sync ones on daemon threads."""
+    semaphore = asyncio.Semaphore(n_workers)
 
     async def one(index: int, task: Any) -> Rollout:
         attempt = Attempt(agent, task, llm)
         async with semaphore:
             try:
-                if agent.is_async:
-                    return await attempt.arun(timeout)
-                return await loop.run_in_executor(threads, contextvars.copy_context().run, attempt.run, timeout)
+                return await attempt.arun(timeout)
             except Exception as exc:  # noqa: BLE001 - agent errors are caught inside; this is a failed start
                 return attempt.refuse(f"task #{index} could not be started: {exc}", exc)
 
-    try:
-        return list(await asyncio.gather(*(one(index, task) for index, task in enumerate(tasks))))
-    finally:
-        threads.shutdown(wait=False)
+    return list(await asyncio.gather(*(one(index, task) for index, task in enumerate(tasks))))
 
 
 def _summarised(agent: RolloutAgent, rollouts: list[Rollout], started: float) -> list[Rollout]:
