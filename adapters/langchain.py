@@ -67,8 +67,6 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         # only appear with a newly imported module, so the (costly) walk of Runnable subclasses reruns only then.
         self._framework_names: tuple[int, frozenset[str]] = (-1, frozenset())
 
-    # -- run tree -------------------------------------------------------------------------------------------
-
     def _remember(self, run_id: UUID, parent_run_id: UUID | None, name: str | None, tags: list[str] | None,
                   metadata: dict[str, Any] | None) -> _Run:
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
@@ -118,8 +116,6 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             return now
         return model_name or (self._nearest(run, "internal")[1] if internal else None)
 
-    # -- chains ---------------------------------------------------------------------------------------------
-
     def on_chain_start(self, serialized: dict[str, Any] | None, inputs: Any, *, run_id: UUID,
                        parent_run_id: UUID | None = None, tags: list[str] | None = None,
                        metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
@@ -129,8 +125,6 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         self._runs.pop(run_id, None)
 
     on_chain_error = on_chain_end  # (error, run_id=...): the same shape
-
-    # -- models ---------------------------------------------------------------------------------------------
 
     def on_chat_model_start(self, serialized: dict[str, Any] | None, messages: Any, *, run_id: UUID,
                             parent_run_id: UUID | None = None, tags: list[str] | None = None,
@@ -154,8 +148,6 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             reset_role(run.role_token)
 
     on_llm_error = on_llm_end
-
-    # -- tools ----------------------------------------------------------------------------------------------
 
     def on_tool_start(self, serialized: dict[str, Any] | None, input_str: str, *, run_id: UUID,
                       parent_run_id: UUID | None = None, tags: list[str] | None = None,
@@ -185,8 +177,6 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         run = self._runs.pop(run_id, None)
         if run is not None and run.tool is not None:
             run.tool.finish(None, error=error_text(error))
-
-    # -- other runs keep the tree connected -----------------------------------------------------------------
 
     # Retrievers are tree nodes like chains (a named one can name a role); LangChain passes (serialized, query) and
     # (documents) positionally, so the chain callbacks serve.

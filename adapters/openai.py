@@ -1,9 +1,5 @@
-"""Capture of the ``openai`` client: every chat / completions / responses call becomes a :class:`~agentlightning.Call`.
-
-The client classes' methods are patched with wrapt (sync and async, ``parse`` included), so every client instance is
-covered (see ``_stainless``). A call is recorded when it ends: a response when it returns, a stream when it is
-consumed, fails or is closed early, a raw response when it is parsed.
-"""
+"""Capture of the ``openai`` client: every chat / completions / responses call, sync or async, ``parse`` included,
+becomes a :class:`~agentlightning.Call` (see ``_stainless`` for how calls are wrapped and recorded)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ _EXPORTS: dict[str, str] = {name: module for module, names in {
     "agentlightning.capture": ("role", "emit_reward", "instrument", "uninstrument"),
     "agentlightning._run": ("run", "arun"),
     "agentlightning.rl.transitions": ("transitions",),
-    "agentlightning._train": ("train",),
+    "agentlightning.trainers": ("train",),
     "agentlightning.trainers.policies": ("Policy",),
     "agentlightning.client": ("Client", "RayWorkers"),
 }.items() for name in names}

@@ -4,7 +4,9 @@ rollout of ``agl.run``, ``RolloutAgent.execute`` and the client's workers is an 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import functools
 import inspect
 import json
 import logging
@@ -15,11 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from agentlightning.capture import (
-    RolloutRecorder,
-    current_recorder,
-    enable_auto_instrumentation,
-    explain_rollout,
-    recording,
+    RolloutRecorder, current_recorder, enable_auto_instrumentation, explain_rollout, recording,
 )
 from agentlightning.protocol import task_id_for
 from agentlightning.types import LLM, ErrorInfo, Reward, Rollout, RolloutStatus, check_finite, new_id
@@ -91,9 +89,9 @@ class Attempt:
 
     async def arun(self, timeout: float | None = None) -> Rollout:
         """:meth:`run` on an event loop: an async agent runs on this loop and is cancelled at ``timeout``; a sync
-        agent runs as in :meth:`run`, waited for on a worker thread."""
+        agent runs as in :meth:`run`, waited for from a daemon thread (a hung one cannot hold up interpreter exit)."""
         if not self.agent.is_async:
-            return await asyncio.to_thread(self.run, timeout)
+            return await _on_daemon_thread(lambda: self.run(timeout))
         self.start()
         deadline = asyncio.timeout(timeout)
         try:
@@ -194,6 +192,23 @@ _LOG_HANDLER = _RolloutLogs(logging.INFO)
 
 async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
+
+
+async def _on_daemon_thread(func: Callable[[], Rollout]) -> Rollout:
+    """``func()`` run on a daemon thread of its own (with a copy of this context), awaited."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Rollout] = loop.create_future()
+
+    def target() -> None:
+        try:
+            outcome = functools.partial(done.set_result, func())
+        except BaseException as exc:  # noqa: BLE001 - raised in the awaiting task
+            outcome = functools.partial(done.set_exception, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile (the caller was interrupted)
+            loop.call_soon_threadsafe(lambda: done.done() or outcome())
+
+    threading.Thread(target=contextvars.copy_context().run, args=(target,), name="agl-attempt", daemon=True).start()
+    return await done
 
 
 def _jsonable(value: Any, limit: int | None = None) -> Any:

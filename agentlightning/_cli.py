@@ -7,6 +7,7 @@ with the parsed server options and the words this parser did not know (the train
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import logging
@@ -25,20 +26,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agl`` console script."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--log-level", default=os.environ.get("AGL_LOG_LEVEL", "INFO"), help="logging level")
+    remote = argparse.ArgumentParser(add_help=False, parents=[common])  # options of the commands that ask a server
+    remote.add_argument("--server-url", help="default $AGL_SERVER_URL (or $AgentLightningServerUrl)")
+    remote.add_argument("--token", help="default $AGL_SERVER_TOKEN")
+    source = argparse.ArgumentParser(add_help=False, parents=[remote])
+    source.add_argument("--store", help="read this SQLite store directly instead of asking a server")
     parser = argparse.ArgumentParser(prog="agl", description="Agent Lightning: train the LLM inside any agent.")
     commands = parser.add_subparsers(dest="command", required=True)
     add_server_arguments(commands.add_parser("server", parents=[common], help="run the Lightning Server"))
-    _client_arguments(commands.add_parser("client", parents=[common], help="serve rollouts of an agent"))
+    _client_arguments(commands.add_parser("client", parents=[remote], help="serve rollouts of an agent"))
     _train_arguments(commands.add_parser("train", parents=[common], help="train the LLM inside an agent"))
     rollouts = commands.add_parser("rollouts", help="inspect rollouts").add_subparsers(dest="action", required=True)
-    _source_arguments(listing := rollouts.add_parser("list", parents=[common], help="list rollouts, newest first"))
+    listing = rollouts.add_parser("list", parents=[source], help="list rollouts, newest first")
     listing.add_argument("--status", help="only this state (queued, running, succeeded, failed, timeout, cancelled)")
     listing.add_argument("--task-id")
     listing.add_argument("--group-id")
     listing.add_argument("--dataset-id")
     listing.add_argument("--limit", type=int, default=20)
     listing.add_argument("--json", action="store_true", help="print JSON lines")
-    _source_arguments(show := rollouts.add_parser("show", parents=[common], help="show one rollout in detail"))
+    show = rollouts.add_parser("show", parents=[source], help="show one rollout in detail")
     show.add_argument("rollout_id")
     show.add_argument("--tokens", action="store_true", help="print the token ids of every LLM call")
     show.add_argument("--json", action="store_true", help="print the rollout as JSON")
@@ -50,24 +56,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args, extra = parser.parse_known_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if extra and not (args.command == "server" and args.model):
+    training = args.command == "server" and args.model
+    if extra and not training:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    commands = {"server": _serve, "client": _client, "train": _train, "dashboard": _dashboard, "rollouts": _rollouts}
     try:
-        if args.command == "server":
-            return _serve_training(args, extra) if args.model else _serve(args)
-        if args.command == "client":
-            return _client(args)
-        if args.command == "train":
-            return _train(args)
-        if args.command == "dashboard":
-            return _dashboard(args)
-        return _rollouts(args)
+        return _serve_training(args, extra) if training else commands[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
         print(f"agl {args.command}: error: {exc}", file=sys.stderr)
         return 2
-
-
-# -- server ---------------------------------------------------------------------------------------------------
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,16 +147,11 @@ def _collect(server: Any, group_size: int, stop: threading.Event) -> None:
             rollouts = server.wait(ids, timeout=1.0)
         except TimeoutError:
             continue
-        counts: dict[str, int] = {}
-        for rollout in rollouts:
-            counts[rollout.status] = counts.get(rollout.status, 0) + 1
+        counts = dict(collections.Counter(rollout.status for rollout in rollouts))
         logger.info("all %d rollouts finished: %s; telling clients to stop", len(ids), counts)
         server.request_stop()
         stop.wait(3.0)  # clients poll at least every few seconds
         stop.set()
-
-
-# -- client ---------------------------------------------------------------------------------------------------
 
 
 def _client_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,8 +159,6 @@ def _client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", help="JSONL or JSON file of tasks (uploaded if the server lacks it)")
     parser.add_argument("--dataset-id", help="id of a dataset already on the server")
     parser.add_argument("--nworkers", type=int, default=-1, help="worker processes (-1: one per core)")
-    parser.add_argument("--server-url", help="default $AGL_SERVER_URL (or $AgentLightningServerUrl)")
-    parser.add_argument("--token", help="default $AGL_SERVER_TOKEN")
     parser.add_argument("--timeout", type=float, help="seconds per rollout (default: the server's)")
     parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
                         help="run the workers as Ray actors on the cluster at ADDRESS (auto, ray://head:10001; "
@@ -179,21 +169,15 @@ def _client_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _client(args: argparse.Namespace) -> int:
-    from agentlightning.client import Client
+    from agentlightning.client import Client, RayWorkers  # RayWorkers imports Ray once they start
 
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
-    workers = None
-    if args.ray is not None:
-        from agentlightning.client import RayWorkers
-
-        workers = RayWorkers(args.ray or None, args.nworkers, args.cpus_per_worker, runtime_env=args.runtime_env_json)
-    client = Client(args.server_url, token=args.token)
-    client.train(args.agent, dataset=args.dataset, dataset_id=args.dataset_id, nworkers=args.nworkers,
-                 timeout=args.timeout, workers=workers, log_level=logging.getLogger().level)
+    workers = None if args.ray is None else RayWorkers(args.ray or None, args.nworkers, args.cpus_per_worker,
+                                                         runtime_env=args.runtime_env_json)
+    Client(args.server_url, token=args.token).train(
+        args.agent, dataset=args.dataset, dataset_id=args.dataset_id, nworkers=args.nworkers, timeout=args.timeout,
+        workers=workers, log_level=logging.getLogger().level)
     return 0
-
-
-# -- train ----------------------------------------------------------------------------------------------------
 
 
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -206,11 +190,10 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from agentlightning.client._agentref import load_agent
+    from agentlightning.client._worker import load_agent
     from agentlightning.client._client import load_records
-
+    from agentlightning.trainers import train
     from agentlightning.trainers.config import load_config
-    from agentlightning._train import train
 
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
     config = load_config(args.config, args.sets)
@@ -234,15 +217,6 @@ def _dashboard(args: argparse.Namespace) -> int:
     print(f"dashboard of {args.run_dir} on http://{args.host}:{args.port}/ui/ (read-only); Ctrl-C stops", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
-
-
-# -- rollouts -------------------------------------------------------------------------------------------------
-
-
-def _source_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", help="read this SQLite store directly instead of asking a server")
-    parser.add_argument("--server-url", help="default $AGL_SERVER_URL (or $AgentLightningServerUrl)")
-    parser.add_argument("--token", help="default $AGL_SERVER_TOKEN")
 
 
 def _rollouts(args: argparse.Namespace) -> int:
@@ -303,8 +277,7 @@ def _api(args: argparse.Namespace) -> Any:
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    header = f"{'ROLLOUT':<22} {'STATUS':<10} {'TRY':>3} {'TASK':<18} {'REWARD':>7} {'CALLS':>5} {'MODEL':<12} ENDED"
-    print(header)
+    print(f"{'ROLLOUT':<22} {'STATUS':<10} {'TRY':>3} {'TASK':<18} {'REWARD':>7} {'CALLS':>5} {'MODEL':<12} ENDED")
     for row in rows:
         reward = "" if row["final_reward"] is None else f"{row['final_reward']:.3g}"
         ended = time.strftime("%H:%M:%S", time.localtime(row["ended"])) if row["ended"] else ""

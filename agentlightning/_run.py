@@ -1,14 +1,11 @@
-"""``agl.run``: run an agent over tasks with capture on, no training, and return the rollouts (sync agents on
-daemon threads, so a hung one cannot block interpreter exit; async agents as tasks on one event loop)."""
+"""``agl.run``: run an agent over tasks with capture on, no training, and return the rollouts."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import concurrent.futures
-import contextvars
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -35,9 +32,7 @@ def run(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], llm: LLM
     """
     agent, task_list, llm, n_workers, timeout = _check_arguments(agent, tasks, llm, n_workers, timeout)
     started = time.perf_counter()
-    if not agent.is_async:
-        return _summarised(agent, _run_threads(agent, task_list, llm, n_workers, timeout), started)
-    main = _run_async(agent, task_list, llm, n_workers, timeout)
+    main = _run_all(agent, task_list, llm, n_workers, timeout)
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -51,11 +46,7 @@ async def arun(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], l
     """Async :func:`run`, for callers already inside an event loop. Sync agents run in worker threads."""
     agent, task_list, llm, n_workers, timeout = _check_arguments(agent, tasks, llm, n_workers, timeout)
     started = time.perf_counter()
-    if agent.is_async:
-        rollouts = await _run_async(agent, task_list, llm, n_workers, timeout)
-    else:
-        rollouts = await asyncio.to_thread(_run_threads, agent, task_list, llm, n_workers, timeout)
-    return _summarised(agent, rollouts, started)
+    return _summarised(agent, await _run_all(agent, task_list, llm, n_workers, timeout), started)
 
 
 def _check_arguments(agent: Any, tasks: Any, llm: Any, n_workers: Any, timeout: Any
@@ -83,34 +74,9 @@ def _check_arguments(agent: Any, tasks: Any, llm: Any, n_workers: Any, timeout: 
     return agent, list(tasks), llm, n_workers, None if timeout is None else float(timeout)
 
 
-def _run_threads(agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int, timeout: float | None
-                 ) -> list[Rollout]:
-    """``n_workers`` daemon threads taking the tasks in turn (so a hung agent cannot block interpreter exit)."""
-    todo, results = collections.deque(enumerate(tasks)), [None] * len(tasks)
-
-    def work() -> None:
-        while todo:
-            try:
-                index, task = todo.popleft()  # atomic
-            except IndexError:
-                return
-            attempt = Attempt(agent, task, llm)
-            try:
-                results[index] = attempt.run(timeout)
-            except Exception as exc:  # noqa: BLE001 - a failed start: one unusable task never loses the others
-                results[index] = attempt.refuse(f"task #{index} could not be started: {exc}", exc)
-
-    threads = [threading.Thread(target=contextvars.copy_context().run, args=(work,), name=f"agl-run-{n}", daemon=True)
-               for n in range(min(n_workers, len(tasks)))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results  # type: ignore[return-value] - every slot is filled
-
-
-async def _run_async(agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int, timeout: float | None
-                     ) -> list[Rollout]:
+async def _run_all(agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int, timeout: float | None
+                   ) -> list[Rollout]:
+    """``n_workers`` attempts at a time: async agents as tasks of this loop, sync ones on daemon threads."""
     semaphore = asyncio.Semaphore(n_workers)
 
     async def one(index: int, task: Any) -> Rollout:

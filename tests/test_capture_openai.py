@@ -20,7 +20,7 @@ from pydantic import BaseModel
 import agentlightning as agl
 from agentlightning.capture._context import RolloutRecorder, recording
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
-from agentlightning.testing._tokenizer import render_chat_prompt
+from agentlightning.testing import render_chat_prompt
 
 MESSAGES = [{"role": "system", "content": "You write SQL."}, {"role": "user", "content": "count users"}]
 TOOLS = [{"type": "function", "function": {"name": "run_sql", "parameters": {"type": "object"}}}]

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from agentlightning.testing import MockLLMServer, MockReply, MockRequest, MockTokenizer, MockToolCall
-from agentlightning.testing._tokenizer import render_chat_prompt
+from agentlightning.testing import render_chat_prompt
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo"}]
 

@@ -35,7 +35,7 @@ import torch
 from agentlightning.trainers.checkpoint import full_tensor, trained_state
 
 if TYPE_CHECKING:
-    from agentlightning.rl.batch import PackedBatch
+    from agentlightning.trainers.batch import PackedBatch
     from agentlightning.trainers.config import TrainConfig, TrainResult
 
 logger = logging.getLogger(__name__)

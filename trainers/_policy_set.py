@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from agentlightning.rl.batch import pack
+from agentlightning.trainers.batch import pack
 from agentlightning.trainers.policies import PolicyMap
 from agentlightning.types import Rollout, Transition
 

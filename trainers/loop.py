@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning._decorator import RolloutAgent
-from agentlightning.rl.batch import pack
+from agentlightning.trainers.batch import pack
 from agentlightning.trainers._distributed import Ranks, served_model
 from agentlightning.trainers._pipeline import RolloutPipeline
 from agentlightning.trainers.config import TrainConfig, TrainResult

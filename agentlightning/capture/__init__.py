@@ -5,19 +5,11 @@ Framework adapters (``agentlightning.adapters``) use only the names exported her
 """
 
 from agentlightning.capture._context import (
-    RolloutRecorder,
-    current_recorder,
-    current_role,
-    note_stray_call,
-    recording,
-    reset_role,
-    set_role,
-    stray_calls_since,
+    LLMCall, RolloutRecorder, current_recorder, current_role, emit_reward, note_stray_call, recording, reset_role,
+    set_role, stray_calls_since,
 )
 from agentlightning.capture._diagnostics import explain_rollout
 from agentlightning.capture._instrument import enable_auto_instrumentation, installed_adapters, instrument, uninstrument
-from agentlightning.capture._llm_call import LLMCall
-from agentlightning.capture._reward import emit_reward
 from agentlightning.capture._role import role, role_matches, unmatched_patterns
 from agentlightning.capture._telemetry import emit_call_span
 

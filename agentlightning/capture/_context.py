@@ -1,19 +1,26 @@
 """Where captured data goes: the current rollout's recorder and the current role, held in ContextVars (they follow
-the code into asyncio tasks and into threads started with ``contextvars.copy_context()``)."""
+the code into asyncio tasks and into threads started with ``contextvars.copy_context()``), ``agl.emit_reward``, and
+:class:`LLMCall`, one LLM call as a client sees it (its place taken when it starts, its ``Call`` built by
+``_wire.read`` as the proxy's are and added when it ends)."""
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import operator
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from contextvars import ContextVar, Token
+from typing import Any
 
-from agentlightning.capture._telemetry import tracing_enabled
-from agentlightning.types import Call, Reward
+from agentlightning._wire.read import build_call, fill_answer, request_fields
+from agentlightning.capture._telemetry import emit_call_span, tracing_enabled
+from agentlightning.types import Call, Reward, check_finite, new_id
+
+logger = logging.getLogger(__name__)
 
 
 class RolloutRecorder:
@@ -119,3 +126,58 @@ def recording(recorder: RolloutRecorder) -> Iterator[RolloutRecorder]:
         _current_recorder.reset(token)
         with _open_recordings_lock:
             _open_recordings -= 1
+
+
+def emit_reward(value: float, final: bool = False, name: str | None = None) -> Reward | None:
+    """Record a reward in the current rollout: ``final=True`` sets the episode return R (used when the agent returns
+    None); otherwise it attaches to the latest finished LLM call (or to the episode before any). Outside a rollout
+    it is dropped with a warning (None is returned); a value that is not a finite number raises ``ValueError``."""
+    number = check_finite(value, f"agl.emit_reward(name={name!r})")
+    recorder = current_recorder()
+    if recorder is None:
+        logger.warning("agl.emit_reward(%r) called outside a rollout; the reward is dropped", value)
+        return None
+    call_id = None if final else next((call.call_id for call in reversed(recorder.calls) if call.kind == "llm"), None)
+    reward = Reward(value=number, call_id=call_id, source="final" if final else "emitted", name=name)
+    recorder.rewards.append(reward)
+    return reward
+
+
+class LLMCall:
+    """A call to ``api`` ('chat.completions', 'responses', ...) at ``endpoint`` starting now with request ``body``
+    (a plain copy of what is sent), in the rollout of ``recorder``, with the role current now."""
+
+    def __init__(self, api: str, recorder: RolloutRecorder, endpoint: str | None, body: dict[str, Any]) -> None:
+        self.api = api
+        self.recorder = recorder
+        self.fields = request_fields(api, body)
+        self.fields.update(call_id=new_id("call"), rollout_id=recorder.rollout_id, role=current_role(),
+                           start_time=time.time())
+        self.fields["metadata"].update(endpoint=endpoint, api=api)
+        if recorder.model_version is not None:
+            self.fields["metadata"]["model_version"] = recorder.model_version
+        self.fields["sequence"] = recorder.start_call(endpoint)
+        self.finished = False
+
+    def finish(self, answer: dict[str, Any] | None, error: BaseException | None = None) -> None:
+        """Add the call's record to the rollout (once): what the response answered, and ``error`` if it failed (the
+        caller re-raises it)."""
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            fields = self.fields
+            fields["end_time"] = time.time()
+            if answer is not None:
+                fill_answer(fields, answer, "response")
+            if error is not None:
+                fields.update(status="error", error=f"{type(error).__name__}: {error}")
+                fields["metadata"]["error_type"] = type(error).__name__
+                if getattr(error, "status_code", None):
+                    fields["metadata"]["http_status"] = error.status_code  # type: ignore[attr-defined]
+            call = build_call(fields)
+            self.recorder.add_call(call)
+            if self.recorder.traced:  # the span goes out now, under the agent's current trace context
+                emit_call_span(call)
+        except Exception:  # noqa: BLE001
+            logger.warning("capture failed on a %s call; the agent continues", self.api, exc_info=True)

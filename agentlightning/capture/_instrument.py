@@ -1,12 +1,9 @@
 """Which capture adapters exist, and installing them when their framework is (or gets) imported.
 
 Each adapter module ``agentlightning.adapters.<name>`` exposes idempotent ``install()`` / ``uninstall()`` and
-``is_installed()`` (the only record of whether it is installed). ``enable_auto_instrumentation()``, run when a
-rollout starts, installs the adapters of frameworks already imported and hooks the others' import, and makes thread
-pools carry the rollout's context: a task submitted to a ``ThreadPoolExecutor`` inside a rollout (``pool.map``,
-``pool.submit``, ``loop.run_in_executor``) runs in a copy of the submitter's context, so its LLM calls land in that
-rollout (Python gives pool threads a fresh context otherwise). Importing Agent Lightning never imports a framework.
-"""
+``is_installed()`` (the only record of whether it is installed). A task submitted to a ``ThreadPoolExecutor`` inside a
+rollout (``pool.map``, ``pool.submit``, ``loop.run_in_executor``) runs in a copy of the submitter's context, so its
+LLM calls land in that rollout (Python gives pool threads a fresh context otherwise)."""
 
 from __future__ import annotations
 

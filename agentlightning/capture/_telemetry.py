@@ -6,7 +6,6 @@ otherwise :func:`emit_call_span` returns after one cheap check. Traces then show
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -15,8 +14,6 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from agentlightning import __version__
 from agentlightning.types import Call
-
-logger = logging.getLogger(__name__)
 
 _OPERATIONS = {"chat.completions": "chat", "chat.completions.parse": "chat", "responses": "chat",
                "responses.parse": "chat", "completions": "text_completion"}

@@ -1,7 +1,7 @@
 """A pool of worker processes for one agent, supervised: a worker that dies mid-rollout has that attempt reported as
 failed with its log lines (the server retries it); one that stops responding (holding the GIL) or outlives its
 rollout's timeout is killed, the attempt reported as 'timeout'; either is replaced. Workers are spawned, so the agent
-must be importable (:mod:`.agentref`)."""
+must be importable (:func:`._worker.agent_ref`)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentlightning.client._agentref import agent_ref
 from agentlightning.client._api import ServerAPI
-from agentlightning.client._worker import (EXIT_ABANDONED, EXIT_AUTH, WorkerConfig, WorkerSlot, default_spool_dir,
-                                           resend_every, resend_spooled, worker_main)
+from agentlightning.client._worker import (EXIT_ABANDONED, EXIT_AUTH, WorkerConfig, WorkerSlot, agent_ref,
+                                           default_spool_dir, resend_every, resend_spooled, worker_main)
 from agentlightning.protocol import ProtocolError
 from agentlightning.types import ErrorInfo, Rollout, new_id
 

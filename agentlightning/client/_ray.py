@@ -13,10 +13,9 @@ import tempfile
 import threading
 from typing import Any
 
-from agentlightning.client._agentref import agent_ref
 from agentlightning.client._api import ServerAPI, resolve_server_url
-from agentlightning.client._worker import (EXIT_AUTH, WorkerConfig, WorkerSlot, default_spool_dir, resend_every,
-                                           resend_spooled, worker_main)
+from agentlightning.client._worker import (EXIT_AUTH, WorkerConfig, WorkerSlot, agent_ref, default_spool_dir,
+                                           resend_every, resend_spooled, worker_main)
 from agentlightning.types import new_id
 
 logger = logging.getLogger(__name__)

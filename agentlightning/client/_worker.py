@@ -1,11 +1,14 @@
 """A worker process: lease a rollout, run the agent on it heart-beating, report the result (taking the next lease
 with the report); repeat until told to stop. A worker that leaves a hung agent behind exits after reporting it and
 is replaced by the pool; results the server did not take for good are spooled to disk and re-sent later. An attempt's
-log lines (and a crash's traceback) also go to a file the pool reads if the process dies."""
+log lines (and a crash's traceback) also go to a file the pool reads if the process dies. The agent travels by name,
+``"package.module:attribute"``, defined at module level of an importable module (or of the script run as
+``__main__``, guarded by ``if __name__ == "__main__":``), so that spawned worker processes can import it."""
 
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import json
 import logging
 import multiprocessing
@@ -15,6 +18,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,7 +26,6 @@ from typing import Any, TextIO
 from agentlightning._attempt import Attempt
 from agentlightning._decorator import RolloutAgent
 from agentlightning.capture import current_recorder, enable_auto_instrumentation
-from agentlightning.client._agentref import load_agent
 from agentlightning.client._api import ServerAPI, StopSignal
 from agentlightning.protocol import Lease, ServerError, Unreachable
 from agentlightning.types import Rollout
@@ -33,6 +36,62 @@ EXIT_ABANDONED = 75  # the worker left a stuck agent thread behind and must be r
 EXIT_AUTH = 2  # the server refused the token
 DEQUEUE_WAIT = 2.0
 DEFINITIVE = frozenset({409, 422})  # refusals of a result that re-sending cannot change (stale, not ours, invalid)
+
+
+def agent_ref(agent: RolloutAgent | Callable[..., Any] | str) -> str:
+    """The import reference of ``agent`` (checked to resolve back to it)."""
+    if isinstance(agent, str):
+        load_agent(agent)
+        return agent
+    func = agent.func if isinstance(agent, RolloutAgent) else agent
+    module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", "")
+    if not module or "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(f"agent {qualname or agent!r} cannot be imported by worker processes: define it at module "
+                         "level (not inside a function or as a lambda), or pass 'module:attribute'")
+    named = None
+    if isinstance(agent, RolloutAgent):  # ``my_agent = agl.rollout(run, roles=[...])``: its options travel by name
+        named = next((name for name, value in vars(_resolve(module, "")).items() if value is agent), None)
+    ref = f"{module}:{named or qualname}"
+    loaded = load_agent(ref)
+    if loaded.func is not func:
+        raise ValueError(f"agent reference {ref!r} resolves to a different object than the agent given")
+    if isinstance(agent, RolloutAgent) and loaded is not agent and (agent.roles is not None or agent.reward):
+        raise ValueError(
+            f"agent {agent.name!r} (with roles/reward options) is not a module-level name of {module}, so worker "
+            "processes could not rebuild it: assign it at module level (my_agent = agl.rollout(...)) and pass that"
+        )
+    return ref
+
+
+def load_agent(ref: str) -> RolloutAgent:
+    """Import the agent named by ``ref``; a plain function is wrapped as if decorated with bare ``@agl.rollout``."""
+    module, sep, qualname = ref.partition(":")
+    if not sep or not module or not qualname:
+        raise ValueError(f"agent reference must look like 'package.module:attribute', got {ref!r}")
+    target = _resolve(module, qualname)
+    if isinstance(target, RolloutAgent):
+        return target
+    if callable(target):
+        return RolloutAgent(target)
+    raise TypeError(f"agent reference {ref!r} names a {type(target).__name__}, not an agent function")
+
+
+def _resolve(module_name: str, qualname: str) -> Any:
+    if module_name in ("__main__", "__mp_main__"):  # a spawned worker runs the parent's script as __mp_main__
+        target: Any = sys.modules.get("__mp_main__") or sys.modules["__main__"]
+    else:
+        try:
+            target = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"cannot import module {module_name!r} of the agent: {exc} (sys.path={sys.path[:4]}...)"
+                             ) from None
+    for part in filter(None, qualname.split(".")):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            raise ValueError(f"agent {module_name}:{qualname}: {module_name} has no attribute {qualname!r}") from None
+    return target
+
 
 
 @dataclass(frozen=True)

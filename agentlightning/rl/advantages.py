@@ -2,10 +2,8 @@
 
 Every statistic weighs rollouts equally, however many transitions they have (a rollout's transitions share a weight
 of 1), so with identical credit the group mean and std are those of the rollouts' returns, as TRL's GRPO computes
-them (``ddof=1``). Estimators: ``grpo``, ``dr_grpo`` (no std scaling), ``reinforce++`` (batch baseline, normalised),
-``reinforce++_baseline`` (group baseline, batch-level scaling); weightings: ``rollout`` (default), ``rollout_token``,
-``token``, ``transition``. The formulas are in docs/lightning_rl.md ("Advantages and loss weights").
-"""
+them (``ddof=1``). The estimators and weightings, with their formulas, are in docs/lightning_rl.md ("Advantages and
+loss weights")."""
 
 from __future__ import annotations
 

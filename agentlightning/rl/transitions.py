@@ -17,11 +17,7 @@ from typing import Literal, get_args
 from agentlightning.rl.air import AIR, AirRule, CallRewardFunction, as_air
 from agentlightning.rl.credit import CreditFunction, assign_credit, resolve_credit
 from agentlightning.rl.tokens import (
-    RetokenizeError,
-    Tokenizer,
-    merge_duplicates,
-    retokenize_completion,
-    retokenize_prompt,
+    RetokenizeError, Tokenizer, merge_duplicates, retokenize_completion, retokenize_prompt,
 )
 from agentlightning.capture import role_matches, unmatched_patterns
 from agentlightning.types import Call, Rollout, Transition, check_finite
@@ -90,11 +86,10 @@ class Extraction:
     stats: ExtractionStats
 
 
-def extract_transitions(
-    rollouts: Iterable[Rollout], roles: Sequence[str] | None = None, credit: str | CreditFunction = "identical",
-    air: AirArgument = None, tokenizer: Tokenizer | None = None, *, failed: FailedPolicy = "if_rewarded",
-    missing_reward: float | None = None, include_emitted: bool = True,
-) -> Extraction:
+def extract_transitions(rollouts: Iterable[Rollout], roles: Sequence[str] | None = None,
+                        credit: str | CreditFunction = "identical", air: AirArgument = None,
+                        tokenizer: Tokenizer | None = None, *, failed: FailedPolicy = "if_rewarded",
+                        missing_reward: float | None = None, include_emitted: bool = True) -> Extraction:
     """Transitions of ``rollouts`` with full statistics; see the module docstring for the rules.
 
     ``roles``: role names or globs to train; None uses each rollout's ``trainable_roles`` (from
@@ -136,11 +131,10 @@ def extract_transitions(
     return Extraction(found, stats)
 
 
-def transitions(
-    rollouts: Iterable[Rollout], roles: Sequence[str] | None = None, credit: str | CreditFunction = "identical",
-    air: AirArgument = None, tokenizer: Tokenizer | None = None, *, failed: FailedPolicy = "if_rewarded",
-    missing_reward: float | None = None, include_emitted: bool = True,
-) -> list[Transition]:
+def transitions(rollouts: Iterable[Rollout], roles: Sequence[str] | None = None,
+                credit: str | CreditFunction = "identical", air: AirArgument = None, tokenizer: Tokenizer | None = None,
+                *, failed: FailedPolicy = "if_rewarded", missing_reward: float | None = None,
+                include_emitted: bool = True) -> list[Transition]:
     """Training transitions of ``rollouts`` after credit assignment and AIR (``agl.transitions``).
 
     Same arguments as :func:`extract_transitions`; every skip or fallback is logged as a warning.

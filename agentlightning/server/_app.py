@@ -10,9 +10,10 @@ from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI
 
-from agentlightning.server import _proxy, _routes_datasets, _routes_rollouts, _routes_status, _routes_workers
+from agentlightning.server import _proxy, _routes_workers
 from agentlightning.server._dashboard import add_server_dashboard
 from agentlightning.server._errors import BodyLimitMiddleware, add_error_handlers, bearer_token
+from agentlightning.server._routes import datasets_router, health_router, rollouts_router, status_router
 from agentlightning.server._runtime import Runtime
 
 logger = logging.getLogger(__name__)
@@ -38,10 +39,10 @@ def create_app(runtime: Runtime) -> FastAPI:
     add_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.max_body_bytes)
     auth = [Depends(bearer_token(runtime.token))] if runtime.token else []
-    app.include_router(_routes_status.health_router(runtime))
+    app.include_router(health_router(runtime))
     # The busiest routes first: a request is matched against the routes in order.
-    for module in (_proxy, _routes_workers, _routes_rollouts, _routes_datasets, _routes_status):
-        app.include_router(module.router(runtime), dependencies=auth)
+    for router in (_proxy.router, _routes_workers.router, rollouts_router, datasets_router, status_router):
+        app.include_router(router(runtime), dependencies=auth)
     add_server_dashboard(app, runtime, auth)
     return app
 

@@ -32,12 +32,10 @@ class LightningServer:
             rollouts = server.wait(ids)
     """
 
-    def __init__(
-        self, store_path: str | Path = "agl-store.db", upstream_url: str | None = None, host: str = "127.0.0.1",
-        port: int = 0, token: str | None = None, *, model_name: str | None = None, model_version: str | None = None,
-        upstream_api_key: str | None = None, logprobs: bool = False, settings: Settings | None = None,
-        public_url: str | None = None, store: Store | None = None,
-    ) -> None:
+    def __init__(self, store_path: str | Path = "agl-store.db", upstream_url: str | None = None,
+                 host: str = "127.0.0.1", port: int = 0, token: str | None = None, *, model_name: str | None = None,
+                 model_version: str | None = None, upstream_api_key: str | None = None, logprobs: bool = False,
+                 settings: Settings | None = None, public_url: str | None = None, store: Store | None = None) -> None:
         check_bind(host, token)
         self.host = host
         self._public_url = public_url
@@ -86,11 +84,10 @@ class LightningServer:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def set_upstream(
-        self, url: str, model_name: str | None = None, model_version: str | None = None, *,
-        api_key: str | None = None, logprobs: bool | None = None, sampling_overrides: dict[str, Any] | None = None,
-        routes: Sequence[Route] | None = None,
-    ) -> ModelVersion:
+    def set_upstream(self, url: str, model_name: str | None = None, model_version: str | None = None, *,
+                     api_key: str | None = None, logprobs: bool | None = None,
+                     sampling_overrides: dict[str, Any] | None = None,
+                     routes: Sequence[Route] | None = None) -> ModelVersion:
         """Forward the proxy to ``url`` serving ``model_name``; calls recorded from now on carry ``model_version``
         (default: ``model_name``). ``logprobs=True`` asks for sampling logprobs on every call; ``sampling_overrides``
         (e.g. ``{"temperature": 1.0}``) replace those fields of every forwarded request; ``routes`` serve some roles
@@ -123,19 +120,16 @@ class LightningServer:
         """Store tasks and return the dataset id (content-derived unless given; re-adding is a no-op)."""
         return self.store.add_dataset(records, dataset_id=dataset_id, name=name).dataset_id
 
-    def enqueue(
-        self, tasks_or_dataset_id: str | Sequence[Any], group_size: int = 1, group_id: str | None = None, *,
-        timeout: float | None = None, max_attempts: int | None = None,
-    ) -> list[str]:
+    def enqueue(self, tasks_or_dataset_id: str | Sequence[Any], group_size: int = 1, group_id: str | None = None, *,
+                timeout: float | None = None, max_attempts: int | None = None) -> list[str]:
         """Queue ``group_size`` rollouts for each task (a dataset id, or task payloads). Rollouts of one task share
         the group id ``f"{group_id}:{task_id}"`` (``group_id`` defaults to a fresh id)."""
         return self.runtime.enqueue(tasks_or_dataset_id, group_size=group_size, group_id=group_id, timeout=timeout,
                                     max_attempts=max_attempts)
 
     def wait(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
-        """Block until every rollout finished; returns them in the given order with calls joined.
-
-        Raises ``TimeoutError`` (saying how many are unfinished) after ``timeout`` seconds."""
+        """Block until every rollout finished; returns them in the given order with calls joined. Raises
+        ``TimeoutError`` (saying how many are unfinished) after ``timeout`` seconds."""
         ids = list(rollout_ids)
         pending = set(ids)
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})  # of label values
+
 
 class Metrics:
     """A tiny thread-safe registry. Counters and sums are keyed by (name, sorted labels)."""
@@ -51,10 +53,6 @@ class Metrics:
                 lines += [f"# HELP {base} {text}", f"# TYPE {base} {kind}"]
                 described.add(base)
             for key, value in sorted(snapshot[name].items()):
-                label_text = ",".join(f'{k}="{_escape(v)}"' for k, v in key)
+                label_text = ",".join(f'{k}="{v.translate(_ESCAPES)}"' for k, v in key)
                 lines.append(f"{name}{{{label_text}}} {value:g}" if label_text else f"{name} {value:g}")
         return "\n".join(lines) + "\n"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

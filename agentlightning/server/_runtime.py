@@ -101,10 +101,8 @@ class Runtime:
             self._work.set()
             self._work = asyncio.Event()
 
-    def enqueue(
-        self, tasks_or_dataset: str | Sequence[Any], *, group_size: int = 1, group_id: str | None = None,
-        timeout: float | None = None, max_attempts: int | None = None,
-    ) -> list[str]:
+    def enqueue(self, tasks_or_dataset: str | Sequence[Any], *, group_size: int = 1, group_id: str | None = None,
+                timeout: float | None = None, max_attempts: int | None = None) -> list[str]:
         """Queue ``group_size`` rollouts per task (a dataset id or a list of task payloads) and wake workers."""
         dataset_id = None
         if isinstance(tasks_or_dataset, str):

@@ -1,10 +1,5 @@
 """``MockLLMServer``: a local OpenAI-compatible endpoint (chat, completions, Responses, models; and Anthropic's Messages
-API at ``/v1/messages``, for ``anthropic.Anthropic(base_url=server.url)``) with scripted or
-rule-based replies, vLLM-style token ids and logprobs on request, and injected latency, HTTP errors and hangs::
-
-    with MockLLMServer(replies=[MockReply(content="SELECT 1")]) as server:
-        client = openai.OpenAI(base_url=server.base_url, api_key="x")
-"""
+API at ``/v1/messages``, for ``anthropic.Anthropic(base_url=server.url)``)."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ from starlette.routing import Route
 from agentlightning._uvicorn import BackgroundServer
 from agentlightning._wire import payloads
 from agentlightning._wire.payloads import Choice, Reply
-from agentlightning.testing._replies import MockReply, MockRequest
-from agentlightning.testing._tokenizer import MockTokenizer, render_chat_prompt
+from agentlightning.testing._replies import MockReply, MockRequest, MockTokenizer, render_chat_prompt
 from agentlightning.types import LLM
 
 logger = logging.getLogger(__name__)
@@ -50,7 +44,11 @@ def echo_handler(request: MockRequest) -> MockReply:
 
 
 class MockLLMServer:
-    """A local OpenAI-compatible server for tests and offline agent development.
+    """A local OpenAI-compatible server for tests and offline agent development, with vLLM-style token ids and logprobs
+    on request, and injected latency, HTTP errors and hangs (:class:`MockReply`)::
+
+        with MockLLMServer(replies=[MockReply(content="SELECT 1")]) as server:
+            client = openai.OpenAI(base_url=server.base_url, api_key="x")
 
     Give either ``handler`` (``MockRequest -> MockReply | str``, sync or async, called for every request) or
     ``replies`` (served in order; a request beyond the script gets an HTTP 500 saying so). With neither, replies

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 
 from agentlightning.testing import MockReply, MockRequest, MockTokenizer
-from agentlightning.testing._tokenizer import render_chat_prompt
+from agentlightning.testing import render_chat_prompt
 from agentlightning.types import Call, Rollout
 
 Rule = Callable[[MockRequest], MockReply]

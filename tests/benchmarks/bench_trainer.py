@@ -57,7 +57,7 @@ def bench_training_step() -> dict[str, float]:
     from trl import GRPOTrainer
 
     from agentlightning.rl.advantages import compute_advantages
-    from agentlightning.rl.batch import pack
+    from agentlightning.trainers.batch import pack
     from agentlightning.trainers.grpo import LightningGRPOTrainer
     from agentlightning.types import Transition
 

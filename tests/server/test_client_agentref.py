@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import agentlightning as agl
-from agentlightning.client._agentref import agent_ref, load_agent
+from agentlightning.client._worker import agent_ref, load_agent
 
 import server_agents
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from agentlightning.rl.batch import pack
+from agentlightning.trainers.batch import pack
 from agentlightning.trainers._distributed import shard
 from agentlightning.trainers.models import tiny_model
 from agentlightning.types import Transition

@@ -12,7 +12,7 @@ from train_agents import writer_rewriter_agent
 
 import agentlightning as agl
 from agentlightning.protocol import ROLE_HEADER
-from agentlightning.rl.batch import pack
+from agentlightning.trainers.batch import pack
 from agentlightning.server import SQLiteStore
 from agentlightning.trainers.checkpoint import load_checkpoint, save_checkpoint
 from agentlightning.trainers.config import TrainConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentlightning.rl.batch import pack
+from agentlightning.trainers.batch import pack
 from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
 from agentlightning.trainers.models import tiny_model
 from agentlightning.types import Transition

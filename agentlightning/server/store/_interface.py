@@ -41,10 +41,8 @@ class Store(Protocol):
     def dataset_tasks(self, dataset_id: str) -> list[Task]:
         """Tasks of a dataset in upload order (raises :class:`NotFound`)."""
 
-    def enqueue(
-        self, tasks: Sequence[Task], *, group_size: int = 1, group_id: str | None = None,
-        dataset_id: str | None = None, timeout: float | None = None, max_attempts: int = 3,
-    ) -> list[str]:
+    def enqueue(self, tasks: Sequence[Task], *, group_size: int = 1, group_id: str | None = None,
+                dataset_id: str | None = None, timeout: float | None = None, max_attempts: int = 3) -> list[str]:
         """Queue ``group_size`` rollouts per task; returns their ids (grouped per task, in task order)."""
 
     def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
@@ -88,10 +86,8 @@ class Store(Protocol):
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         """The rollout with its calls and rewards, or None."""
 
-    def list_rollouts(
-        self, *, status: str | None = None, task_id: str | None = None, group_id: str | None = None,
-        dataset_id: str | None = None, limit: int = 100, offset: int = 0,
-    ) -> list[RolloutSummary]:
+    def list_rollouts(self, *, status: str | None = None, task_id: str | None = None, group_id: str | None = None,
+                      dataset_id: str | None = None, limit: int = 100, offset: int = 0) -> list[RolloutSummary]:
         """Rollouts without their calls, newest first."""
 
     def finished(self, rollout_ids: Iterable[str]) -> set[str]:

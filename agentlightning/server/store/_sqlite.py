@@ -20,11 +20,11 @@ from agentlightning._wire.read import json_text
 from agentlightning.protocol import (
     AttemptInfo, DatasetInfo, Lease, ModelVersion, ResultOutcome, RolloutSummary, Task, dataset_id_for, task_id_for,
 )
-from agentlightning.server._join import join_calls, join_late_call
 from agentlightning.server._states import Decision, decide, event_for_status
 from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError, StoreUnavailable
 from agentlightning.server.store._schema import (
-    calls_from_json, check_task_ids, check_writable, file_identity, json_text_of, open_database,
+    calls_from_json, check_task_ids, check_writable, file_identity, join_calls, join_late_call, json_text_of,
+    open_database,
 )
 from agentlightning.types import FINISHED_STATUSES, Call, ErrorInfo, Reward, Rollout, new_id
 
@@ -93,10 +93,8 @@ class SQLiteStore(Store):
             rows = self._all("SELECT task_id, payload FROM tasks WHERE dataset_id=? ORDER BY idx", dataset_id)
         return [Task(task_id=r["task_id"], payload=json.loads(r["payload"])) for r in rows]
 
-    def enqueue(
-        self, tasks: Sequence[Task], *, group_size: int = 1, group_id: str | None = None,
-        dataset_id: str | None = None, timeout: float | None = None, max_attempts: int = 3,
-    ) -> list[str]:
+    def enqueue(self, tasks: Sequence[Task], *, group_size: int = 1, group_id: str | None = None,
+                dataset_id: str | None = None, timeout: float | None = None, max_attempts: int = 3) -> list[str]:
         if group_size < 1:
             raise StoreError(f"group_size must be >= 1, got {group_size}")
         if max_attempts < 1:
@@ -158,9 +156,8 @@ class SQLiteStore(Store):
     def complete(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout) -> ResultOutcome:
         return self.complete_and_dequeue(rollout_id, attempt, worker_id, result, None)[0]
 
-    def complete_and_dequeue(
-        self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, lease_seconds: float | None
-    ) -> tuple[ResultOutcome, Lease | None]:
+    def complete_and_dequeue(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout,
+                             lease_seconds: float | None) -> tuple[ResultOutcome, Lease | None]:
         """Store a result; with ``lease_seconds`` (and a worker), also lease the next queued rollout to ``worker_id``
         in the same commit."""
         event = event_for_status(result.status)
@@ -259,11 +256,7 @@ class SQLiteStore(Store):
                 error = ErrorInfo(type="LeaseExpired", message=f"worker {worker_id} stopped reporting on attempt "
                                   f"{attempt}; its lease expired at {expired_at}")
                 decision = decide("running", "lease_expired", attempt, max_attempts)
-                with self._transaction():
-                    self._end_attempt(rollout_id, attempt, worker_id, "lease_expired", error, [], now)
-                    failed = self._row_rollout(rollout_id).model_copy(update={"status": "failed", "error": error})
-                    self._finish(rollout_id, attempt, decision, failed, now)
-                self._running.pop(rollout_id, None)
+                self._end_unreported(rollout_id, attempt, worker_id, "lease_expired", decision, "failed", error, now)
                 outcomes.append(ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state,
                                               attempt=decision.attempt, retried=decision.retried,
                                               message=error.message))
@@ -277,14 +270,20 @@ class SQLiteStore(Store):
                                      message=f"rollout {rollout_id} already finished as {status}")
             decision = decide(status, "cancel", attempt, attempt)
             error = ErrorInfo(type="Cancelled", message="cancelled by the server")
-            cancelled = self._row_rollout(rollout_id).model_copy(update={"status": "cancelled", "error": error})
-            now = time.time()
-            with self._transaction():
-                if status == "running":
-                    self._end_attempt(rollout_id, attempt, None, "cancelled", error, [], now)
-                self._finish(rollout_id, attempt, decision, cancelled, now)
-            self._running.pop(rollout_id, None)
+            self._end_unreported(rollout_id, attempt, None, "cancelled" if status == "running" else None, decision,
+                                 "cancelled", error, time.time())
         return ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state, attempt=attempt)
+
+    def _end_unreported(self, rollout_id: str, attempt: int, worker_id: str | None, ended_as: str | None,
+                        decision: Decision, status: str, error: ErrorInfo, now: float) -> None:
+        """End a rollout's attempt that no worker reported, ``ended_as`` in its log (None: it never started), and the
+        rollout as decided (a final one stored as ``status`` with ``error``)."""
+        with self._transaction():
+            if ended_as is not None:
+                self._end_attempt(rollout_id, attempt, worker_id, ended_as, error, [], now)
+            record = self._row_rollout(rollout_id).model_copy(update={"status": status, "error": error})
+            self._finish(rollout_id, attempt, decision, record, now)
+        self._running.pop(rollout_id, None)
 
     def rollout_state(self, rollout_id: str) -> tuple[str, int] | None:
         attempt = self._running.get(rollout_id)
@@ -349,10 +348,8 @@ class SQLiteStore(Store):
             attempt=row["attempt"], status=row["status"], model_version=row["model_version"], timings=timings,
         )
 
-    def list_rollouts(
-        self, *, status: str | None = None, task_id: str | None = None, group_id: str | None = None,
-        dataset_id: str | None = None, limit: int = 100, offset: int = 0,
-    ) -> list[RolloutSummary]:
+    def list_rollouts(self, *, status: str | None = None, task_id: str | None = None, group_id: str | None = None,
+                      dataset_id: str | None = None, limit: int = 100, offset: int = 0) -> list[RolloutSummary]:
         filters = {"status": status, "task_id": task_id, "group_id": group_id, "dataset_id": dataset_id}
         given = {column: value for column, value in filters.items() if value is not None}
         where = " WHERE " + " AND ".join(f"{column}=?" for column in given) if given else ""
