@@ -18,7 +18,8 @@ import logging
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -227,8 +228,10 @@ class TrainingRun:
         if self.config.max_staleness and _live_weights(backend) and not (self.config.beta and self.config.lora):
             # Rollouts keep generating through the forward and backward passes; only the optimizer step pauses
             # them (with a LoRA reference, disabling the adapter for the KL term would change what they see).
-            metrics = trainer.step(batch, weights_changing=lambda: backend.updating(new_version))
+            pauses: list[float] = []
+            metrics = trainer.step(batch, weights_changing=lambda: _timed(backend.updating(new_version), pauses))
             synced = time.perf_counter()
+            row["async/pause_seconds"] = sum(pauses)  # the optimizer step waiting for the calls in flight
         else:
             with backend.updating(new_version):
                 metrics = trainer.step(batch)
@@ -405,6 +408,15 @@ def _live_weights(backend: Any) -> bool:
     from agentlightning.trainers.hf_backend import HFBackendServer
 
     return isinstance(backend, HFBackendServer)
+
+
+@contextmanager
+def _timed(context: AbstractContextManager[Any], seconds: list[float]) -> Iterator[None]:
+    """``context``, appending to ``seconds`` how long entering it took."""
+    started = time.perf_counter()
+    with context:
+        seconds.append(time.perf_counter() - started)
+        yield
 
 
 def _serve(source: Any, backend: Any) -> None:
