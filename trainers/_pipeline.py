@@ -18,8 +18,9 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,15 @@ from agentlightning.rl.transitions import extract_transitions
 from agentlightning.types import Rollout, Transition
 
 logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def timed(context: AbstractContextManager[Any], seconds: list[float]) -> Iterator[None]:
+    """``context``, appending to ``seconds`` how long entering it took (e.g. a pause waiting for calls in flight)."""
+    started = time.perf_counter()
+    with context:
+        seconds.append(time.perf_counter() - started)
+        yield
 
 
 def version_number(version: str | None) -> int | None:

@@ -271,7 +271,9 @@ class LightningGRPOTrainer(GRPOTrainer):
             self.state.global_step += 1
         self.use_vllm = False
         if deferred:  # the statistics over the whole batch, as computed without deferring
-            self._sampler_ratio(inputs["old_per_token_logps"], inputs["sampling_per_token_logps"], inputs["completion_mask"])
+            self._sampler_ratio(
+                inputs["old_per_token_logps"], inputs["sampling_per_token_logps"], inputs["completion_mask"]
+            )
         metrics = {name: float(sum(values) / len(values)) for name, values in self._metrics["train"].items() if values}
         self._metrics["train"].clear()
         metrics["loss"] = mean_over_ranks(float(sum(losses)), self)

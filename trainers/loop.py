@@ -18,15 +18,14 @@ import logging
 import random
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentlightning._decorator import RolloutAgent
 from agentlightning.rl.batch import pack
 from agentlightning.trainers._distributed import Ranks
-from agentlightning.trainers._pipeline import RolloutPipeline
+from agentlightning.trainers._pipeline import RolloutPipeline, timed
 from agentlightning.trainers.config import TrainConfig, TrainResult
 from agentlightning.trainers.policies import PolicyMap, serving_routes
 from agentlightning.types import Rollout
@@ -229,7 +228,7 @@ class TrainingRun:
             # Rollouts keep generating through the forward and backward passes; only the optimizer step pauses
             # them (with a LoRA reference, disabling the adapter for the KL term would change what they see).
             pauses: list[float] = []
-            metrics = trainer.step(batch, weights_changing=lambda: _timed(backend.updating(new_version), pauses))
+            metrics = trainer.step(batch, weights_changing=lambda: timed(backend.updating(new_version), pauses))
             synced = time.perf_counter()
             row["async/pause_seconds"] = sum(pauses)  # the optimizer step waiting for the calls in flight
         else:
@@ -408,15 +407,6 @@ def _live_weights(backend: Any) -> bool:
     from agentlightning.trainers.hf_backend import HFBackendServer
 
     return isinstance(backend, HFBackendServer)
-
-
-@contextmanager
-def _timed(context: AbstractContextManager[Any], seconds: list[float]) -> Iterator[None]:
-    """``context``, appending to ``seconds`` how long entering it took."""
-    started = time.perf_counter()
-    with context:
-        seconds.append(time.perf_counter() - started)
-        yield
 
 
 def _serve(source: Any, backend: Any) -> None:

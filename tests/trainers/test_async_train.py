@@ -152,6 +152,7 @@ def test_asynchronous_training_bounds_staleness_and_corrects_off_policy(tmp_path
     for row in trained:
         # importance sampling is on by default with max_staleness > 0
         assert 0 < row["train/sampling/raw_ratio/mean"] and "train/sampling/masked_tokens" in row, row
+        assert 0 <= row["async/pause_seconds"] < row["train/update_seconds"], "the pause is part of the update"
     assert result.model_version == f"v{len(trained)}"
 
 
