@@ -76,8 +76,8 @@ class TrainingRun:
             seed=self.config.seed,
             max_completion_length=self.config.max_completion_length or 512,
             # The HF backend samples from the very weights being trained, so the sampler/trainer importance ratio
-            # is 1 up to float noise and its extra forward pass is skipped; a separate sampler (vLLM) or rollouts
-            # sampled by older weights (max_staleness > 0) turn it on.
+            # is 1 up to float noise and the correction is off; a separate sampler (vLLM) or rollouts sampled by
+            # older weights (max_staleness > 0) turn it on.
             **{"vllm_importance_sampling_correction": self.config.backend != "hf" or self.config.max_staleness > 0,
                **self.config.trainer_args},
         )
