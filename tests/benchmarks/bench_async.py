@@ -13,9 +13,9 @@ update (validation excluded). Reported per seed and mode:
   overlapping gives; a step that skipped its update (every group tied, refills spent) is left out, since
   asynchronous it takes almost no time;
 - total: the sum of all step times (the fill and skipped updates included), the run's training wall time;
-- the held-out reward and accuracy before and after (greedy), the mean update time (the asynchronous update also
-  runs a forward pass for the importance-sampling ratio, and shares the CPU with generation), and the
-  asynchronous run's staleness, dropped transitions and waits; the load average before and after each run.
+- the held-out reward and accuracy before and after (greedy), the mean update time (the asynchronous one shares the
+  CPU with generation), the rollouts a step ran (dynamic sampling's refills included), and the asynchronous run's
+  staleness, dropped transitions and waits; the load average before and after each run.
 
     python tests/benchmarks/bench_async.py                     # 3 seeds, 6 steps of 2 tasks x 4 rollouts
     python tests/benchmarks/bench_async.py --seeds 0 --steps 8
