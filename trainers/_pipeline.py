@@ -7,8 +7,9 @@ At the start of each step the pipeline tops its groups (one task's ``group_size`
 finish until it has ``tasks_per_step`` of them; a transition sampled with model version ``v`` is kept for the
 update of version ``s`` only if ``s - v <= K`` (otherwise dropped and counted). With dynamic sampling
 (``refill_cap > 0``), a group without a learning signal (all rewards equal, nothing trainable, or only stale
-transitions) is set aside and, when no other group can take its place, a new task is sampled, at most
-``refill_cap`` times a step (DAPO's dynamic sampling). With several policies (``policy_of``: role -> policy), each
+transitions) is set aside and a new task is sampled at once, at most ``refill_cap`` times a step (DAPO's dynamic
+sampling): the step takes the next group to finish, and the groups of the steps ahead stay as many as before
+(without the replacement, the next step would find one of its groups taken and wait for a new one). With several policies (``policy_of``: role -> policy), each
 policy's transitions get their own group statistics and staleness (against that policy's version).
 """
 
@@ -18,8 +19,9 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +30,15 @@ from agentlightning.rl.transitions import extract_transitions
 from agentlightning.types import Rollout, Transition
 
 logger = logging.getLogger(__name__)
+
+
+@contextmanager
+def timed(context: AbstractContextManager[Any], seconds: list[float]) -> Iterator[None]:
+    """``context``, appending to ``seconds`` how long entering it took (e.g. a pause waiting for calls in flight)."""
+    started = time.perf_counter()
+    with context:
+        seconds.append(time.perf_counter() - started)
+        yield
 
 
 def version_number(version: str | None) -> int | None:
@@ -107,14 +118,16 @@ class RolloutPipeline:
         policy, with ``policy_of``)."""
         trained = self._trained(trained_version)
         ahead = self.max_staleness if self.max_steps is None else min(self.max_staleness, self.max_steps - 1 - step)
-        self._submit((max(ahead, 0) + 1) * self.tasks_per_step - len(self.pending), f"step{step}")
+        reserve = max(ahead, 0) * self.tasks_per_step  # groups of the steps ahead, kept in flight
+        self._submit(reserve + self.tasks_per_step - len(self.pending), f"step{step}")
         waited = time.perf_counter()
         used: list[tuple[list[Rollout], list[Transition]]] = []
         set_aside: list[tuple[list[Rollout], list[Transition]]] = []
         discarded = refills = dropped = 0
         problems: collections.Counter[str] = collections.Counter()
         while len(used) < self.tasks_per_step:
-            short = self.tasks_per_step - len(used) - len(self.pending)
+            # A group set aside is replaced at once, so that the steps ahead do not find their groups taken
+            short = self.tasks_per_step + reserve - len(used) - len(self.pending)
             if short > 0 and self.filtering and refills < self.refill_cap:  # sample more tasks, all at once
                 count = min(short, self.refill_cap - refills)
                 refills += count

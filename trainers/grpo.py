@@ -123,6 +123,8 @@ class LightningGRPOTrainer(GRPOTrainer):
         self.model_wrapped = wrap_model(self)  # DDP/FSDP under accelerate launch; step() trains each rank's shard
         self._sampler_correction = False
         self._sampler_stats: dict[str, float] = {}
+        self._defer_ratio = False  # step() is scoring a batch with one iteration (see _generate_and_score_completions)
+        self._pending_ratio: dict[str, Any] | None = None  # the micro-batch whose next forward fills its ratio
 
     # -- TRL hooks --------------------------------------------------------------------------------------------
 
@@ -143,15 +145,22 @@ class LightningGRPOTrainer(GRPOTrainer):
             "weights": batch.weights.float(),
         }
         correct = batch.old_logprobs is not None and self.args.vllm_importance_sampling_correction
+        # In step() with one iteration the training forward's own log-probabilities are the old ones: the ratio is
+        # filled in from them (_fill_ratio) rather than computed here with another forward pass.
+        deferred = correct and self._defer_ratio
         with torch.no_grad():
-            if self.num_iterations > 1 or correct:
+            if self.num_iterations > 1 or (correct and not deferred):
                 old, _, _ = self._get_per_token_logps_and_entropies(
                     self.model, prompt_completion, attention, keep, batch_size=chunk
                 )
                 output["old_per_token_logps"] = old
             if batch.old_logprobs is not None:
                 output["sampling_per_token_logps"] = batch.old_logprobs.float()
-            if correct:
+            if deferred:
+                output["old_per_token_logps"] = torch.zeros_like(output["sampling_per_token_logps"])
+                width = 1 if self.args.vllm_importance_sampling_mode.startswith("sequence") else keep
+                output["importance_sampling_ratio"] = torch.ones(batch.completion_ids.size(0), width, device=device)
+            elif correct:
                 output["importance_sampling_ratio"] = self._sampler_ratio(
                     output["old_per_token_logps"], batch.old_logprobs.float(), batch.completion_mask
                 )
@@ -167,6 +176,13 @@ class LightningGRPOTrainer(GRPOTrainer):
         (system prompt, tools, examples) run once and its KV cache repeated for the rows (gradients flow through
         it). Multimodal or MoE inputs, FSDP-sharded models and chunks without such a prefix go through TRL's own
         forward."""
+        pending, self._pending_ratio = self._pending_ratio, None
+        if pending is not None:  # the training forward of a micro-batch whose importance ratio waits for it
+            logps, entropies, aux = self._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss, **extra
+            )
+            self._fill_ratio(pending, logps.detach())
+            return logps, entropies, aux
         prompt_width = input_ids.size(1) - logits_to_keep
         if compute_aux_loss or any(value is not None for value in extra.values()):
             return super()._get_per_token_logps_and_entropies(
@@ -232,7 +248,12 @@ class LightningGRPOTrainer(GRPOTrainer):
         started = time.perf_counter()
         self.model.train()
         batch, totals = shard(batch, self.accelerator.process_index, self.accelerator.num_processes)
-        inputs = self._generate_and_score_completions(batch)
+        self._defer_ratio = self.num_iterations == 1
+        try:
+            inputs = self._generate_and_score_completions(batch)
+        finally:
+            self._defer_ratio = False
+        deferred = "importance_sampling_ratio" in inputs and self.num_iterations == 1
         micro_batches = self._micro_batches(inputs, totals)
         self.current_gradient_accumulation_steps = len(micro_batches)
         losses = []
@@ -241,6 +262,7 @@ class LightningGRPOTrainer(GRPOTrainer):
             for index, micro in enumerate(micro_batches):
                 last = index == len(micro_batches) - 1
                 self.accelerator.gradient_state._set_sync_gradients(last)
+                self._pending_ratio = micro if deferred else None
                 with nullcontext() if last else self.accelerator.no_sync(self.model_wrapped):  # DDP syncs once
                     losses.append(float(self.training_step(self.model_wrapped, micro, micro["num_items_in_batch"])))
             if self.args.max_grad_norm and self.args.max_grad_norm > 0:
@@ -254,6 +276,10 @@ class LightningGRPOTrainer(GRPOTrainer):
             self.model.zero_grad(set_to_none=True)
             self.state.global_step += 1
         self.use_vllm = False
+        if deferred:  # the statistics over the whole batch, as computed without deferring
+            self._sampler_ratio(
+                inputs["old_per_token_logps"], inputs["sampling_per_token_logps"], inputs["completion_mask"]
+            )
         metrics = {name: float(sum(values) / len(values)) for name, values in self._metrics["train"].items() if values}
         self._metrics["train"].clear()
         metrics["loss"] = mean_over_ranks(float(sum(losses)), self)
@@ -317,6 +343,15 @@ class LightningGRPOTrainer(GRPOTrainer):
                 self.model, prompt_completion, attention, keep, batch_size=chunk
             )
         return logps
+
+    def _fill_ratio(self, micro: dict[str, Any], old: torch.Tensor) -> None:
+        """Write the old log-probabilities and the importance ratio into ``micro`` (views of the step's inputs)."""
+        micro["old_per_token_logps"].copy_(old)
+        ratio, _ = importance_weights(
+            old, micro["sampling_per_token_logps"], micro["completion_mask"], self.args.vllm_importance_sampling_mode,
+            self.args.vllm_importance_sampling_clip_min, self.args.vllm_importance_sampling_clip_max,
+        )
+        micro["importance_sampling_ratio"].copy_(ratio)
 
     def _sampler_ratio(self, trained: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """pi_trained / pi_sampler per token (or per sequence), truncated or masked as TRL's settings say."""

@@ -25,7 +25,7 @@ from typing import Any
 from agentlightning._decorator import RolloutAgent
 from agentlightning.trainers.batch import pack
 from agentlightning.trainers._distributed import Ranks, served_model
-from agentlightning.trainers._pipeline import RolloutPipeline
+from agentlightning.trainers._pipeline import RolloutPipeline, timed
 from agentlightning.trainers.config import TrainConfig, TrainResult
 from agentlightning.trainers.policies import PolicyMap, serving_routes
 from agentlightning.types import Rollout
@@ -76,8 +76,8 @@ class TrainingRun:
             seed=self.config.seed,
             max_completion_length=self.config.max_completion_length or 512,
             # The HF backend samples from the very weights being trained, so the sampler/trainer importance ratio
-            # is 1 up to float noise and its extra forward pass is skipped; a separate sampler (vLLM) or rollouts
-            # sampled by older weights (max_staleness > 0) turn it on.
+            # is 1 up to float noise and the correction is off; a separate sampler (vLLM) or rollouts sampled by
+            # older weights (max_staleness > 0) turn it on.
             **{"vllm_importance_sampling_correction": self.config.backend != "hf" or self.config.max_staleness > 0,
                **self.config.trainer_args},
         )
@@ -228,8 +228,10 @@ class TrainingRun:
         if self.config.max_staleness and _live_weights(backend) and not (self.config.beta and self.config.lora):
             # Rollouts keep generating through the forward and backward passes; only the optimizer step pauses
             # them (with a LoRA reference, disabling the adapter for the KL term would change what they see).
-            metrics = trainer.step(batch, weights_changing=lambda: backend.updating(new_version))
+            pauses: list[float] = []
+            metrics = trainer.step(batch, weights_changing=lambda: timed(backend.updating(new_version), pauses))
             synced = time.perf_counter()
+            row["async/pause_seconds"] = sum(pauses)  # the optimizer step waiting for the calls in flight
         else:
             with backend.updating(new_version):
                 metrics = trainer.step(batch)

@@ -83,6 +83,15 @@ def test_a_group_without_reward_variance_is_refilled_with_a_new_task(mock_source
     assert len(server.requests) == 9 and not pipeline.pending
 
 
+def test_a_group_set_aside_is_replaced_at_once_so_the_step_ahead_keeps_its_groups(mock_source):
+    source, _ = mock_source
+    pipeline = _pipeline(source, _tasks([True, True, True] + [False] * 7), staleness=1, refills=4)
+    step = pipeline.next_step(0, trained_version=0)  # 4 groups: t0-t2 flat, t3; each flat one seen is replaced
+    assert step.metrics["async/groups_used"] == 2
+    assert step.metrics["async/refills"] == step.metrics["async/groups_without_signal"] >= 2
+    assert step.metrics["async/queue_depth"] == 2, "the next step's two groups are still in flight"
+
+
 def test_refills_stop_at_the_cap(mock_source):
     source, _ = mock_source
     pipeline = _pipeline(source, _tasks([True] * 6), staleness=0, refills=3)

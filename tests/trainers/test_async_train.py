@@ -4,6 +4,7 @@ staleness bound and importance-sampling metrics of a real run, and a resume in t
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -45,6 +46,47 @@ def test_the_weights_change_only_inside_weights_changing(tmp_path):
                        completion_token_ids=[8, 9 + i], advantage=1.0 - i, weight=1.0) for i in range(3)]
     trainer.step(pack(rows, tokenizer.pad_token_id), weights_changing=changing)
     assert seen == [True, False], "unchanged through forward/backward, changed by the optimizer step inside the block"
+
+
+def test_the_importance_ratio_comes_from_the_training_forward_and_scales_the_update(tmp_path):
+    """With one iteration, step() runs no extra forward pass for the ratio: each micro-batch's training forward
+    gives the old log-probabilities. Sampling log-probabilities ln 2 below the model's make a (truncated) ratio of
+    2 on every token, which doubles the SGD update against sampling log-probabilities equal to the model's."""
+    from agentlightning.rl import pack
+    from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+
+    def trainer(name):
+        model, tokenizer = tiny_model(seed=4)
+        config = grpo_config(str(tmp_path / name), micro_batch_size=2, learning_rate=0.1, optim="sgd",
+                             max_grad_norm=0.0, vllm_importance_sampling_correction=True,
+                             vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=3.0)
+        return LightningGRPOTrainer(model, config, tokenizer)
+
+    def rows(logprobs=None):
+        return [Transition(rollout_id=f"r{i}", group_id="g", index=0, prompt_token_ids=[5, 6, 7 + i],
+                           completion_token_ids=[8, 9 + i, 3], advantage=1.0 - i, weight=1.0,
+                           completion_logprobs=None if logprobs is None else logprobs[i]) for i in range(3)]
+
+    reference = trainer("reference")
+    unscored = pack(rows([[0.0, 0.0, 0.0]] * 3), reference.processing_class.pad_token_id)
+    own = reference._generate_and_score_completions(unscored)["old_per_token_logps"]  # a separate forward pass
+    own_rows = [own[i, : 3].tolist() for i in range(3)]
+    deltas, ratios = [], []
+    for name, shift in (("same", 0.0), ("shifted", math.log(2))):
+        run = trainer(name)
+        batch = pack(rows([[value - shift for value in row] for row in own_rows]), run.processing_class.pad_token_id)
+        forwards = []
+        hook = run.model.register_forward_hook(lambda *args: forwards.append(1))
+        before = [parameter.detach().clone() for parameter in run.model.parameters()]
+        metrics = run.step(batch)
+        hook.remove()
+        assert len(forwards) == 2, "one forward per micro-batch (3 rows in micro-batches of 2), none for the ratio"
+        deltas.append([after.detach() - start for after, start in zip(run.model.parameters(), before, strict=True)])
+        ratios.append(metrics["sampling/raw_ratio/mean"])
+    assert abs(ratios[0] - 1.0) < 1e-4 and abs(ratios[1] - 2.0) < 1e-3, ratios
+    assert any(delta.abs().max() > 0 for delta in deltas[0])
+    for same, shifted in zip(*deltas, strict=True):
+        assert torch.allclose(shifted, 2 * same, atol=1e-6, rtol=1e-4)
 
 
 def test_an_update_while_a_rollout_is_in_flight_leaves_each_call_its_own_version():
@@ -110,6 +152,7 @@ def test_asynchronous_training_bounds_staleness_and_corrects_off_policy(tmp_path
     for row in trained:
         # importance sampling is on by default with max_staleness > 0
         assert 0 < row["train/sampling/raw_ratio/mean"] and "train/sampling/masked_tokens" in row, row
+        assert 0 <= row["async/pause_seconds"] < row["train/update_seconds"], "the pause is part of the update"
     assert result.model_version == f"v{len(trained)}"
 
 
