@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.demo", description=(DEMO_DOC or "").split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=16, help="training steps (default 16)")
     parser.add_argument("--tasks-per-step", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--val-size", type=int, default=24, help="held-out problems")
     parser.add_argument("--val-every", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=3e-4)
