@@ -9,8 +9,9 @@ update of version ``s`` only if ``s - v <= K`` (otherwise dropped and counted). 
 (``refill_cap > 0``), a group without a learning signal (all rewards equal, nothing trainable, or only stale
 transitions) is set aside and a new task is sampled at once, at most ``refill_cap`` times a step (DAPO's dynamic
 sampling): the step takes the next group to finish, and the groups of the steps ahead stay as many as before
-(without the replacement, the next step would find one of its groups taken and wait for a new one). With several policies (``policy_of``: role -> policy), each
-policy's transitions get their own group statistics and staleness (against that policy's version).
+(without the replacement, the next step would find one of its groups taken and wait for a new one). With several
+policies (``policy_of``: role -> policy), each policy's transitions get their own group statistics and staleness
+(against that policy's version).
 """
 
 from __future__ import annotations

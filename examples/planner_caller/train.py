@@ -3,8 +3,8 @@
 The *planner* reads the word problem and writes the arithmetic expression that answers it; the *caller* gets the
 problem and the expression found in the plan (the plan's text when it has none) and calls the calculator tool. The
 caller's solved example has the same shape (the base model follows the shape of the example: with the planner's
-raw prose in view it answered in text and the caller got no reward to learn from). ``agl.train(policies=...)`` gives each role its own adapter on
-SmolLM2-135M, its own GRPO statistics and credit:
+raw prose in view it answered in text and the caller got no reward to learn from). ``agl.train(policies=...)``
+gives each role its own adapter on SmolLM2-135M, its own GRPO statistics and credit:
 
 - the planner is rewarded for its plan: 1.0 when the expression's value is the answer, 0.1 when it combines the
   problem's own numbers, else 0;
