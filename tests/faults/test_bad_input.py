@@ -100,8 +100,8 @@ def test_unknown_rollouts_and_bounds(server: LightningServer) -> None:
 
 
 def test_a_large_prompt_does_not_stall_other_requests(tmp_path: Path) -> None:
-    """A 4 MB prompt (a million tokens: the largest context windows) goes through the proxy while /health and
-    heartbeats are probed: none waits long (the proxy records the answer, 37 MB of token ids, on a thread)."""
+    """A 4 MB prompt (4 million ids from the mock's byte tokenizer) goes through the proxy while /health and
+    heartbeats are probed: the server keeps answering through the upload, the upstream's work and the download."""
     port = free_port()
     upstream = subprocess.Popen([sys.executable, "-m", "agentlightning.testing", "--port", str(port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -134,9 +134,11 @@ def test_a_large_prompt_does_not_stall_other_requests(tmp_path: Path) -> None:
             prober.join()
             assert answer.status_code == 200
         print(f"large request {took:.1f} s; slowest probes (s):", sorted(delays)[-5:])
-        # The server keeps answering while it works on the large call: no probe waits for a good part of it (on a
-        # quiet machine the slowest probe waits under 0.8 s of a ~9 s call; on a loaded one, ~2 s).
-        assert len(delays) > 10 and max(delays) < 0.4 * took, (took, sorted(delays)[-5:])
+        # Reading the 35 MB answer into a call record (parse, validate, serialise, ~1 s) holds the GIL in a few long
+        # C calls, so the probes wait for about that long whether it runs on a thread or on the event loop: measured
+        # at 0.28-0.43 of the call (2.4-3.0 s), 0.37-0.50 with the record made on the loop. What the server must not
+        # do is block for the whole call (upload, upstream, download: a ratio near 1).
+        assert len(delays) > 10 and max(delays) < 0.6 * took, (took, sorted(delays)[-5:])
     finally:
         upstream.kill()
         upstream.wait()
