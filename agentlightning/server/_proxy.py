@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 CallRecord = dict[str, Any]  # the Call fields of a proxied call, filled in as its answer arrives
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-LARGE = 1 << 20  # bytes of an answer recorded on a thread: its SQLite write leaves the loop free (parsing holds the GIL)
+LARGE = 1 << 20  # bytes of an answer recorded on a thread: its SQLite write leaves the loop free
 
 
 def upstream_client(timeout: float) -> httpx.AsyncClient:
