@@ -37,9 +37,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the examples package, when run as a script
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # spinning OpenMP threads on a shared 2-core machine stall torch
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the demo: idle OpenMP threads sleep instead of spinning
 
-import agentlightning as agl  # noqa: E402 - after the thread setting
+import torch  # noqa: E402 - after the OpenMP setting
+
+import agentlightning as agl  # noqa: E402
 from examples.demo.__main__ import split_problems  # noqa: E402
 from examples.demo.task import calculator_agent  # noqa: E402
 
@@ -55,7 +57,8 @@ def slow_calculator_agent(task: dict[str, Any], llm: agl.LLM) -> float:
 
 
 def run_one(seed: int, staleness: int, steps: int, tasks_per_step: int, group_size: int, val_size: int,
-            dynamic_sampling: int, output_dir: Path) -> dict[str, Any]:
+            dynamic_sampling: int, threads: int, output_dir: Path) -> dict[str, Any]:
+    torch.set_num_threads(threads)
     train_set, held_out = split_problems(200, val_size, seed)
     if os.environ.get("AGL_BENCH_MODEL") == "tiny":
         from agentlightning.trainers.models import tiny_model
@@ -79,7 +82,7 @@ def run_one(seed: int, staleness: int, steps: int, tasks_per_step: int, group_si
                if index > 0 and not row.get("skipped_update")]
     before, after = result.initial_validation or {}, result.final_validation or {}
     return {
-        "seed": seed, "max_staleness": staleness, "updates": sum(1 for row in rows if not row.get("skipped_update")),
+        "seed": seed, "max_staleness": staleness, "threads": threads, "updates": sum(1 for row in rows if not row.get("skipped_update")),
         "steady_seconds": statistics.median(updated or step_seconds), "total_seconds": sum(step_seconds),
         "step_seconds": [round(value, 2) for value in step_seconds], "wall_seconds": time.perf_counter() - started,
         "update_seconds": statistics.fmean([row["train/update_seconds"] for row in rows
@@ -108,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dynamic-sampling", type=int, default=4,
                         help="tasks a step may sample to replace groups whose rewards all tie, in both modes (0: "
                              "such a step skips its update)")
+    parser.add_argument("--sync-threads", type=int, default=1, help="torch threads of the synchronous runs")
+    parser.add_argument("--async-threads", type=int, default=1,
+                        help="torch threads of the asynchronous runs (generation and update run at once)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -118,15 +124,18 @@ def main(argv: list[str] | None = None) -> int:
         for turn, seed in enumerate(args.seeds):
             pair = {}
             for staleness in (0, 1) if turn % 2 == 0 else (1, 0):
+                threads = args.async_threads if staleness else args.sync_threads
                 pair[staleness] = run_one(seed, staleness, args.steps, args.tasks_per_step, args.group_size,
-                                          args.val_size, args.dynamic_sampling, Path(scratch) / f"{seed}-{staleness}")
+                                          args.val_size, args.dynamic_sampling, threads,
+                                          Path(scratch) / f"{seed}-{staleness}")
                 print(json.dumps(pair[staleness]), flush=True)
             results.append((pair[0], pair[1]))
-    print(f"\n{'seed':>4} {'mode':>5} {'steady s':>8} {'total s':>7} {'updates':>7} {'rollouts':>8} {'update s':>8} "
+    print(f"\n{'seed':>4} {'mode':>5} {'threads':>7} {'steady s':>8} {'total s':>7} {'updates':>7} {'rollouts':>8} {'update s':>8} "
           f"{'held-out reward (acc) before -> after':>37} {'lag':>7} {'dropped':>7} {'wait s trainer/sampler':>22}")
     for pair in results:
         for run in pair:
-            print(f"{run['seed']:>4} {'async' if run['max_staleness'] else 'sync':>5} {run['steady_seconds']:>8.1f} "
+            print(f"{run['seed']:>4} {'async' if run['max_staleness'] else 'sync':>5} {run['threads']:>7} "
+                  f"{run['steady_seconds']:>8.1f} "
                   f"{run['total_seconds']:>7.0f} {run['updates']:>7} {run['rollouts_per_step']:>8.1f} "
                   f"{run['update_seconds']:>8.1f} {run['reward_before']:>14.3f} ({run['accuracy_before']:.2f}) -> "
                   f"{run['reward_after']:.3f} ({run['accuracy_after']:.2f}) {run['staleness_mean']:>3.2f}/"
