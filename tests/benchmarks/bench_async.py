@@ -19,6 +19,7 @@ update (validation excluded). Reported per seed and mode:
 
     python tests/benchmarks/bench_async.py                     # 3 seeds, 6 steps of 2 tasks x 4 rollouts
     python tests/benchmarks/bench_async.py --seeds 0 --steps 8
+    python tests/benchmarks/bench_async.py --tasks-per-step 4 --val-size 24 --sync-threads 2 --async-threads 2
     AGL_BENCH_MODEL=tiny python tests/benchmarks/bench_async.py  # a random tiny model: the plumbing only
 """
 
