@@ -4,11 +4,13 @@ At the start of each step the pipeline tops its groups (one task's ``group_size`
 ``(max_staleness + 1) * tasks_per_step`` submitted and not yet used (no more than the steps left need). With
 ``max_staleness=0`` that is the synchronous loop: a step's groups start once the previous update is done. With
 ``K > 0`` the groups of the next ``K`` steps run while this step trains. A step takes groups in the order they
-finish until it has ``tasks_per_step`` of them; a transition sampled with model version ``v`` is kept for the
-update of version ``s`` only if ``s - v <= K`` (otherwise dropped and counted). With dynamic sampling
+were submitted (waiting for the oldest while the younger ones run on) until it has ``tasks_per_step`` of them, so
+that its batch is not biased towards the groups that finish first (short answers, fewer tool calls); a transition
+sampled with model version ``v`` is kept for the update of version ``s`` only if ``s - v <= K`` (otherwise dropped
+and counted). With dynamic sampling
 (``refill_cap > 0``), a group without a learning signal (all rewards equal, nothing trainable, or only stale
 transitions) is set aside and a new task is sampled at once, at most ``refill_cap`` times a step (DAPO's dynamic
-sampling): the step takes the next group to finish, and the groups of the steps ahead stay as many as before
+sampling): the step takes the next group in line, and the groups of the steps ahead stay as many as before
 (without the replacement, the next step would find one of its groups taken and wait for a new one). With several
 policies (``policy_of``: role -> policy), each policy's transitions get their own group statistics and staleness
 (against that policy's version).
@@ -21,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future, wait
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,7 +137,7 @@ class RolloutPipeline:
                 self._submit(count, f"step{step}r{refills}")
             if not self.pending:
                 break
-            group = self._next_finished()
+            group = self._oldest()
             rollouts = group.future.result()
             extraction = extract_transitions(rollouts, self.roles, self.credit, self.air)
             problems.update(extraction.stats.problems())
@@ -233,11 +235,7 @@ class RolloutPipeline:
             if self._running == 0:
                 self._idle_since = time.perf_counter()
 
-    def _next_finished(self) -> _Group:
-        """The first finished pending group (waiting for one), removed from ``pending``."""
-        while True:
-            done = next((group for group in self.pending if group.future.done()), None)
-            if done is not None:
-                self.pending.remove(done)
-                return done
-            wait([group.future for group in self.pending], return_when=FIRST_COMPLETED)
+    def _oldest(self) -> _Group:
+        """The oldest pending group once it has finished, removed from ``pending``."""
+        wait([self.pending[0].future])
+        return self.pending.pop(0)

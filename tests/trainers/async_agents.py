@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import openai
 
@@ -19,10 +20,12 @@ _calls = 0
 
 @agl.rollout
 def scored_agent(task: dict, llm: agl.LLM) -> float:
-    """One chat call; ``task["flat"]`` tasks always score 0.5 (a group without GRPO signal), others at random."""
+    """One chat call, then ``task["delay"]`` seconds of environment; ``task["flat"]`` tasks always score 0.5 (a group
+    without GRPO signal), others at random."""
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
     client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}],
                                    max_tokens=4)
+    time.sleep(task.get("delay", 0.0))
     return 0.5 if task.get("flat") else random.random()
 
 

@@ -64,8 +64,21 @@ def test_a_transition_older_than_max_staleness_is_never_trained_on(mock_source, 
     if refills:  # the stale groups are set aside and the fresh ones, already running, take their place
         assert second.transitions and {row.model_version for row in second.transitions} == {"v2"}
         assert second.metrics["async/groups_without_signal"] == 2 and second.metrics["async/staleness_max"] == 0
-    else:  # the step takes the first finished groups; their stale transitions are dropped, never trained on
+    else:  # the step takes the oldest groups; their stale transitions are dropped, never trained on
         assert second.transitions == [] and second.metrics["async/groups_used"] == 2
+    pipeline.close()
+
+
+def test_a_step_takes_its_groups_in_submission_order_not_as_they_finish(mock_source):
+    """The first group's environment is slow: the step waits for it while the younger groups finish (a batch of the
+    groups that finish first would favour quick rollouts, and measurably learned less)."""
+    source, _ = mock_source
+    tasks = _tasks([False] * 4)
+    tasks[0]["delay"] = 1.0
+    pipeline = _pipeline(source, tasks, staleness=1, refills=0)
+    step = pipeline.next_step(0, trained_version=0)
+    assert {row.task_id for row in step.transitions} == {"t0", "t1"}
+    assert pipeline.pending_indices() == [2, 3]
     pipeline.close()
 
 
