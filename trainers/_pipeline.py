@@ -137,7 +137,7 @@ class RolloutPipeline:
                 self._submit(count, f"step{step}r{refills}")
             if not self.pending:
                 break
-            group = self._oldest()
+            group = self.pending.pop(0)  # the oldest; result() waits for it while the younger ones run on
             rollouts = group.future.result()
             extraction = extract_transitions(rollouts, self.roles, self.credit, self.air)
             problems.update(extraction.stats.problems())
@@ -234,8 +234,3 @@ class RolloutPipeline:
             self._running -= 1
             if self._running == 0:
                 self._idle_since = time.perf_counter()
-
-    def _oldest(self) -> _Group:
-        """The oldest pending group once it has finished, removed from ``pending``."""
-        wait([self.pending[0].future])
-        return self.pending.pop(0)

@@ -83,7 +83,8 @@ def run_one(seed: int, staleness: int, steps: int, tasks_per_step: int, group_si
                if index > 0 and not row.get("skipped_update")]
     before, after = result.initial_validation or {}, result.final_validation or {}
     return {
-        "seed": seed, "max_staleness": staleness, "threads": threads, "updates": sum(1 for row in rows if not row.get("skipped_update")),
+        "seed": seed, "max_staleness": staleness, "threads": threads,
+        "updates": sum(1 for row in rows if not row.get("skipped_update")),
         "steady_seconds": statistics.median(updated or step_seconds), "total_seconds": sum(step_seconds),
         "step_seconds": [round(value, 2) for value in step_seconds], "wall_seconds": time.perf_counter() - started,
         "update_seconds": statistics.fmean([row["train/update_seconds"] for row in rows
@@ -131,14 +132,15 @@ def main(argv: list[str] | None = None) -> int:
                                           Path(scratch) / f"{seed}-{staleness}")
                 print(json.dumps(pair[staleness]), flush=True)
             results.append((pair[0], pair[1]))
-    print(f"\n{'seed':>4} {'mode':>5} {'threads':>7} {'steady s':>8} {'total s':>7} {'updates':>7} {'rollouts':>8} {'update s':>8} "
+    print(f"\n{'seed':>4} {'mode':>5} {'threads':>7} {'steady s':>8} {'total s':>7} {'updates':>7} {'rollouts':>8} "
+          f"{'update s':>8} "
           f"{'held-out reward (acc) before -> after':>37} {'lag':>7} {'dropped':>7} {'wait s trainer/sampler':>22}")
     for pair in results:
         for run in pair:
             print(f"{run['seed']:>4} {'async' if run['max_staleness'] else 'sync':>5} {run['threads']:>7} "
-                  f"{run['steady_seconds']:>8.1f} "
-                  f"{run['total_seconds']:>7.0f} {run['updates']:>7} {run['rollouts_per_step']:>8.1f} "
-                  f"{run['update_seconds']:>8.1f} {run['reward_before']:>14.3f} ({run['accuracy_before']:.2f}) -> "
+                  f"{run['steady_seconds']:>8.1f} {run['total_seconds']:>7.0f} {run['updates']:>7} "
+                  f"{run['rollouts_per_step']:>8.1f} {run['update_seconds']:>8.1f} "
+                  f"{run['reward_before']:>14.3f} ({run['accuracy_before']:.2f}) -> "
                   f"{run['reward_after']:.3f} ({run['accuracy_after']:.2f}) {run['staleness_mean']:>3.2f}/"
                   f"{run['staleness_max']:.0f} {run['dropped_stale']:>7.0f} "
                   f"{run['trainer_wait']:>14.0f}/{run['sampler_wait']:<7.0f}")

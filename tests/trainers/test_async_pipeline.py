@@ -71,7 +71,7 @@ def test_a_transition_older_than_max_staleness_is_never_trained_on(mock_source, 
 
 def test_a_step_takes_its_groups_in_submission_order_not_as_they_finish(mock_source):
     """The first group's environment is slow: the step waits for it while the younger groups finish (a batch of the
-    groups that finish first would favour quick rollouts, and measurably learned less)."""
+    groups that finish first would favour quick rollouts: short answers, fewer tool calls)."""
     source, _ = mock_source
     tasks = _tasks([False] * 4)
     tasks[0]["delay"] = 1.0
