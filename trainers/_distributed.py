@@ -1,5 +1,5 @@
-"""Training across processes: ``agl.train`` under ``accelerate launch``, with DDP or FSDP2 over the GPUs of one or
-more machines (or CPU processes over gloo).
+"""Training across processes: ``agl.train`` under ``accelerate launch``, with DDP, FSDP2 or DeepSpeed ZeRO over the
+GPUs of one or more machines (or CPU processes over gloo).
 
 Every rank runs the same script. TRL's ``TrainingArguments`` set up the process group (so ``trainer_args`` such as
 ``ddp_backend`` and ``ddp_timeout`` apply) and :class:`~agentlightning.trainers.grpo.LightningGRPOTrainer` wraps its
@@ -9,15 +9,15 @@ model (:func:`wrap_model`). Then:
   metrics and checkpoints and shows progress. The other ranks build the same model and trainer, load the same
   checkpoint, and wait in :meth:`Ranks.follow`;
 - for each update rank 0 broadcasts the packed batch; every rank calls ``trainer.step(batch)``, which trains on the
-  rank's shard (:func:`shard`) and lets DDP (or FSDP's reduce-scatter) average the gradients, so the update is the
-  single-process update on the whole batch (up to float rounding). Rank 0's backend then serves it: under DDP
-  rank 0's live model; under FSDP, whose ranks each hold a shard of every parameter, rank 0's unsharded
-  :class:`ServedCopy`, into which every rank gathers the trained parameters after each optimizer step. Checkpoints
-  gather the trained parameters and the optimizer state the same way (every rank; see
-  :mod:`~agentlightning.trainers.checkpoint`) and load them back into the shards.
+  rank's shard (:func:`shard`) and lets DDP (or FSDP's reduce-scatter, or ZeRO's) average the gradients, so the
+  update is the single-process update on the whole batch (up to float rounding). Rank 0's backend then serves it:
+  under DDP and ZeRO-2 rank 0's live model; under FSDP and ZeRO-3, whose ranks each hold a part of every
+  parameter, rank 0's unsharded :class:`ServedCopy`, into which every rank gathers the trained parameters after
+  each optimizer step. Checkpoints gather the trained parameters the same way (every rank; see
+  :mod:`~agentlightning.trainers.checkpoint`), with the optimizer state (FSDP) or the DeepSpeed engine's own files.
 
-DeepSpeed configs are refused with an explanation (see ``docs/scaling.md``): its engine owns the optimizer step and
-keeps the ZeRO-partitioned state where the checkpoints and the weight sync cannot read it whole.
+DeepSpeed comes in through accelerate's plugin as in ``transformers.Trainer`` (:func:`_prepare_deepspeed`); its
+engine takes the optimizer step inside the backward of the micro-batch that ends the batch, which ``step()`` marks.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentlightning.trainers.checkpoint import full_tensor, trained_state
+from agentlightning.trainers.checkpoint import contribute_checkpoint, full_tensor
 
 if TYPE_CHECKING:
     from agentlightning.trainers.batch import PackedBatch
@@ -86,17 +86,10 @@ def shard(batch: PackedBatch, rank: int, processes: int) -> tuple[PackedBatch, B
 def wrap_model(trainer: Any) -> Any:
     """``trainer``'s model for the update: as it is in one process; DDP-wrapped (accelerate's ``prepare_model``)
     across processes; sharded in place with FSDP2, after rank 0 has kept an unsharded copy of it
-    (:class:`ServedCopy`, ``trainer.served_copy``)."""
+    (:class:`ServedCopy`, ``trainer.served_copy``); a DeepSpeed engine under a DeepSpeed config."""
     accelerator = trainer.accelerator
-    if trainer.is_deepspeed_enabled or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
-        raise NotImplementedError(
-            "agl.train shards with FSDP2 or trains with DDP; this launch is configured for DeepSpeed, which it does "
-            "not support: DeepSpeed's engine takes the optimizer step inside the backward of a fixed number of "
-            "micro-batches (agl.train's batches vary, and the backend must pause around the step), and ZeRO keeps "
-            "the optimizer state (at stage 3 the weights too) partitioned inside the engine, where the checkpoints "
-            "and the backend's weight sync cannot read them whole. Shard with an FSDP2 accelerate config "
-            "(distributed_type: FSDP, fsdp_version: 2) instead; see docs/scaling.md"
-        )
+    if trainer.is_deepspeed_enabled:
+        return _prepare_deepspeed(trainer)
     plugin = _fsdp_plugin(trainer)
     if plugin is None:
         return trainer.model_wrapped if accelerator.num_processes == 1 else accelerator.prepare_model(trainer.model)
@@ -123,6 +116,38 @@ def wrap_model(trainer: Any) -> Any:
     return model
 
 
+def deepspeed_launch() -> bool:
+    """Whether ``accelerate launch`` configured this process for DeepSpeed."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+
+
+def deepspeed_stage(trainer: Any) -> int | None:
+    """The ZeRO stage of ``trainer``'s DeepSpeed engine, or None without DeepSpeed."""
+    return trainer.accelerator.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled else None
+
+
+def _prepare_deepspeed(trainer: Any) -> Any:
+    """``trainer``'s DeepSpeed engine, set up as ``transformers.Trainer`` does: the config's "auto" values from the
+    training arguments, the optimizer the config names or else the trainer's, and the trainer's scheduler (stepped
+    by ``step()``) unless the config names one. Under ZeRO-3, whose ranks each hold a partition of every
+    parameter, rank 0 first keeps an unsharded copy to serve (:class:`ServedCopy`)."""
+    from transformers.integrations.deepspeed import deepspeed_init
+
+    accelerator, steps = trainer.accelerator, max(trainer.args.max_steps, 1)
+    if deepspeed_stage(trainer) == 3:
+        trainer.served_copy = ServedCopy(trainer)
+    optimizer, scheduler = deepspeed_init(trainer, num_training_steps=steps)
+    if scheduler is None:
+        engine, trainer.optimizer = accelerator.prepare(trainer.model, optimizer)
+        trainer.lr_scheduler = None
+        trainer.create_scheduler(num_training_steps=steps, optimizer=trainer.optimizer)
+    else:
+        engine, trainer.optimizer, trainer.lr_scheduler = accelerator.prepare(trainer.model, optimizer, scheduler)
+    if trainer.served_copy is not None:
+        trainer.served_copy.bind(trainer.model)
+    return engine
+
+
 def _fsdp_plugin(trainer: Any) -> Any:
     """The FSDP settings of this launch, or None: accelerate's plugin, or on CPU ranks (where accelerate 1.15 ignores
     an FSDP config and would train DDP) one built from the config ``accelerate launch`` put in the environment."""
@@ -147,8 +172,9 @@ def served_model(trainer: Any, config: TrainConfig) -> Any:
 
 
 class ServedCopy:
-    """Rank 0's unsharded copy of a model that FSDP shards across the ranks: what the backend serves (the HF backend
-    generates from it; vLLM's sync reads it), what the final model saves and what ``agl.train`` returns on rank 0.
+    """Rank 0's unsharded copy of a model that FSDP (or ZeRO-3) shards across the ranks: what the backend serves (the
+    HF backend generates from it; vLLM's sync reads it), what the final model saves and what ``agl.train`` returns
+    on rank 0.
     Made before sharding; :meth:`refresh` (after each optimizer step, and after loading a checkpoint) gathers the
     parameters that train (the LoRA adapter, or the whole model) into it. Other ranks hold no copy."""
 
@@ -188,7 +214,7 @@ def mean_over_ranks(value: float, trainer: Any) -> float:
 
 class Ranks:
     """This process's place in an ``accelerate launch`` (a single process is rank 0 of 1) and the messages rank 0
-    sends the other ranks: ``("step", batch)``, ``("checkpoint", None)`` (FSDP: gather the state rank 0 saves),
+    sends the other ranks: ``("step", batch)``, ``("checkpoint", directory)`` (FSDP, DeepSpeed: help save it),
     ``("done", result)`` or ``("abort", reason)``."""
 
     def __init__(self) -> None:
@@ -222,10 +248,11 @@ class Ranks:
             self._step_ends_at = trainer.state.global_step + trainer.num_iterations
             self.share(("step", batch))
 
-    def send_checkpoint(self, trainer: Any) -> None:
-        """On rank 0, before saving a checkpoint of a sharded (FSDP) model: the other ranks help gather it."""
-        if self.main and self.count > 1 and trainer.served_copy is not None:
-            self.share(("checkpoint", None))
+    def send_checkpoint(self, trainer: Any, directory: Path) -> None:
+        """On rank 0, saving a checkpoint into ``directory`` of a model sharded by FSDP or trained by DeepSpeed: the
+        other ranks help gather it, and write their partitions of the DeepSpeed engine's state."""
+        if self.main and self.count > 1 and (trainer.served_copy is not None or trainer.is_deepspeed_enabled):
+            self.share(("checkpoint", directory))
 
     def finish(self, result: TrainResult) -> None:
         """On rank 0 at the end of the run: the other ranks return ``result`` (with their own model)."""
@@ -246,7 +273,7 @@ class Ranks:
             if kind == "step":
                 trainer.step(payload)
             elif kind == "checkpoint":
-                trained_state(trainer)  # rank 0 saves what this gathers
+                contribute_checkpoint(trainer, payload)
             elif kind == "done":
                 return dataclasses.replace(payload, model=trainer.model, tokenizer=tokenizer)
             else:

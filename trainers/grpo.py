@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from agentlightning.trainers._distributed import BatchTotals, ServedCopy, mean_over_ranks, shard, wrap_model
+from agentlightning.trainers._distributed import (
+    BatchTotals, ServedCopy, deepspeed_launch, mean_over_ranks, shard, wrap_model,
+)
 from agentlightning.trainers._importance import importance_weights
 
 if TYPE_CHECKING:
@@ -76,13 +78,17 @@ def grpo_config(output_dir: str, micro_batch_size: int = 8, **overrides: Any) ->
         "logging_steps": 1,
         "save_strategy": "no",
         "bf16": False,
-        "use_cpu": not cuda,
+        "use_cpu": not cuda and not deepspeed_launch(),
         "max_steps": 1000,
         # Under accelerate launch: no buffer broadcast in each DDP forward (an LLM's buffers are constants), and
         # ranks other than 0 may wait for a step's rollouts and validation a long time.
         "ddp_broadcast_buffers": False,
         "ddp_timeout": 6 * 3600,
     }
+    if deepspeed_launch() and not cuda:
+        # accelerate ignores a DeepSpeed config on `use_cpu` processes, and without a backend it would count one
+        # process: CPU ranks run DeepSpeed's CPU accelerator over gloo.
+        settings["ddp_backend"] = "gloo"
     settings.update(overrides)
     return GRPOConfig(**settings)
 
@@ -119,8 +125,8 @@ class LightningGRPOTrainer(GRPOTrainer):
             callbacks=list(callbacks) if callbacks else None,
         )
         self.create_optimizer_and_scheduler(num_training_steps=max(args.max_steps, 1))
-        self.served_copy: ServedCopy | None = None  # rank 0's unsharded copy under FSDP (what the backend serves)
-        self.model_wrapped = wrap_model(self)  # DDP/FSDP under accelerate launch; step() trains each rank's shard
+        self.served_copy: ServedCopy | None = None  # rank 0's unsharded copy under FSDP / ZeRO-3 (served)
+        self.model_wrapped = wrap_model(self)  # DDP/FSDP/DeepSpeed under accelerate launch (each rank its shard)
         self._sampler_correction = False
         self._sampler_stats: dict[str, float] = {}
         self._defer_ratio = False  # step() is scoring a batch with one iteration (see _generate_and_score_completions)
@@ -174,8 +180,8 @@ class LightningGRPOTrainer(GRPOTrainer):
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """TRL's per-token log-probabilities and entropies, with the prompt prefix that every row of a chunk shares
         (system prompt, tools, examples) run once and its KV cache repeated for the rows (gradients flow through
-        it). Multimodal or MoE inputs, FSDP-sharded models and chunks without such a prefix go through TRL's own
-        forward."""
+        it). Multimodal or MoE inputs, FSDP- or ZeRO-3-sharded models and chunks without such a prefix go through
+        TRL's own forward."""
         pending, self._pending_ratio = self._pending_ratio, None
         if pending is not None:  # the training forward of a micro-batch whose importance ratio waits for it
             logps, entropies, aux = self._get_per_token_logps_and_entropies(
@@ -192,8 +198,8 @@ class LightningGRPOTrainer(GRPOTrainer):
         logps, entropies = [], []
         for start in range(0, input_ids.size(0), batch_size):
             ids, mask = input_ids[start : start + batch_size], attention_mask[start : start + batch_size]
-            # FSDP: the prefix's KV cache reaches its layers' weights outside the layers' outputs, where FSDP's
-            # backward hooks gather them, so sharded models take TRL's forward.
+            # FSDP / ZeRO-3: the prefix's KV cache reaches its layers' weights outside the layers' outputs, where
+            # their backward hooks gather them, so sharded models take TRL's forward.
             shared = 0 if self.served_copy is not None else _shared_prompt_prefix(ids, mask, prompt_width)
             if shared == 0:
                 chunk_logps, chunk_entropies, _ = super()._get_per_token_logps_and_entropies(
@@ -240,7 +246,8 @@ class LightningGRPOTrainer(GRPOTrainer):
         """One optimizer update (``num_iterations`` of them) on ``batch``; returns TRL's metrics for it.
 
         ``weights_changing()`` is entered around each optimizer step, the only moment the weights change (e.g. a
-        backend generating from them pauses there). Under ``accelerate launch`` every rank calls this with the
+        backend generating from them pauses there); under DeepSpeed, whose engine steps inside the last
+        micro-batch's backward, around that micro-batch. Under ``accelerate launch`` every rank calls this with the
         whole batch and trains on its shard: the update is the single-process one."""
         if len(batch) == 0:
             raise ValueError("LightningGRPOTrainer.step: the batch has no rows (see batch.stats for what was dropped)")
@@ -258,20 +265,28 @@ class LightningGRPOTrainer(GRPOTrainer):
         self.current_gradient_accumulation_steps = len(micro_batches)
         losses = []
         grad_norm: float | None = None
+        changing = weights_changing or nullcontext
         for _ in range(self.num_iterations):
             for index, micro in enumerate(micro_batches):
                 last = index == len(micro_batches) - 1
                 self.accelerator.gradient_state._set_sync_gradients(last)
                 self._pending_ratio = micro if deferred else None
-                with nullcontext() if last else self.accelerator.no_sync(self.model_wrapped):  # DDP syncs once
+                # DeepSpeed's engine takes the optimizer step (clipping included) in the last micro-batch's backward.
+                engine_steps = last and self.is_deepspeed_enabled
+                with changing() if engine_steps else nullcontext(), \
+                        nullcontext() if last else self.accelerator.no_sync(self.model_wrapped):  # DDP syncs once
                     losses.append(float(self.training_step(self.model_wrapped, micro, micro["num_items_in_batch"])))
-            if self.args.max_grad_norm and self.args.max_grad_norm > 0:
-                norm = self._clip_grad_norm(self.model)
-                grad_norm = float(norm) if norm is not None else None
-            with weights_changing() if weights_changing is not None else nullcontext():
-                self.optimizer.step()
-                if self.served_copy is not None:
-                    self.served_copy.refresh()  # FSDP: the new weights, gathered into rank 0's copy
+                    if engine_steps and self.served_copy is not None:
+                        self.served_copy.refresh()  # ZeRO-3: the new weights, gathered into rank 0's copy
+            if self.is_deepspeed_enabled:
+                grad_norm = _float_or_none(self.model_wrapped.get_global_grad_norm())
+            else:
+                if self.args.max_grad_norm and self.args.max_grad_norm > 0:
+                    grad_norm = _float_or_none(self._clip_grad_norm(self.model))
+                with changing():
+                    self.optimizer.step()
+                    if self.served_copy is not None:
+                        self.served_copy.refresh()  # FSDP: the new weights, gathered into rank 0's copy
             self.lr_scheduler.step()
             self.model.zero_grad(set_to_none=True)
             self.state.global_step += 1
@@ -379,6 +394,10 @@ def _shared_prompt_prefix(ids: torch.Tensor, mask: torch.Tensor, prompt_width: i
         same = (ids[row, start : start + first.numel()] == first).int()
         length = min(length, int(same.cumprod(0).sum()))
     return length if length >= minimum else 0
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _check_batch(batch: PackedBatch) -> None:

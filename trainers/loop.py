@@ -155,12 +155,11 @@ class TrainingRun:
                 stop = target is not None and row.get("val/accuracy", -1.0) >= target
                 last = step + 1 == self.config.max_steps or stop
                 if (self.config.checkpoint_every and (step + 1) % self.config.checkpoint_every == 0) or last:
-                    ranks.send_checkpoint(trainer)
                     checkpoint_path = save_checkpoint(trainer, self.output_dir, {
                         "step": step + 1, "global_step": trainer.steps if self.policies else trainer.state.global_step,
                         "model_version": backend.model_version, "order": sampler.order, "cursor": sampler.cursor,
                         "pending": pipeline.pending_indices(), "initial_validation": initial_val,
-                    })
+                    }, notify=lambda directory: ranks.send_checkpoint(trainer, directory))
                 if stop:
                     logger.info("held-out accuracy %.3f >= %s: stopping after step %d", row["val/accuracy"], target, step + 1)
                     break

@@ -99,13 +99,17 @@ def train_live(out: Path) -> Any:
 
 
 def _save(result: Any, path: Path) -> None:
-    """The rank's model (under FSDP: rank 0's unsharded copy, the other ranks' own shards, named in ``sharded``)."""
+    """The rank's model (under FSDP: rank 0's unsharded copy, the other ranks' own shards, named in ``sharded``;
+    under ZeRO-3: rank 0's copy, the other ranks' models, whose parameters ZeRO-3 partitions named in
+    ``partitioned``)."""
     from torch.distributed.tensor import DTensor
 
     loaded = sorted(name for name in sys.modules if name.startswith(("agentlightning.server", "agentlightning.client")))
     state = result.model.state_dict()
     torch.save({"weights": {k: (v.to_local() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()},
                 "sharded": sorted(k for k, v in state.items() if isinstance(v, DTensor)),
+                "partitioned": sorted(name for name, param in result.model.named_parameters()  # by ZeRO-3
+                                      if hasattr(param, "ds_tensor") and param.ds_tensor.numel() < param.ds_numel),
                 "steps": len(result.history), "version": result.model_version, "modules": loaded}, path)
 
 

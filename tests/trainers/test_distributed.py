@@ -159,6 +159,65 @@ def test_fsdp2_ranks_shard_the_model_train_like_one_process_and_rank_0_serves_a_
     assert sorted(path.name for path in (two / "run" / "checkpoints").iterdir()) == ["step-2", "step-3"]
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_zero_ranks_train_like_one_process_and_resume_from_the_engine_state(tmp_path, stage):
+    """DeepSpeed from an accelerate config file (tests/trainers/deepspeed.yaml, ZeRO ``stage``) on CPU ranks: the
+    engine steps inside the last micro-batch's backward; its checkpoint (momentum buffers in ZeRO's partitions)
+    resumes the run; under ZeRO-3 rank 0 serves a gathered copy."""
+    import deepspeed  # noqa: F401  (the [deepspeed] extra, part of [all])
+    import distributed_train
+    from transformers import AutoModelForCausalLM
+
+    two, one = tmp_path / "two", tmp_path / "one"
+    two.mkdir()
+    one.mkdir()
+    reference, reference_resumed, saved = _launch_and_compare(
+        two, one, ["--config_file", str(HERE / "deepspeed.yaml"), "--zero_stage", str(stage)], 0.9)
+
+    # Rank 0's weights equal one process's after two updates and after a third resumed from the checkpoint (SGD
+    # with momentum: a resume that lost the momentum buffers would differ). Under ZeRO-2 every rank holds them
+    # whole; under ZeRO-3 rank 1 holds only placeholders (its partition lives in the engine) and rank 0 its copy.
+    for tag, result, steps in (("", reference, 2), ("-resumed", reference_resumed, 3)):
+        single = {name: value.detach() for name, value in result.model.state_dict().items()}
+        weights, other = saved[0, tag]["weights"], saved[1, tag]["weights"]
+        assert set(weights) == set(single) == set(other)
+        for name, value in weights.items():
+            gap = float((value - single[name]).abs().max())
+            assert torch.allclose(value, single[name], rtol=0, atol=1e-6), (tag, name, gap)
+            if stage == 2:
+                assert torch.equal(other[name], value), (tag, name)
+        if stage == 3:
+            assert saved[0, tag]["partitioned"] == [] and saved[1, tag]["partitioned"], saved[1, tag]["partitioned"]
+        assert saved[0, tag]["steps"] == saved[1, tag]["steps"] == len(result.history) == steps
+        assert saved[0, tag]["version"] == saved[1, tag]["version"] == result.model_version == f"v{steps}"
+    third = {name: value - saved[0, ""]["weights"][name] for name, value in saved[0, "-resumed"]["weights"].items()}
+    assert max(float(delta.abs().max()) for delta in third.values()) > 1e-3  # the third step trained
+    checkpoint = two / "run" / "checkpoints" / "step-3"
+    assert not (checkpoint / "optimizer.pt").exists()
+    assert sorted(path.name for path in (checkpoint / "deepspeed" / "engine").glob("*optim_states.pt")) == [
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+    model = AutoModelForCausalLM.from_pretrained(two / "run" / "model")  # save_model: the whole weights
+    final = saved[0, "-resumed"]["weights"]
+    assert all(torch.equal(value, final[name]) for name, value in model.state_dict().items())
+    # A checkpoint of a DeepSpeed run does not resume without DeepSpeed (its optimizer state is partitioned).
+    with pytest.raises(ValueError, match="made under DeepSpeed"):
+        distributed_train.train(two, 0.9, **{**distributed_train.resumed(two), "max_steps": 4})
+
+    # The Hugging Face backend on rank 0 sampled from the trained weights (ZeRO-2: its live model, equal to rank
+    # 1's; ZeRO-3: its copy, gathered after each update): a LoRA adapter, trained.
+    live0, live1 = saved[0, "-live"], saved[1, "-live"]
+    assert live0["version"] == live1["version"] == "v2"
+    adapter = [name for name in live0["weights"] if "lora_B" in name]
+    assert adapter and max(float(live0["weights"][name].abs().max()) for name in adapter) > 0  # lora_B starts at 0
+    if stage == 2:
+        assert all(torch.equal(value, live1["weights"][name]) for name, value in live0["weights"].items())
+    live = [json.loads(line) for line in (two / "live" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["model_version_after"] for row in live] == ["v1", "v2"] and all(row["transitions"] for row in live)
+
+    assert sorted(path.name for path in two.glob("backend-started-*")) == ["backend-started-rank0"]
+    assert "agentlightning.server" in saved[0, ""]["modules"] and saved[1, ""]["modules"] == []
+
+
 def test_shards_split_the_rows_and_pad_short_ranks_with_rows_that_add_nothing():
     rows = [Transition(rollout_id=f"r{i}", group_id="g", index=0, prompt_token_ids=[5, 6 + i],
                        completion_token_ids=[7] * (i + 1), advantage=float(i) - 2, weight=0.5 + i) for i in range(5)]
