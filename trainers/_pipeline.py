@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentlightning.rl.advantages import compute_advantages, group_key
+from agentlightning.rl.advantages import GROUP_BASELINES, compute_advantages, group_key
 from agentlightning.rl.transitions import extract_transitions
 from agentlightning.types import Rollout, Transition
 
@@ -205,8 +205,9 @@ class RolloutPipeline:
         return [row for rows in by_policy.values() for row in compute_advantages(rows, estimator=self.algorithm)]
 
     def _has_signal(self, transitions: Sequence[Transition]) -> bool:
-        """The group's rewards differ, for some policy (GRPO's signal; other estimators learn from any reward)."""
-        if self.algorithm not in ("grpo", "dr_grpo"):
+        """The group's rewards differ, for some policy (the signal of an estimator centred per group;
+        ``reinforce++``'s batch baseline learns from any reward)."""
+        if self.algorithm not in GROUP_BASELINES:
             return True
         rewards: dict[tuple[str | None, str], set[float]] = {}
         policy_of = self.policy_of or (lambda role: None)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from agentlightning.rl.advantages import GROUP_BASELINES
 from agentlightning.trainers.batch import pack
 from agentlightning.trainers.policies import PolicyMap
 from agentlightning.types import Rollout, Transition
@@ -55,9 +56,9 @@ class PolicySet:
         return self.trainers[name].step(batch)
 
     def update(self, transitions: list[Transition], backend: Any, max_prompt_length: int | None,
-               max_completion_length: int | None) -> dict[str, Any]:
-        """Train every policy with signal in ``transitions`` (advantages computed per policy); ``backend`` serves
-        each new adapter under its new version. Returns the step's per-policy metrics (``policy/<name>/...``)."""
+               max_completion_length: int | None, algorithm: str) -> dict[str, Any]:
+        """Train every policy with signal in ``transitions`` (advantages computed per policy with ``algorithm``);
+        ``backend`` serves each new adapter under its new version. Returns the step's per-policy metrics (``policy/<name>/...``)."""
         row: dict[str, Any] = {}
         pad = int(self.processing_class.pad_token_id)
         updated = 0
@@ -68,7 +69,7 @@ class PolicySet:
             if own:
                 row[prefix + "reward"] = statistics.fmean(t.reward for t in own)
             batch = pack(own, pad, max_prompt_length, max_completion_length,
-                         drop_zero_variance_groups=True) if own else None
+                         drop_zero_variance_groups=algorithm in GROUP_BASELINES) if own else None
             if batch is None or len(batch) == 0:
                 row[prefix + "skipped_update"] = 1
                 row[prefix + "model_version"] = f"v{trainer.state.global_step}"

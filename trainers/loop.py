@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning._decorator import RolloutAgent
+from agentlightning.rl.advantages import GROUP_BASELINES
 from agentlightning.trainers.batch import pack
 from agentlightning.trainers._distributed import Ranks, served_model
 from agentlightning.trainers._pipeline import RolloutPipeline, timed
@@ -204,7 +205,7 @@ class TrainingRun:
         row.update(data.metrics)
         if self.policies is not None:  # each policy's own batch, update and version
             row.update(trainer.update(transitions, backend, self.config.max_prompt_length,
-                                      self.config.max_completion_length))
+                                      self.config.max_completion_length, self.config.algorithm))
             row.update(trainer.rewards(data.rollouts, self.config.credit, self.config.air))
             _serve(source, backend)
             row["model_version_after"] = backend.model_version
@@ -212,7 +213,7 @@ class TrainingRun:
             return row
         batch = pack(
             transitions, tokenizer_pad(trainer), self.config.max_prompt_length, self.config.max_completion_length,
-            drop_zero_variance_groups=True,
+            drop_zero_variance_groups=self.config.algorithm in GROUP_BASELINES,
         ) if transitions else None
         if batch is None or len(batch) == 0:
             logger.warning(

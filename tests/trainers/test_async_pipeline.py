@@ -27,12 +27,12 @@ def mock_source():
         source.close()
 
 
-def _pipeline(source, dataset, *, staleness, refills, tasks_per_step=2, backlog=()):
+def _pipeline(source, dataset, *, staleness, refills, tasks_per_step=2, backlog=(), algorithm="grpo"):
     order = iter(range(10_000))
     return RolloutPipeline(
         source, dataset, lambda count: [next(order) % len(dataset) for _ in range(count)],
         tasks_per_step=tasks_per_step, group_size=3, max_staleness=staleness, refill_cap=refills, timeout=30,
-        roles=None, credit="identical", air=None, algorithm="grpo", backlog=backlog,
+        roles=None, credit="identical", air=None, algorithm=algorithm, backlog=backlog,
     )
 
 
@@ -94,6 +94,21 @@ def test_a_group_without_reward_variance_is_refilled_with_a_new_task(mock_source
     assert len({row.group_id for row in step.transitions}) == 2
     assert len(step.rollouts) == 9  # the flat group still shows in the step's reward metrics
     assert len(server.requests) == 9 and not pipeline.pending
+
+
+@pytest.mark.parametrize("algorithm", ["reinforce++_baseline", "reinforce++"])
+def test_a_group_that_ties_is_refilled_only_under_an_estimator_centred_per_group(mock_source, algorithm):
+    """reinforce++_baseline centres on the group's mean like GRPO (a tied group has zero advantages);
+    reinforce++'s batch baseline gives the tied group a signal against the other groups, so it is trained on."""
+    source, _ = mock_source
+    pipeline = _pipeline(source, _tasks([True, False, False, False]), staleness=0, refills=2, algorithm=algorithm)
+    step = pipeline.next_step(0, trained_version=0)
+    used_tasks = {row.task_id for row in step.transitions}
+    if algorithm == "reinforce++":
+        assert used_tasks == {"t0", "t1"} and step.metrics["async/refills"] == 0
+    else:
+        assert used_tasks == {"t1", "t2"} and step.metrics["async/refills"] == 1
+    pipeline.close()
 
 
 def test_a_group_set_aside_is_replaced_at_once_so_the_step_ahead_keeps_its_groups(mock_source):

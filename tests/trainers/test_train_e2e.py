@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
-from train_agents import echo_length_agent
+from train_agents import echo_length_agent, task_reward_agent
 
 import agentlightning as agl
 from agentlightning.server import SQLiteStore
@@ -46,3 +47,21 @@ def test_train_updates_weights_and_serves_the_new_version(tmp_path):
         store.close()
     assert result.metrics_path.exists() and result.curve_path.exists()
     assert result.initial_validation is not None and result.final_validation is not None
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "reinforce++"])
+def test_groups_that_tie_are_trained_on_only_under_a_batch_baseline(tmp_path, algorithm):
+    """Every group ties (the reward is the task's own) and the two groups differ: GRPO has nothing to learn and
+    skips the update; reinforce++ centres on the batch mean and trains on every row."""
+    model, tokenizer = tiny_model(seed=1)
+    tasks = [{"id": "t0", "question": "a?", "reward": 0.0}, {"id": "t1", "question": "b?", "reward": 1.0}]
+    result = agl.train(
+        task_reward_agent, tasks, model=model, tokenizer=tokenizer, algorithm=algorithm, group_size=2,
+        tasks_per_step=2, max_steps=1, learning_rate=1e-2, micro_batch_size=4, max_completion_length=4,
+        output_dir=tmp_path / "run", nworkers=2, progress=False, save_model=False,
+    )
+    (step,) = [row for row in result.history if row["step"] == 1]
+    if algorithm == "grpo":
+        assert step.get("skipped_update") == 1 and result.model_version == "v0"
+    else:
+        assert "skipped_update" not in step and step["batch/rows"] == 4 and result.model_version == "v1"

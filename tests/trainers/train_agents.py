@@ -55,3 +55,12 @@ def writer_rewriter_agent(task: dict, llm: agl.LLM) -> float:
             )
         replies[role] = reply.choices[0].message.content or ""
     return (len(replies["writer"]) % 4 + len(replies["rewriter"]) % 3) / 5.0
+
+
+@agl.rollout
+def task_reward_agent(task: dict, llm: agl.LLM) -> float:
+    """One chat call; the reward is the task's own ``reward``, so every group ties and the groups differ."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}],
+                                   max_tokens=4)
+    return task["reward"]
