@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val-size", type=int, default=24, help="held-out problems")
     parser.add_argument("--val-every", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=3e-4)
+    parser.add_argument("--algorithm", default="grpo", help="advantage estimator (agl.train's algorithm=)")
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of training rollouts")
     parser.add_argument("--dynamic-sampling", type=int, default=None,
                         help="tasks a step may add to replace groups whose rewards all tie (DAPO's dynamic sampling; "
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     result = agl.train(
         calculator_agent, train_set, model=args.model, group_size=args.group_size, tasks_per_step=args.tasks_per_step,
-        max_steps=args.steps, learning_rate=args.learning_rate, lora={"r": 16, "lora_alpha": 32},
+        max_steps=args.steps, algorithm=args.algorithm, learning_rate=args.learning_rate, lora={"r": 16, "lora_alpha": 32},
         dynamic_sampling=args.dynamic_sampling, max_staleness=args.max_staleness,
         stop_accuracy=None if args.all_steps else args.target, temperature=args.temperature,
         micro_batch_size=16, max_completion_length=40, val_dataset=held_out, val_every=args.val_every,
