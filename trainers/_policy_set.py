@@ -58,7 +58,8 @@ class PolicySet:
     def update(self, transitions: list[Transition], backend: Any, max_prompt_length: int | None,
                max_completion_length: int | None, algorithm: str) -> dict[str, Any]:
         """Train every policy with signal in ``transitions`` (advantages computed per policy with ``algorithm``);
-        ``backend`` serves each new adapter under its new version. Returns the step's per-policy metrics (``policy/<name>/...``)."""
+        ``backend`` serves each new adapter under its new version. Returns the step's per-policy metrics
+        (``policy/<name>/...``)."""
         row: dict[str, Any] = {}
         pad = int(self.processing_class.pad_token_id)
         updated = 0

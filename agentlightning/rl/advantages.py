@@ -21,7 +21,7 @@ Estimator = Literal["grpo", "dr_grpo", "reinforce++", "reinforce++_baseline"]
 Weighting = Literal["rollout", "rollout_token", "token", "transition"]
 
 ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "reinforce++", "reinforce++_baseline")
-GROUP_BASELINES = ("grpo", "dr_grpo", "reinforce++_baseline")  # centred per group: a group that ties has no signal
+GROUP_BASELINES: tuple[str, ...] = ("grpo", "dr_grpo", "reinforce++_baseline")  # centred per group: a tie is no signal
 WEIGHTINGS: tuple[str, ...] = ("rollout", "rollout_token", "token", "transition")
 _Centre = Callable[[Transition], float]
 _DEFAULT_SCALE = {"grpo": True, "dr_grpo": False, "reinforce++": True, "reinforce++_baseline": True}

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     result = agl.train(
         calculator_agent, train_set, model=args.model, group_size=args.group_size, tasks_per_step=args.tasks_per_step,
-        max_steps=args.steps, algorithm=args.algorithm, learning_rate=args.learning_rate, lora={"r": 16, "lora_alpha": 32},
+        max_steps=args.steps, algorithm=args.algorithm, learning_rate=args.learning_rate,
+        lora={"r": 16, "lora_alpha": 32},
         dynamic_sampling=args.dynamic_sampling, max_staleness=args.max_staleness,
         stop_accuracy=None if args.all_steps else args.target, temperature=args.temperature,
         micro_batch_size=16, max_completion_length=40, val_dataset=held_out, val_every=args.val_every,
