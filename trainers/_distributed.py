@@ -199,7 +199,7 @@ class ServedCopy:
     def refresh(self) -> None:
         """Copy the sharded model's trained parameters into the copy (every rank must call this)."""
         for index, (_, param) in enumerate(self._trained):
-            whole = full_tensor(param.detach())
+            whole = full_tensor(param)
             if self.model is not None:
                 self._targets[index].copy_(whole)
 

@@ -150,7 +150,8 @@ def trained_state(trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     """The trained parameters by name and the optimizer's state, whole and on the CPU: gathered from the ranks'
     shards under FSDP or ZeRO-3 (then every rank must call this; all get them). Under DeepSpeed the optimizer
     state is the engine's (see :func:`_save_engine`): None here."""
-    weights = {name: full_tensor(param.detach()).cpu() for name, param in _trained(trainer).items()}
+    with torch.no_grad():  # the parameter itself, not a detached view: ZeRO-3 gathers it by its own attributes
+        weights = {name: full_tensor(param).detach().cpu() for name, param in _trained(trainer).items()}
     if trainer.is_deepspeed_enabled:
         return weights, None
     optimizer = trainer.optimizer.state_dict()
@@ -177,7 +178,8 @@ def _trained(trainer: Any) -> dict[str, Any]:
 
 def full_tensor(value: Any) -> Any:
     """``value`` whole on every rank: a sharded (``DTensor``) or ZeRO-3-partitioned parameter or state is gathered
-    (every rank must call this for it, in the same order); anything else is returned as it is."""
+    (every rank must call this for it, in the same order; a ZeRO-3 parameter itself, since a detached view loses
+    what identifies its partition); anything else is returned as it is."""
     from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
