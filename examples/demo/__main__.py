@@ -58,7 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val-every", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=3e-4)
     parser.add_argument("--algorithm", default="grpo", help="advantage estimator (agl.train's algorithm=)")
-    parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature of training rollouts")
+    parser.add_argument("--temperature", type=float, default=0.5,
+                        help="sampling temperature of training rollouts (default 0.5: the untrained model makes more "
+                             "right calculator calls than at 0.7, so the first steps have a signal; docs/training.md)")
     parser.add_argument("--dynamic-sampling", type=int, default=None,
                         help="tasks a step may add to replace groups whose rewards all tie (DAPO's dynamic sampling; "
                              "default: --tasks-per-step when asynchronous, else 0)")
