@@ -124,3 +124,22 @@ def test_paused_lets_running_rows_finish_on_their_weights_and_holds_new_ones():
         engine.stop()
     assert running.result().model_version == "v1" and len(running.result().token_ids) == 200
     assert results[0].model_version == "v2"
+
+
+
+def test_a_batch_decodes_in_eval_mode_and_hands_the_model_back_in_its_mode():
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = tiny_model(seed=8)
+    (prompt,) = _prompts(tokenizer, ["What is 3 + 4?"])
+    lora = get_peft_model(model, LoraConfig(r=4, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]))
+    seen: list[bool] = []  # the mode each forward of the decoder ran in
+    lora.register_forward_pre_hook(lambda module, args: seen.append(module.training))
+    lora.train()  # as the trainer leaves it between updates
+    engine = _engine(lora, tokenizer)
+    try:
+        engine.submit(prompt, SamplingParams(max_tokens=4, temperature=0.0)).result(60)
+    finally:
+        engine.stop()
+    assert len(seen) == 4 and not any(seen)  # prefill and 3 decode steps, without the adapter's dropout...
+    assert lora.training  # ...and handed back in training mode
