@@ -80,8 +80,6 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # Idle OpenMP threads sleep instead of spinning, leaving the cores to the agents' and servers' threads.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("agentlightning.trainers.loop").setLevel(logging.INFO)
     import agentlightning as agl
