@@ -33,6 +33,11 @@ def kind_of(question: str) -> str:
     return next(op for word, op in KINDS.items() if word in question)
 
 
+def ratio(value: float, baseline: float) -> str:
+    """``value`` against ``baseline`` as ``x1.23`` (a baseline of 0 has no ratio)."""
+    return f"x{value / baseline:.2f}" if baseline else "(baseline 0)"
+
+
 def measure(temperature: float, problems: list[dict[str, Any]], samples: int, group_size: int,
             backend: Any) -> dict[str, Any]:
     """Rewards of ``samples`` rollouts per problem at ``temperature``: shares per kind and the tied-group share."""
@@ -81,13 +86,12 @@ def bench(temperatures: list[float], problems: int = 12, samples: int = 16, grou
     for temperature, result in results.items():
         for kind in sorted(result["shares"]):
             share = result["shares"][kind]
-            right, base_right = share[1.0], base["shares"].get(kind, {}).get(1.0, 0.0)
-            ratio = f"x{right / base_right:.2f}" if base_right else "(baseline 0)"
+            base_right = base["shares"].get(kind, {}).get(1.0, 0.0)
             lines.append(f"T={temperature:<4} {kind}  " + " / ".join(f"{share[r]:.2f}" for r in REWARDS)
-                         + f"   right calls {ratio}")
+                         + f"   right calls {ratio(share[1.0], base_right)}")
         lines.append(f"T={temperature:<4} all kinds: right calls {result['right']:.3f} "
-                     f"(x{result['right'] / base['right']:.2f}), groups of {group_size} whose rewards all tie "
-                     f"{result['tied']:.2f} (x{result['tied'] / base['tied']:.2f}); {result['seconds']:.0f} s")
+                     f"({ratio(result['right'], base['right'])}), groups of {group_size} whose rewards all tie "
+                     f"{result['tied']:.2f} ({ratio(result['tied'], base['tied'])}); {result['seconds']:.0f} s")
     return "\n".join(lines)
 
 

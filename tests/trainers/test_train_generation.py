@@ -126,7 +126,6 @@ def test_paused_lets_running_rows_finish_on_their_weights_and_holds_new_ones():
     assert results[0].model_version == "v2"
 
 
-
 def test_a_batch_decodes_in_eval_mode_and_hands_the_model_back_in_its_mode():
     from peft import LoraConfig, get_peft_model
 
