@@ -73,6 +73,9 @@ class TrainConfig:
     group_size: int = 4
     """Rollouts per task (the GRPO group)."""
     tasks_per_step: int = 4
+    shuffle_dataset: bool = True
+    """Take a step's tasks from shuffled epochs of ``dataset`` (True, as TRL) or in the dataset's own order (False:
+    a curriculum, or an order that mixes the kinds of task in every step)."""
     max_steps: int = 10
     learning_rate: float = 1e-5
     beta: float = 0.0

@@ -99,7 +99,8 @@ class TrainingRun:
         if not ranks.main:
             return ranks.follow(trainer, tokenizer)
         start_step = int(state["step"])
-        sampler = _TaskSampler(len(self.dataset), self.config.seed, state.get("order") or None, int(state.get("cursor", 0)))
+        sampler = _TaskSampler(len(self.dataset), self.config.seed, state.get("order") or None,
+                               int(state.get("cursor", 0)), shuffle=self.config.shuffle_dataset)
 
         backend = make_backend(self.config, policy, tokenizer, model_name, str(state.get("model_version", "v0")),
                                base_dir, self.policies).start()
@@ -427,24 +428,26 @@ def _served_versions(backend: Any, policies: PolicyMap | None) -> dict[str | Non
 
 
 class _TaskSampler:
-    """Walks through the dataset in shuffled epochs (state saved in checkpoints)."""
+    """Walks through the dataset in epochs, shuffled or in order (state saved in checkpoints)."""
 
-    def __init__(self, size: int, seed: int, order: list[int] | None, cursor: int) -> None:
+    def __init__(self, size: int, seed: int, order: list[int] | None, cursor: int, shuffle: bool = True) -> None:
         self.size = size
+        self.shuffle = shuffle
         self.rng = random.Random(seed + cursor)
-        self.order = order if order and len(order) == size else self._shuffled()
+        self.order = order if order and len(order) == size else self._epoch()
         self.cursor = cursor
 
-    def _shuffled(self) -> list[int]:
+    def _epoch(self) -> list[int]:
         order = list(range(self.size))
-        self.rng.shuffle(order)
+        if self.shuffle:
+            self.rng.shuffle(order)
         return order
 
     def next(self, count: int) -> list[int]:
         chosen = []
         for _ in range(count):
             if self.cursor >= len(self.order):
-                self.order, self.cursor = self._shuffled(), 0
+                self.order, self.cursor = self._epoch(), 0
             chosen.append(self.order[self.cursor])
             self.cursor += 1
         return chosen

@@ -10,15 +10,15 @@ import time
 from pathlib import Path
 
 from examples.demo import __doc__ as DEMO_DOC
-from examples.demo.task import calculator_agent, make_problems
+from examples.demo.task import calculator_agent, interleave_kinds, make_problems
 
 
 def split_problems(train_size: int, val_size: int, seed: int) -> tuple[list[dict], list[dict]]:
-    """Training problems and held-out problems with no question in common."""
+    """Training problems (their kinds interleaved) and held-out problems, with no question in common."""
     held_out = make_problems(val_size, seed=10_000 + seed)
     seen = {problem["question"] for problem in held_out}
     train = [problem for problem in make_problems(train_size * 2, seed=seed) if problem["question"] not in seen]
-    return train[:train_size], held_out
+    return interleave_kinds(train[:train_size]), held_out
 
 
 def time_to_accuracy(history: list[dict], target: float) -> tuple[int, float, float] | None:
@@ -52,15 +52,21 @@ def print_steps(history: list[dict], target: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.demo", description=(DEMO_DOC or "").split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=16, help="training steps (default 16)")
-    parser.add_argument("--tasks-per-step", type=int, default=4)
+    parser.add_argument("--tasks-per-step", type=int, default=6,
+                        help="problems per step (default 6: two of each kind, see --shuffle-tasks)")
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--val-size", type=int, default=24, help="held-out problems")
     parser.add_argument("--val-every", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=3e-4)
-    parser.add_argument("--algorithm", default="grpo", help="advantage estimator (agl.train's algorithm=)")
+    parser.add_argument("--algorithm", default="dr_grpo",
+                        help="advantage estimator (agl.train's algorithm=; default dr_grpo: a group's advantages are "
+                             "not divided by its std, so a 0.1-vs-0 format difference weighs less than a right answer)")
     parser.add_argument("--temperature", type=float, default=0.5,
                         help="sampling temperature of training rollouts (default 0.5: the untrained model makes more "
                              "right calculator calls than at 0.7, so the first steps have a signal; docs/training.md)")
+    parser.add_argument("--shuffle-tasks", action="store_true",
+                        help="draw each step's problems at random (default: in an order that cycles through the three "
+                             "kinds of problem, so every step sees each kind)")
     parser.add_argument("--dynamic-sampling", type=int, default=None,
                         help="tasks a step may add to replace groups whose rewards all tie (DAPO's dynamic sampling; "
                              "default: --tasks-per-step when asynchronous, else 0)")
@@ -86,12 +92,13 @@ def main(argv: list[str] | None = None) -> int:
 
     train_set, held_out = split_problems(400, args.val_size, args.seed)
     print(f"Agent Lightning demo: {len(train_set)} training problems, {len(held_out)} held-out; "
-          f"{args.steps} GRPO steps of {args.tasks_per_step} tasks x {args.group_size} rollouts", flush=True)
+          f"{args.steps} {args.algorithm} steps of {args.tasks_per_step} tasks x {args.group_size} rollouts",
+          flush=True)
     started = time.perf_counter()
     result = agl.train(
         calculator_agent, train_set, model=args.model, group_size=args.group_size, tasks_per_step=args.tasks_per_step,
-        max_steps=args.steps, algorithm=args.algorithm, learning_rate=args.learning_rate,
-        lora={"r": 16, "lora_alpha": 32},
+        max_steps=args.steps, shuffle_dataset=args.shuffle_tasks, algorithm=args.algorithm,
+        learning_rate=args.learning_rate, lora={"r": 16, "lora_alpha": 32},
         dynamic_sampling=args.dynamic_sampling, max_staleness=args.max_staleness,
         stop_accuracy=None if args.all_steps else args.target, temperature=args.temperature,
         micro_batch_size=16, max_completion_length=40, val_dataset=held_out, val_every=args.val_every,

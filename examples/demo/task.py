@@ -48,7 +48,8 @@ _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, as
 
 
 def make_problems(count: int, seed: int) -> list[dict[str, Any]]:
-    """``count`` word problems (id, question, answer); the same seed gives the same problems."""
+    """``count`` word problems (id, question, answer, and ``op``: the operator that solves it, never shown to the
+    model); the same seed gives the same problems."""
     rng = random.Random(seed)
     problems = []
     for index in range(count):
@@ -59,8 +60,20 @@ def make_problems(count: int, seed: int) -> list[dict[str, Any]]:
             a, b = rng.randint(10, 60), rng.randint(2, 9)
         answer = {"+": a + b, "-": a - b, "*": a * b}[op]
         question = template.format(name=rng.choice(_NAMES), items=rng.choice(_ITEMS), a=a, b=b)
-        problems.append({"id": f"p{seed}-{index}", "question": question, "answer": answer})
+        problems.append({"id": f"p{seed}-{index}", "question": question, "answer": answer, "op": op})
     return problems
+
+
+def interleave_kinds(problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``problems`` reordered to cycle through the kinds of problem (``+ - * + - * ...``, each kind in its order),
+    so that every training step sees each kind. With steps drawn at random, a run of steps without one kind lets
+    the policy drift to another kind's operator there, and groups that all write the wrong operator tie and teach
+    nothing (docs/training.md, "Every step sees every kind of problem")."""
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for problem in problems:
+        kinds.setdefault(problem["op"], []).append(problem)
+    queues = list(kinds.values())
+    return [queue[index] for index in range(max(map(len, queues), default=0)) for queue in queues if index < len(queue)]
 
 
 def calculate(expression: str) -> float:

@@ -6,7 +6,8 @@ import pytest
 
 import agentlightning as agl
 from examples.demo.__main__ import split_problems
-from examples.demo.task import calculate, calculator_agent, make_problems, score, uses_problem_numbers
+from examples.demo.task import (calculate, calculator_agent, interleave_kinds, make_problems, score,
+                               uses_problem_numbers)
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
 
 
@@ -17,6 +18,15 @@ def test_problems_are_deterministic_and_the_held_out_split_is_disjoint():
     assert not {p["question"] for p in train} & {p["question"] for p in held_out}
     for problem in train[:50]:
         assert isinstance(problem["answer"], int)
+
+
+def test_training_problems_cycle_through_the_kinds_so_every_step_sees_each():
+    train, _ = split_problems(300, 24, seed=1)
+    assert sorted(p["id"] for p in train) == sorted(p["id"] for p in interleave_kinds(train))  # a reordering
+    kinds = [problem["op"] for problem in train]
+    first_run_out = min(kinds.count(op) for op in "+-*") * 3
+    assert all(set(kinds[start : start + 3]) == {"+", "-", "*"} for start in range(0, first_run_out, 3))
+    assert interleave_kinds([]) == []
 
 
 def test_calculator_is_safe_arithmetic():

@@ -65,3 +65,23 @@ def test_groups_that_tie_are_trained_on_only_under_a_batch_baseline(tmp_path, al
         assert step.get("skipped_update") == 1 and result.model_version == "v0"
     else:
         assert "skipped_update" not in step and step["batch/rows"] == 4 and result.model_version == "v1"
+
+
+def test_shuffle_dataset_false_takes_the_tasks_in_the_dataset_order_epoch_after_epoch(tmp_path):
+    """A curriculum (or an order that mixes kinds of task in every step) reaches the steps as written."""
+    model, tokenizer = tiny_model(seed=1)
+    tasks = [{"id": f"t{i}", "question": f"{i}?", "reward": 0.0} for i in range(3)]
+    agl.train(
+        task_reward_agent, tasks, model=model, tokenizer=tokenizer, shuffle_dataset=False, group_size=2,
+        tasks_per_step=2, max_steps=3, micro_batch_size=4, max_completion_length=4, output_dir=tmp_path / "run",
+        nworkers=2, progress=False, save_model=False,
+    )
+    store = SQLiteStore(tmp_path / "run" / "store.db")
+    try:
+        steps: dict[str, set[str]] = {}
+        for info in store.list_rollouts():
+            rollout = store.get_rollout(info.rollout_id)
+            steps.setdefault(rollout.group_id.split(":")[0], set()).add(rollout.task_id)
+    finally:
+        store.close()
+    assert steps == {"step0": {"t0", "t1"}, "step1": {"t2", "t0"}, "step2": {"t1", "t2"}}
