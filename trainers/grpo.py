@@ -249,6 +249,17 @@ class LightningGRPOTrainer(GRPOTrainer):
         backend generating from them pauses there); under DeepSpeed, whose engine steps inside the last
         micro-batch's backward, around that micro-batch. Under ``accelerate launch`` every rank calls this with the
         whole batch and trains on its shard: the update is the single-process one."""
+        was_training = self.model.training
+        try:
+            return self._update(batch, weights_changing)
+        finally:
+            # Back in the mode it was found in (eval while rollouts decode between synchronous steps), so the decoder
+            # does not switch every module's mode around each decode step.
+            self.model.train(was_training)
+
+    def _update(
+        self, batch: PackedBatch, weights_changing: Callable[[], AbstractContextManager[Any]] | None
+    ) -> dict[str, float]:
         if len(batch) == 0:
             raise ValueError("LightningGRPOTrainer.step: the batch has no rows (see batch.stats for what was dropped)")
         _check_batch(batch)

@@ -46,6 +46,18 @@ def test_row_weights_and_micro_batches_give_the_weighted_objective(tmp_path):
         assert torch.allclose(one[name], two[name], atol=1e-6), name
 
 
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_an_update_trains_in_training_mode_and_hands_the_model_back_in_its_mode(tmp_path, mode):
+    """Between synchronous steps the model stays in eval mode, so decoding does not switch every module's mode."""
+    trainer = _trainer(tmp_path, micro=4)
+    seen: list[bool] = []
+    trainer.model.register_forward_pre_hook(lambda module, args: seen.append(module.training))
+    trainer.model.train(mode == "train")
+    trainer.step(pack([_row("r1", [5, 6], [7, 8], 1.0), _row("r2", [5, 6], [9, 8], -1.0)], pad_token_id=0))
+    assert seen and all(seen)
+    assert trainer.model.training is (mode == "train")
+
+
 def test_sampler_logprobs_from_the_same_weights_give_ratio_one(tmp_path):
     trainer = _trainer(tmp_path, micro=4, temperature=0.7, vllm_importance_sampling_mode="token_truncate")
     model = trainer.model
