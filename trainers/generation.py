@@ -221,7 +221,7 @@ class GenerationEngine:
         """Admit ``new_rows`` (prefill, first token) or, with none, decode one token for every row of ``batch``;
         answer the rows that finished and return what is left to decode."""
         was_training = self.model.training
-        if was_training:  # only while a trainer's update runs beside decoding (max_staleness > 0)
+        if was_training:  # e.g. a trainer's update running beside decoding (max_staleness > 0)
             self.model.eval()
         try:
             if new_rows:

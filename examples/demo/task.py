@@ -68,7 +68,7 @@ def interleave_kinds(problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``problems`` reordered to cycle through the kinds of problem (``+ - * + - * ...``, each kind in its order),
     so that every training step sees each kind. With steps drawn at random, a run of steps without one kind lets
     the policy drift to another kind's operator there, and groups that all write the wrong operator tie and teach
-    nothing (docs/training.md, "Every step sees every kind of problem")."""
+    nothing (docs/training.md, "Every step sees each kind of problem")."""
     kinds: dict[str, list[dict[str, Any]]] = {}
     for problem in problems:
         kinds.setdefault(problem["op"], []).append(problem)

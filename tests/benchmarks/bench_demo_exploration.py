@@ -25,12 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the examples package, when run as a script
 
-KINDS = {"more": "+", "away": "-", "boxes": "*"}
 REWARDS = (1.0, 0.3, 0.1, 0.0)
-
-
-def kind_of(question: str) -> str:
-    return next(op for word, op in KINDS.items() if word in question)
 
 
 def ratio(value: float, baseline: float) -> str:
@@ -55,7 +50,7 @@ def measure(temperature: float, problems: list[dict[str, Any]], samples: int, gr
     for task, rollout in zip(tasks, rollouts, strict=True):
         reward = rollout.final_reward if rollout.final_reward is not None else 0.0
         by_problem[task["question"]].append(reward)
-        shares[kind_of(task["question"])][reward] += 1
+        shares[task["op"]][reward] += 1
     groups = tied = 0
     for rewards in by_problem.values():
         for start in range(0, len(rewards) - group_size + 1, group_size):
