@@ -31,6 +31,19 @@ logger = logging.getLogger(__name__)
 
 BASE = "__base__"
 """PEFT's ``adapter_names`` entry for a row served by the base model (no adapter)."""
+_DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
+             torch.nn.FeatureAlphaDropout)
+
+
+def training_mode_matters(model: Any) -> bool:
+    """Whether ``model`` computes differently in training mode: a dropout with p > 0 (a module, such as a LoRA
+    adapter's, or the attention rate of its config) or gradient checkpointing (which turns the KV cache off)."""
+    if (getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0) > 0:
+        return True
+    for module in model.modules():
+        if (isinstance(module, _DROPOUTS) and module.p > 0) or getattr(module, "gradient_checkpointing", False) is True:
+            return True
+    return False
 
 
 @dataclass
@@ -120,6 +133,18 @@ class GenerationEngine:
         self.batches_run = 0  # prefill passes (groups of rows admitted together)
         self.rows_run = 0
         self.rows_joined = 0  # rows admitted into a batch that was already decoding
+        self._decodes_in_eval: bool | None = None
+
+    @property
+    def decodes_in_eval(self) -> bool:
+        """Whether each decode step switches the model to eval mode (and back): for a model whose training mode
+        computes differently (:func:`training_mode_matters`) and for PEFT's mixed-adapter forward (``multi_adapter``),
+        which refuses training mode. Any other model is decoded in the mode it is in, so that a trainer's update
+        running beside the decoder (``max_staleness > 0``) never sees the mode switched under it (TRL's loss reads
+        it). Looked at once, when first asked (by the first step at the latest)."""
+        if self._decodes_in_eval is None:
+            self._decodes_in_eval = self.multi_adapter or training_mode_matters(self.model)
+        return self._decodes_in_eval
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -220,8 +245,8 @@ class GenerationEngine:
     def _step(self, batch: _Batch | None, new_rows: list[_Row]) -> _Batch | None:
         """Admit ``new_rows`` (prefill, first token) or, with none, decode one token for every row of ``batch``;
         answer the rows that finished and return what is left to decode."""
-        was_training = self.model.training
-        if was_training:  # e.g. a trainer's update running beside decoding (max_staleness > 0)
+        switched = self.decodes_in_eval and self.model.training
+        if switched:
             self.model.eval()
         try:
             if new_rows:
@@ -243,7 +268,7 @@ class GenerationEngine:
             else:
                 return None
         finally:
-            if was_training:
+            if switched:
                 self.model.train()
         keep = [index for index, row in enumerate(batch.rows) if row.finish is None]
         for row in batch.rows:

@@ -1,15 +1,14 @@
 """The training loop behind ``agl.train``: rollouts -> transitions -> advantages -> packed batch -> TRL update.
 
 :class:`TrainingRun` owns the pieces for the length of one run: the policy model and its
-:class:`~agentlightning.trainers.grpo.LightningGRPOTrainer`, the :class:`~agentlightning.trainers.hf_backend.
-HFBackendServer` serving the live weights or a :class:`~agentlightning.trainers.vllm_backend.VLLMBackend` kept
-in sync with them (:func:`make_backend`, behind the :class:`~agentlightning.trainers.backend.Backend` protocol),
-the rollout source (Lightning Server + workers, or in-process), the
-metrics writer and checkpoints. Model versions are ``v<global step>``: ``v0`` is the initial model, and a call
-recorded with ``v3`` was sampled from the weights after the third update. Each step's groups come from a
-:class:`~agentlightning.trainers._pipeline.RolloutPipeline`, which with ``max_staleness > 0`` runs the rollouts of
-the next steps while a step trains. With ``policies=`` (one LoRA adapter per role), the trainer is a
-:class:`~agentlightning.trainers._policy_set.PolicySet` and each policy has its own update and version.
+:class:`~agentlightning.trainers.grpo.LightningGRPOTrainer`, the backend serving the live weights (HF) or kept in sync
+with them (vLLM; :func:`make_backend`, behind :class:`~agentlightning.trainers.backend.Backend`), the rollout source
+(Lightning Server + workers, or in-process), the metrics writer and checkpoints. Model versions are ``v<step>``:
+``v0`` is the initial model, and a call recorded with ``v3`` was sampled from the weights after the third update. Each
+step's groups come from a :class:`~agentlightning.trainers._pipeline.RolloutPipeline`, which with
+``max_staleness > 0`` runs the rollouts of the next steps while a step trains. With ``policies=`` (one LoRA adapter
+per role), the trainer is a :class:`~agentlightning.trainers._policy_set.PolicySet` and each policy has its own update
+and version.
 """
 
 from __future__ import annotations
@@ -226,7 +225,8 @@ class TrainingRun:
             return row
         new_version = f"v{trainer.state.global_step + 1}"
         ranks.send_step(trainer, batch)  # every rank trains on its shard of the batch
-        if self.config.max_staleness and _live_weights(backend) and not (self.config.beta and self.config.lora):
+        beside = self.config.max_staleness > 0 and _decodes_beside_updates(backend)
+        if beside and not (self.config.beta and self.config.lora):
             # Rollouts keep generating through the forward and backward passes; only the optimizer step pauses
             # them (with a LoRA reference, disabling the adapter for the KL term would change what they see).
             pauses: list[float] = []
@@ -358,10 +358,8 @@ class TrainingRun:
         if self.source is not None:
             return self.source
         if self.config.use_server:
-            return ServerRollouts(
-                self.agent, self.output_dir / "store.db", self.config.nworkers, rollout_timeout=self.config.rollout_timeout,
-                workers=self.config.workers,
-            )
+            return ServerRollouts(self.agent, self.output_dir / "store.db", self.config.nworkers,
+                                  rollout_timeout=self.config.rollout_timeout, workers=self.config.workers)
         return LocalRollouts(self.agent, self.config.nworkers)
 
 
@@ -404,11 +402,12 @@ _CHECK_MESSAGES = [{"role": "user", "content": "What is 2 + 3? Answer briefly."}
 """The conversation whose sampled tokens are scored by both sides after each vLLM sync."""
 
 
-def _live_weights(backend: Any) -> bool:
-    """Whether ``backend`` generates from the trainer's own weights (the HF backend) rather than a copy (vLLM)."""
+def _decodes_beside_updates(backend: Any) -> bool:
+    """Whether ``backend`` generates from the trainer's own weights (the HF backend, not a copy as vLLM) in the mode
+    they are in (not when it switches them to eval mode, which an update's forward passes would see)."""
     from agentlightning.trainers.hf_backend import HFBackendServer
 
-    return isinstance(backend, HFBackendServer)
+    return isinstance(backend, HFBackendServer) and not backend.engine.decodes_in_eval
 
 
 def _serve(source: Any, backend: Any) -> None:

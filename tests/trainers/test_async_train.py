@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import async_agents
+import pytest
 import torch
 from async_agents import sampled_together_agent, two_call_agent
 from train_agents import echo_length_agent
@@ -186,3 +187,35 @@ def test_a_run_killed_mid_pipeline_resumes_with_the_groups_that_were_in_flight(t
         store.close()
     assert set(pending) <= step_three, "the resumed run first re-runs the groups that were in flight"
     assert not left & {"queued", "running"}, "nothing is left queued or running when a run ends"
+
+
+def test_an_update_beside_a_decoding_batch_computes_the_loss_it_computes_alone(tmp_path):
+    """TRL's loss reads ``model.training`` (the micro-batch normaliser): the HF backend decoding beside an update
+    (``max_staleness > 0``) must leave the shared model's mode alone."""
+    import copy
+
+    from agentlightning.rl import pack
+    from agentlightning.trainers.generation import GenerationEngine, SamplingParams
+    from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+
+    model, tokenizer = tiny_model(seed=3)
+    twin = copy.deepcopy(model)
+    rows = [Transition(rollout_id=f"r{i}", group_id="g", index=0, prompt_token_ids=[5, 6, 7, 8],
+                       completion_token_ids=[9 + i, 10, 11 + i], advantage=1.0 - i / 4, weight=1.0) for i in range(8)]
+    alone = LightningGRPOTrainer(twin, grpo_config(str(tmp_path / "a"), micro_batch_size=2), tokenizer).step(
+        pack(rows, tokenizer.pad_token_id))
+    trainer = LightningGRPOTrainer(model, grpo_config(str(tmp_path / "b"), micro_batch_size=2), tokenizer)
+    engine = GenerationEngine(model, tokenizer, max_batch_size=8, batch_wait_s=0.0)
+    engine.eos_token_ids = set()  # the rows decode their whole budget, through the update
+    engine.start()
+    try:
+        futures = [engine.submit([5, 6, 7 + i], SamplingParams(max_tokens=400)) for i in range(8)]
+        while engine.rows_run == 0:
+            time.sleep(0.001)
+        beside = trainer.step(pack(rows, tokenizer.pad_token_id))
+        overlapped = not all(future.done() for future in futures)
+    finally:
+        engine.stop()
+    assert alone["micro_batches"] == beside["micro_batches"] == 4
+    assert overlapped, "the rows were still decoding when the update ended"
+    assert beside["loss"] == pytest.approx(alone["loss"], rel=1e-5)  # not 4x it (no micro-batch normaliser)

@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from agentlightning.trainers.generation import GenerationEngine, SamplingParams
+from agentlightning.trainers.generation import GenerationEngine, SamplingParams, training_mode_matters
 from agentlightning.trainers.models import tiny_model
 
 SYSTEM = "You are a helpful assistant. Use the calculator tool to compute 12 * 5 - 8 / 2. " * 2
@@ -142,3 +142,49 @@ def test_a_batch_decodes_in_eval_mode_and_hands_the_model_back_in_its_mode():
         engine.stop()
     assert len(seen) == 4 and not any(seen)  # prefill and 3 decode steps, without the adapter's dropout...
     assert lora.training  # ...and handed back in training mode
+
+
+def test_a_model_without_dropout_decodes_in_the_mode_it_is_in_so_an_update_beside_it_keeps_training_mode():
+    """With ``max_staleness > 0`` the trainer's forward passes run while the decoder works on the same model: TRL
+    reads ``model.training`` in its loss (the micro-batch normaliser, the metrics' split), so the decoder must not
+    switch the mode of a model that computes the same in either (no dropout, as TRL leaves it)."""
+    model, tokenizer = tiny_model(seed=8)
+    (prompt,) = _prompts(tokenizer, ["What is 3 + 4?"])
+    assert not training_mode_matters(model)
+    seen: list[bool] = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(module.training))
+    model.train()  # a trainer's update running
+    engine = _engine(model, tokenizer)
+    try:
+        sample = engine.submit(prompt, SamplingParams(max_tokens=4, temperature=0.0)).result(60)
+    finally:
+        engine.stop()
+    assert len(seen) == 4 and all(seen)  # prefill and 3 decode steps, none of them switched the model to eval
+    assert len(sample.token_ids) == 4 and model.training
+    model.eval()  # the same tokens and logprobs as decoding in eval mode
+    again = GenerationEngine(model, tokenizer, max_batch_size=8, batch_wait_s=0.0)
+    again.eos_token_ids = set()
+    again.start()
+    try:
+        assert again.submit(prompt, SamplingParams(max_tokens=4, temperature=0.0)).result(60).token_ids == \
+            sample.token_ids
+    finally:
+        again.stop()
+
+
+def test_dropout_gradient_checkpointing_or_mixed_adapters_make_the_decoder_switch_to_eval_mode():
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model, tokenizer = tiny_model(seed=8)
+    assert not GenerationEngine(model, tokenizer).decodes_in_eval
+    config = LlamaConfig(**{**model.config.to_dict(), "attention_dropout": 0.1})
+    assert training_mode_matters(LlamaForCausalLM(config))  # the attention's own rate
+    lora = get_peft_model(tiny_model(seed=8)[0], LoraConfig(r=4, lora_dropout=0.1, target_modules=["q_proj"]))
+    assert GenerationEngine(lora, tokenizer).decodes_in_eval  # the adapter's dropout
+    model.gradient_checkpointing_enable()  # turns the KV cache off in training mode
+    assert GenerationEngine(model, tokenizer).decodes_in_eval
+    lora = get_peft_model(tiny_model(seed=8)[0], LoraConfig(r=4, target_modules=["q_proj"]))
+    engine = GenerationEngine(lora, tokenizer)
+    engine.multi_adapter = True  # PEFT refuses adapter_names= in training mode
+    assert not training_mode_matters(lora) and engine.decodes_in_eval
