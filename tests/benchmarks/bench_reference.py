@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,6 +110,11 @@ def run(workers: int = 4, rollouts: int = 200, calls: int = CALLS, repeat: int =
               f"{sum(reference['cpu_ms'].values()) / sum(ours['cpu_ms'].values()):.2f}x")
     if not have_reference:
         print(f"  reference half skipped: {REFERENCE_PYTHON} not found; create it with\n    {CREATE_HINT}")
+    elif len(rounds) > 1:  # each round's two halves ran minutes apart: the median is the steadier comparison
+        rates = [f["ours"]["rollouts_per_s"] / f["reference"]["rollouts_per_s"] for f in rounds]
+        cpu = [sum(f["reference"]["cpu_ms"].values()) / sum(f["ours"]["cpu_ms"].values()) for f in rounds]
+        print(f"  median of {len(rounds)} rounds: ours/0.3.0 rollouts/s {statistics.median(rates):.2f}x "
+              f"(min {min(rates):.2f}x) | 0.3.0/ours CPU per rollout {statistics.median(cpu):.2f}x (min {min(cpu):.2f}x)")
     return rounds
 
 
