@@ -10,15 +10,12 @@ same. :func:`use_shared_kv_attention` switches a model to it through transformer
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
 from transformers import AttentionInterface, AttentionMaskInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-logger = logging.getLogger(__name__)
 
 NAME = "agl_shared_kv_sdpa"
 

@@ -162,9 +162,7 @@ def test_a_model_without_dropout_decodes_in_the_mode_it_is_in_so_an_update_besid
     assert len(seen) == 4 and all(seen)  # prefill and 3 decode steps, none of them switched the model to eval
     assert len(sample.token_ids) == 4 and model.training
     model.eval()  # the same tokens and logprobs as decoding in eval mode
-    again = GenerationEngine(model, tokenizer, max_batch_size=8, batch_wait_s=0.0)
-    again.eos_token_ids = set()
-    again.start()
+    again = _engine(model, tokenizer)
     try:
         assert again.submit(prompt, SamplingParams(max_tokens=4, temperature=0.0)).result(60).token_ids == \
             sample.token_ids
