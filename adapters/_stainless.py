@@ -41,8 +41,9 @@ class ClientCall(LLMCall):
     """A call of a client package ``sdk`` (its Stream, AsyncStream, APIResponse, AsyncAPIResponse, NotGiven, Omit):
     its result may be a stream or a raw response, recorded when consumed or read."""
 
-    def __init__(self, sdk: ModuleType, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]
-                 ) -> None:
+    def __init__(
+        self, sdk: ModuleType, api: str, recorder: RolloutRecorder, resource: Any, kwargs: dict[str, Any]
+    ) -> None:
         self.sdk = sdk
         super().__init__(api, recorder, endpoint(resource), self.as_sent(kwargs))
         if (role := self.fields["role"]) is not None:  # the proxy serves the call by the role's policy
@@ -83,8 +84,9 @@ class ClientCall(LLMCall):
                 self.fields["metadata"]["raw_response"] = True
                 self.finish(read_response(self.api, result.http_response.json()))
         except Exception:  # noqa: BLE001
-            logger.warning("%s capture failed to record a %s call; the agent continues", sdk.__name__, self.api,
-                           exc_info=True)
+            logger.warning(
+                "%s capture failed to record a %s call; the agent continues", sdk.__name__, self.api, exc_info=True
+            )
         return result
 
 
@@ -93,8 +95,12 @@ class Patch:
     recorded (module, class, method, api recorded in ``Call.metadata["api"]``, is_async); ``extra`` are (module, class,
     method, wrapper) for other methods (a client's helpers, httpx's ``send``, the framework adapters' hooks)."""
 
-    def __init__(self, sdk: ModuleType | None = None, targets: tuple[tuple[str, str, str, str, bool], ...] = (),
-                 extra: tuple[tuple[str, str, str, Wrapper], ...] = ()) -> None:
+    def __init__(
+        self,
+        sdk: ModuleType | None = None,
+        targets: tuple[tuple[str, str, str, str, bool], ...] = (),
+        extra: tuple[tuple[str, str, str, Wrapper], ...] = (),
+    ) -> None:
         self.sdk, self.targets, self.extra = sdk, targets, extra
         self.lock = threading.Lock()
         self.originals: list[tuple[type, str, Any]] = []
@@ -104,15 +110,18 @@ class Patch:
         with self.lock:
             if self.originals:
                 return
-            targets = [(module, cls, method, self._async_wrapper(api) if is_async else self._sync_wrapper(api))
-                       for module, cls, method, api, is_async in self.targets]
+            targets = [
+                (module, cls, method, self._async_wrapper(api) if is_async else self._sync_wrapper(api))
+                for module, cls, method, api, is_async in self.targets
+            ]
             for module_name, class_name, method, wrapper in [*targets, *self.extra]:
                 try:
                     cls = getattr(importlib.import_module(module_name), class_name)
                     original = cls.__dict__[method]
                 except (ImportError, AttributeError, KeyError):
-                    logger.warning("capture: %s.%s.%s not found; that API is not captured",
-                                   module_name, class_name, method)
+                    logger.warning(
+                        "capture: %s.%s.%s not found; that API is not captured", module_name, class_name, method
+                    )
                     continue
                 setattr(cls, method, wrapt.FunctionWrapper(original, wrapper))
                 self.originals.append((cls, method, original))
@@ -155,8 +164,13 @@ class Patch:
         return wrapper
 
 
-def recorded(call: LLMCall, wrapped: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-             then: Callable[[Any], Any]) -> Any:
+def recorded(
+    call: LLMCall,
+    wrapped: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    then: Callable[[Any], Any],
+) -> Any:
     """``then(wrapped(*args, **kwargs))``; a call that raises is recorded as failed (and the error re-raised)."""
     try:
         result = wrapped(*args, **kwargs)

@@ -38,10 +38,20 @@ class PendingTool:
             parent = requesting_llm_call(self.recorder, self.tool_call_id, self.name, self.arguments, self.role)
             metadata = {"adapter": self.adapter} | ({"tool_call_id": self.tool_call_id} if self.tool_call_id else {})
             role = self.role if self.role is not None else parent and parent.role
-            call = Call(kind="tool", sequence=self.sequence, role=role, name=self.name, input=jsonable(self.arguments),
-                        output=jsonable(output), status="ok" if error is None else "error", error=error,
-                        parent_call_id=parent and parent.call_id, start_time=self.start_time, end_time=time.time(),
-                        metadata=metadata)
+            call = Call(
+                kind="tool",
+                sequence=self.sequence,
+                role=role,
+                name=self.name,
+                input=jsonable(self.arguments),
+                output=jsonable(output),
+                status="ok" if error is None else "error",
+                error=error,
+                parent_call_id=parent and parent.call_id,
+                start_time=self.start_time,
+                end_time=time.time(),
+                metadata=metadata,
+            )
             self.recorder.add_call(call)
         except Exception:  # capture must never break the agent
             logger.exception("%s adapter: could not record tool call %r", self.adapter, self.name)
@@ -63,8 +73,9 @@ def error_text(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def requesting_llm_call(recorder: RolloutRecorder, tool_call_id: str | None, name: str, arguments: Any,
-                        role: str | None) -> Call | None:
+def requesting_llm_call(
+    recorder: RolloutRecorder, tool_call_id: str | None, name: str, arguments: Any, role: str | None
+) -> Call | None:
     """The LLM call whose output requested a tool call. Matches, newest first: the tool-call id; else the tool name and
     arguments (preferring a call of ``role``); else the tool name; else the latest LLM call of the rollout."""
     snapshot = list(recorder.calls)  # copying a list is atomic; other threads may append meanwhile
@@ -91,8 +102,13 @@ def _requested_tools(call: Call) -> list[dict[str, Any]]:
     for item in output.get("tool_calls") or []:
         if isinstance(item, dict):
             function = item["function"] if isinstance(item.get("function"), dict) else item
-            requests.append({"id": item.get("id") or item.get("call_id"), "name": function.get("name"),
-                             "arguments": function.get("arguments")})
+            requests.append(
+                {
+                    "id": item.get("id") or item.get("call_id"),
+                    "name": function.get("name"),
+                    "arguments": function.get("arguments"),
+                }
+            )
     return requests
 
 

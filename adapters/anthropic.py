@@ -32,8 +32,12 @@ def _helper_stream(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, 
     if recorder is not None and args and not isinstance(args[0], (ObservedStream, ObservedAsyncStream)):
         try:
             request = args[0].response.request
-            call = LLMCall("messages", recorder, str(request.url).removesuffix("/v1/messages").rstrip("/"),
-                           json.loads(request.content))
+            call = LLMCall(
+                "messages",
+                recorder,
+                str(request.url).removesuffix("/v1/messages").rstrip("/"),
+                json.loads(request.content),
+            )
             observed = ObservedAsyncStream if isinstance(args[0], anthropic.AsyncStream) else ObservedStream
             args = (observed(args[0], call), *args[1:])
         except Exception:  # noqa: BLE001 - a capture bug must not break the agent
@@ -42,6 +46,12 @@ def _helper_stream(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, 
 
 
 _STREAMS = "anthropic.lib.streaming._messages"
-_PATCH = Patch(anthropic, _TARGETS, ((_STREAMS, "MessageStream", "__init__", _helper_stream),
-                                 (_STREAMS, "AsyncMessageStream", "__init__", _helper_stream)))
+_PATCH = Patch(
+    anthropic,
+    _TARGETS,
+    (
+        (_STREAMS, "MessageStream", "__init__", _helper_stream),
+        (_STREAMS, "AsyncMessageStream", "__init__", _helper_stream),
+    ),
+)
 install, uninstall, is_installed = _PATCH.install, _PATCH.uninstall, _PATCH.is_installed

@@ -81,8 +81,14 @@ def _tool_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
             return await wrapped(*args, **kwargs)
         try:
             tool_call = tool_call_of(args, kwargs)
-            pending = PendingTool(recorder, tool_call.name, parse_arguments(tool_call.arguments),
-                                  agent_name(args, kwargs), "autogen", tool_call_id=tool_call.id)
+            pending = PendingTool(
+                recorder,
+                tool_call.name,
+                parse_arguments(tool_call.arguments),
+                agent_name(args, kwargs),
+                "autogen",
+                tool_call_id=tool_call.id,
+            )
         except Exception:  # capture must never break the agent
             logger.exception("autogen adapter: could not start recording a tool call")
             return await wrapped(*args, **kwargs)
@@ -107,8 +113,9 @@ def _agent_name(agent: Any) -> str:
     return agent.id.type
 
 
-async def _in_agent_role(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-                         ) -> Any:
+async def _in_agent_role(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     token = set_role(_agent_name(instance) if isinstance(instance, BaseAgent) else instance.name)
     try:
         return await wrapped(*args, **kwargs)
@@ -116,18 +123,23 @@ async def _in_agent_role(wrapped: Callable[..., Any], instance: Any, args: tuple
         reset_role(token)
 
 
-def _stream_in_agent_role(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-                          ) -> Any:
+def _stream_in_agent_role(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     return _stepped_in_role(wrapped(*args, **kwargs), instance.name)
 
 
 _AGENTS = "autogen_agentchat.agents"
-_PATCH = Patch(extra=(
-    *((_AGENTS, "AssistantAgent", name, _agent_llm_wrapper(getattr(AssistantAgent, name)))
-      for name in ("_call_llm", "_reflect_on_tool_use_flow")),
-    (_AGENTS, "AssistantAgent", "_execute_tool_call", _tool_wrapper(AssistantAgent._execute_tool_call)),
-    ("autogen_core", "BaseAgent", "on_message", _in_agent_role),
-    (_AGENTS, "BaseChatAgent", "run", _in_agent_role),
-    (_AGENTS, "BaseChatAgent", "run_stream", _stream_in_agent_role),
-))
+_PATCH = Patch(
+    extra=(
+        *(
+            (_AGENTS, "AssistantAgent", name, _agent_llm_wrapper(getattr(AssistantAgent, name)))
+            for name in ("_call_llm", "_reflect_on_tool_use_flow")
+        ),
+        (_AGENTS, "AssistantAgent", "_execute_tool_call", _tool_wrapper(AssistantAgent._execute_tool_call)),
+        ("autogen_core", "BaseAgent", "on_message", _in_agent_role),
+        (_AGENTS, "BaseChatAgent", "run", _in_agent_role),
+        (_AGENTS, "BaseChatAgent", "run_stream", _stream_in_agent_role),
+    )
+)
 install, uninstall, is_installed = _PATCH.install, _PATCH.uninstall, _PATCH.is_installed

@@ -45,8 +45,9 @@ class _Answer:
         response = self.response
         if not response.is_success:
             text = bytes(self.body).decode(errors="replace")[:500]
-            error = httpx.HTTPStatusError(f"HTTP {response.status_code}: {text}", request=response.request,
-                                          response=response)
+            error = httpx.HTTPStatusError(
+                f"HTTP {response.status_code}: {text}", request=response.request, response=response
+            )
             self.call.finish(None, error=error)
         elif self.fold is not None:
             self.call.finish(self.fold.answer(complete=complete))
@@ -87,7 +88,8 @@ def _observe(call: LLMCall, response: httpx.Response, *, streamed: bool) -> http
         answer = _Answer(call, response)
         if streamed:  # recorded as the agent reads the body
             response.stream = (_AsyncStream if isinstance(response.stream, httpx.AsyncByteStream) else _Stream)(
-                response.stream, answer)
+                response.stream, answer
+            )
         else:
             answer.add(response.content)
             answer.finish()

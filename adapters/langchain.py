@@ -35,8 +35,9 @@ ROLE_KEY = "agl_role"
 ROLE_TAG_PREFIX = "agl_role:"
 # Nodes LangGraph's agent factories (create_react_agent, create_agent) build: they name a role only when nothing
 # around them does. Middleware hooks of create_agent are nodes named "<Middleware>.<hook>".
-_AGENT_NODES = frozenset({"agent", "model", "tools", "pre_model_hook", "post_model_hook",
-                          "generate_structured_response"})
+_AGENT_NODES = frozenset(
+    {"agent", "model", "tools", "pre_model_hook", "post_model_hook", "generate_structured_response"}
+)
 
 
 @dataclass
@@ -67,8 +68,14 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         # only appear with a newly imported module, so the (costly) walk of Runnable subclasses reruns only then.
         self._framework_names: tuple[int, frozenset[str]] = (-1, frozenset())
 
-    def _remember(self, run_id: UUID, parent_run_id: UUID | None, name: str | None, tags: list[str] | None,
-                  metadata: dict[str, Any] | None) -> _Run:
+    def _remember(
+        self,
+        run_id: UUID,
+        parent_run_id: UUID | None,
+        name: str | None,
+        tags: list[str] | None,
+        metadata: dict[str, Any] | None,
+    ) -> _Run:
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         metadata_role = (metadata or {}).get(ROLE_KEY)
         metadata_role = metadata_role if isinstance(metadata_role, str) and metadata_role else None
@@ -82,8 +89,9 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
         internal = name if name and _is_agent_node(name, tags, metadata) else None
         user_name = name if name and internal is None and not self._is_generic(name) else None
         recorder = current_recorder() or (parent.recorder if parent is not None else None)
-        run = _Run(parent_run_id, explicit, user_name, internal, metadata_role, tag_role or None, recorder,
-                   current_role())
+        run = _Run(
+            parent_run_id, explicit, user_name, internal, metadata_role, tag_role or None, recorder, current_role()
+        )
         self._runs[run_id] = run
         return run
 
@@ -116,9 +124,17 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             return now
         return model_name or (self._nearest(run, "internal")[1] if internal else None)
 
-    def on_chain_start(self, serialized: dict[str, Any] | None, inputs: Any, *, run_id: UUID,
-                       parent_run_id: UUID | None = None, tags: list[str] | None = None,
-                       metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self._remember(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
@@ -126,9 +142,17 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
 
     on_chain_error = on_chain_end  # (error, run_id=...): the same shape
 
-    def on_chat_model_start(self, serialized: dict[str, Any] | None, messages: Any, *, run_id: UUID,
-                            parent_run_id: UUID | None = None, tags: list[str] | None = None,
-                            metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any] | None,
+        messages: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         # A model run's `name` is only ever an explicit run_name (LangChain passes None otherwise). The model
         # instance's own name (`ChatOpenAI(name="writer")`) is the fallback when nothing around it names a role.
         run = self._remember(run_id, parent_run_id, kwargs.get("name"), tags, metadata)
@@ -149,19 +173,32 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
 
     on_llm_error = on_llm_end
 
-    def on_tool_start(self, serialized: dict[str, Any] | None, input_str: str, *, run_id: UUID,
-                      parent_run_id: UUID | None = None, tags: list[str] | None = None,
-                      metadata: dict[str, Any] | None = None, inputs: dict[str, Any] | None = None, **kwargs: Any
-                      ) -> None:
+    def on_tool_start(
+        self,
+        serialized: dict[str, Any] | None,
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        tags: list[str] | None = None,
+        metadata: dict[str, Any] | None = None,
+        inputs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         run = self._remember(run_id, parent_run_id, None, tags, metadata)
         if run.recorder is None:
             return
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         name = kwargs.get("name") or (serialized or {}).get("name") or "tool"
         # The role speaking around the tool, else (when None) the role of the LLM call that asked for it.
-        run.tool = PendingTool(run.recorder, name=name, arguments=inputs if inputs is not None else input_str,
-                               role=self._speaking(parent, internal=False), adapter="langchain",
-                               tool_call_id=kwargs.get("tool_call_id"))
+        run.tool = PendingTool(
+            run.recorder,
+            name=name,
+            arguments=inputs if inputs is not None else input_str,
+            role=self._speaking(parent, internal=False),
+            adapter="langchain",
+            tool_call_id=kwargs.get("tool_call_id"),
+        )
 
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         run = self._runs.pop(run_id, None)

@@ -41,8 +41,9 @@ def _close_raw_too(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, 
             raw.close()
 
 
-async def _aclose_raw_too(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-                          ) -> Any:
+async def _aclose_raw_too(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     try:
         return await wrapped(*args, **kwargs)
     finally:
@@ -50,6 +51,11 @@ async def _aclose_raw_too(wrapped: Callable[..., Any], instance: Any, args: tupl
             await raw.close()
 
 
-_PATCH = Patch(openai, _TARGETS, tuple((module, cls, "close", _aclose_raw_too if is_async else _close_raw_too)
-                                      for module, cls, is_async in _HELPERS))
+_PATCH = Patch(
+    openai,
+    _TARGETS,
+    tuple(
+        (module, cls, "close", _aclose_raw_too if is_async else _close_raw_too) for module, cls, is_async in _HELPERS
+    ),
+)
 install, uninstall, is_installed = _PATCH.install, _PATCH.uninstall, _PATCH.is_installed

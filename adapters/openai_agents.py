@@ -98,11 +98,16 @@ def _observer(hook: Callable[..., None]) -> Callable[..., Any]:
 
 
 _SPANS = "agents.tracing.spans"
-_PATCH = Patch(extra=(
-    *((_SPANS, cls, method, _observer(hook)) for cls in ("SpanImpl", "NoOpSpan")
-      for method, hook in (("start", _on_start), ("finish", _on_finish), ("set_error", _on_error))),
-    ("mcp.client.session", "ClientSession", "call_tool", _mcp_call),
-))
+_PATCH = Patch(
+    extra=(
+        *(
+            (_SPANS, cls, method, _observer(hook))
+            for cls in ("SpanImpl", "NoOpSpan")
+            for method, hook in (("start", _on_start), ("finish", _on_finish), ("set_error", _on_error))
+        ),
+        ("mcp.client.session", "ClientSession", "call_tool", _mcp_call),
+    )
+)
 install, is_installed = _PATCH.install, _PATCH.is_installed
 
 

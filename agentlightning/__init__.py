@@ -11,16 +11,20 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 # public name -> module that defines it
-_EXPORTS: dict[str, str] = {name: module for module, names in {
-    "agentlightning.types": ("Call", "Reward", "Rollout", "Transition", "LLM", "ErrorInfo"),
-    "agentlightning._decorator": ("rollout", "RolloutAgent"),
-    "agentlightning.capture": ("role", "emit_reward", "instrument", "uninstrument"),
-    "agentlightning._run": ("run", "arun"),
-    "agentlightning.rl.transitions": ("transitions",),
-    "agentlightning.trainers": ("train",),
-    "agentlightning.trainers.policies": ("Policy",),
-    "agentlightning.client": ("Client", "RayWorkers"),
-}.items() for name in names}
+_EXPORTS: dict[str, str] = {
+    name: module
+    for module, names in {
+        "agentlightning.types": ("Call", "Reward", "Rollout", "Transition", "LLM", "ErrorInfo"),
+        "agentlightning._decorator": ("rollout", "RolloutAgent"),
+        "agentlightning.capture": ("role", "emit_reward", "instrument", "uninstrument"),
+        "agentlightning._run": ("run", "arun"),
+        "agentlightning.rl.transitions": ("transitions",),
+        "agentlightning.trainers": ("train",),
+        "agentlightning.trainers.policies": ("Policy",),
+        "agentlightning.client": ("Client", "RayWorkers"),
+    }.items()
+    for name in names
+}
 
 __all__ = sorted(_EXPORTS)
 

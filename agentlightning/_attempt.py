@@ -17,7 +17,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from agentlightning.capture import (
-    RolloutRecorder, current_recorder, enable_auto_instrumentation, explain_rollout, recording,
+    RolloutRecorder,
+    current_recorder,
+    enable_auto_instrumentation,
+    explain_rollout,
+    recording,
 )
 from agentlightning.protocol import task_id_for
 from agentlightning.types import LLM, ErrorInfo, Reward, Rollout, RolloutStatus, check_finite, new_id
@@ -39,13 +43,28 @@ class Agent(Protocol):
 class Attempt:
     """One run of ``agent`` on ``task`` against ``llm``, recorded into :attr:`rollout`: :meth:`run` or :meth:`arun`."""
 
-    def __init__(self, agent: Agent, task: Any, llm: LLM, *, rollout_id: str | None = None,
-                 task_id: str | None = None, group_id: str | None = None, attempt: int = 1) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        task: Any,
+        llm: LLM,
+        *,
+        rollout_id: str | None = None,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        attempt: int = 1,
+    ) -> None:
         self.agent, self.task, self.llm = agent, task, llm
         self.rollout = Rollout(
-            rollout_id=rollout_id or new_id("ro"), task_id=task_id or task_id_for(task), task=task,
-            group_id=group_id, attempt=attempt, status="running", model_version=llm.model_version,
-            trainable_roles=agent.roles, timings={"start": time.time()},
+            rollout_id=rollout_id or new_id("ro"),
+            task_id=task_id or task_id_for(task),
+            task=task,
+            group_id=group_id,
+            attempt=attempt,
+            status="running",
+            model_version=llm.model_version,
+            trainable_roles=agent.roles,
+            timings={"start": time.time()},
         )
         self.recorder = RolloutRecorder(self.rollout.rollout_id, model_version=llm.model_version)
         self._returned, self._thread = threading.Event(), None
@@ -67,15 +86,20 @@ class Attempt:
         enable_auto_instrumentation()
         logging.getLogger().addHandler(_LOG_HANDLER)  # once per process: addHandler skips a handler already there
 
-    def run(self, timeout: float | None = None, on_tick: Callable[[], bool] | None = None, tick: float = 1.0
-            ) -> Rollout:
+    def run(
+        self, timeout: float | None = None, on_tick: Callable[[], bool] | None = None, tick: float = 1.0
+    ) -> Rollout:
         """Run the agent on a daemon thread (with a copy of this context) and return the finished rollout: at
         ``timeout`` seconds as 'timeout' (the thread is left running); ``on_tick`` is called every ``tick`` seconds
         meanwhile (a heartbeat) and returns False when the attempt was taken away ('cancelled'). Agent errors are
         recorded, never raised; a task that cannot start raises (see :meth:`start`)."""
         self.start()
-        self._thread = threading.Thread(target=contextvars.copy_context().run, args=(self._call,), daemon=True,
-                                        name=f"agl-{self.rollout.rollout_id}")
+        self._thread = threading.Thread(
+            target=contextvars.copy_context().run,
+            args=(self._call,),
+            daemon=True,
+            name=f"agl-{self.rollout.rollout_id}",
+        )
         self._thread.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -134,10 +158,19 @@ class Attempt:
             except Exception as exc:  # noqa: BLE001 - a bad reward fails this rollout only
                 error = exc
         if error is not None:
-            logger.warning("rollout %s of agent %r failed: %s: %s", self.rollout.rollout_id, self.agent.name,
-                           type(error).__name__, error)
-            return self._close("failed", ErrorInfo(type=type(error).__name__, message=str(error),
-                                                   traceback="".join(traceback.format_exception(error))))
+            logger.warning(
+                "rollout %s of agent %r failed: %s: %s",
+                self.rollout.rollout_id,
+                self.agent.name,
+                type(error).__name__,
+                error,
+            )
+            return self._close(
+                "failed",
+                ErrorInfo(
+                    type=type(error).__name__, message=str(error), traceback="".join(traceback.format_exception(error))
+                ),
+            )
         if self.agent.reward is not None or value is None:
             self.rollout.output = _jsonable(self._output)
         if value is not None:
@@ -181,8 +214,9 @@ class _RolloutLogs(logging.Handler):
         recorder = current_recorder()
         try:
             if recorder is not None:
-                recorder.logs.append(f"{time.strftime('%H:%M:%S')} {record.levelname} {record.name}: "
-                                     f"{record.getMessage()}")
+                recorder.logs.append(
+                    f"{time.strftime('%H:%M:%S')} {record.levelname} {record.name}: {record.getMessage()}"
+                )
         except Exception:  # noqa: BLE001 - a bad log message must never break the agent
             pass
 

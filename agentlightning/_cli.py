@@ -72,8 +72,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (beyond loopback needs --token)")
     parser.add_argument("--port", type=int, default=4747)
     parser.add_argument("--store", default="agl-store.db", help="SQLite file (reopening it resumes)")
-    parser.add_argument("--token", default=os.environ.get("AGL_SERVER_TOKEN"),
-                        help="bearer token clients must send (default $AGL_SERVER_TOKEN)")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("AGL_SERVER_TOKEN"),
+        help="bearer token clients must send (default $AGL_SERVER_TOKEN)",
+    )
     parser.add_argument("--upstream", help="OpenAI-compatible base URL the proxy forwards to, e.g. http://h:8000/v1")
     parser.add_argument("--model-name", help="model name to request upstream")
     parser.add_argument("--model-version", help="version stamped on recorded calls (default: the model name)")
@@ -83,13 +86,26 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="default seconds per rollout")
     parser.add_argument("--max-attempts", type=int, default=3, help="attempts per rollout (retries + 1)")
     parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body accepted")
-    parser.add_argument("--upstream-retry-window", type=float, default=120.0,
-                        help="seconds the proxy retries an upstream that is down or answers 429/5xx")
-    parser.add_argument("--requeue-delay", type=float, default=2.0,
-                        help="seconds before a failed attempt is leased again (doubling per attempt, up to 60)")
+    parser.add_argument(
+        "--upstream-retry-window",
+        type=float,
+        default=120.0,
+        help="seconds the proxy retries an upstream that is down or answers 429/5xx",
+    )
+    parser.add_argument(
+        "--requeue-delay",
+        type=float,
+        default=2.0,
+        help="seconds before a failed attempt is leased again (doubling per attempt, up to 60)",
+    )
     parser.add_argument("--public-url", help="URL clients reach this server at (default http://host:port)")
-    parser.add_argument("--collect", type=int, metavar="K", default=0,
-                        help="when a client attaches a dataset, run K rollouts per task, then stop everyone")
+    parser.add_argument(
+        "--collect",
+        type=int,
+        metavar="K",
+        default=0,
+        help="when a client attaches a dataset, run K rollouts per task, then stop everyone",
+    )
     parser.add_argument("--model", help="train this model on the rollouts clients run (agentlightning.trainers.serve)")
 
 
@@ -98,14 +114,25 @@ def server_from_args(args: argparse.Namespace) -> Any:
     from agentlightning.server import LightningServer, Settings
 
     settings = Settings(
-        lease_seconds=args.lease, rollout_timeout=args.timeout, max_attempts=args.max_attempts,
-        max_body_bytes=int(args.max_body_mb * 1024 * 1024), upstream_retry_window=args.upstream_retry_window,
+        lease_seconds=args.lease,
+        rollout_timeout=args.timeout,
+        max_attempts=args.max_attempts,
+        max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        upstream_retry_window=args.upstream_retry_window,
         requeue_delay=args.requeue_delay,
     )
     return LightningServer(
-        args.store, upstream_url=args.upstream, host=args.host, port=args.port, token=args.token,
-        model_name=args.model_name, model_version=args.model_version, upstream_api_key=args.upstream_api_key,
-        logprobs=args.logprobs, settings=settings, public_url=args.public_url,
+        args.store,
+        upstream_url=args.upstream,
+        host=args.host,
+        port=args.port,
+        token=args.token,
+        model_name=args.model_name,
+        model_version=args.model_version,
+        upstream_api_key=args.upstream_api_key,
+        logprobs=args.logprobs,
+        settings=settings,
+        public_url=args.public_url,
     )
 
 
@@ -113,8 +140,9 @@ def _serve_training(args: argparse.Namespace, extra: list[str]) -> int:
     try:
         from agentlightning.trainers.serve import serve_training
     except ImportError as exc:
-        raise RuntimeError(f"agl server --model needs the training extra: pip install 'agentlightning[train]' ({exc})"
-                           ) from None
+        raise RuntimeError(
+            f"agl server --model needs the training extra: pip install 'agentlightning[train]' ({exc})"
+        ) from None
     return serve_training(server_from_args(args), args, extra)
 
 
@@ -160,23 +188,41 @@ def _client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset-id", help="id of a dataset already on the server")
     parser.add_argument("--nworkers", type=int, default=-1, help="worker processes (-1: one per core)")
     parser.add_argument("--timeout", type=float, help="seconds per rollout (default: the server's)")
-    parser.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
-                        help="run the workers as Ray actors on the cluster at ADDRESS (auto, ray://head:10001; "
-                             "default $RAY_ADDRESS, else a local cluster); --nworkers -1: as many as its CPUs allow")
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run the workers as Ray actors on the cluster at ADDRESS (auto, ray://head:10001; "
+        "default $RAY_ADDRESS, else a local cluster); --nworkers -1: as many as its CPUs allow",
+    )
     parser.add_argument("--cpus-per-worker", type=float, default=1.0, help="CPUs each Ray worker reserves")
-    parser.add_argument("--runtime-env-json", type=json.loads, metavar="JSON",
-                        help='Ray runtime environment of the workers, e.g. \'{"working_dir": "."}\' to ship the agent')
+    parser.add_argument(
+        "--runtime-env-json",
+        type=json.loads,
+        metavar="JSON",
+        help='Ray runtime environment of the workers, e.g. \'{"working_dir": "."}\' to ship the agent',
+    )
 
 
 def _client(args: argparse.Namespace) -> int:
     from agentlightning.client import Client, RayWorkers  # RayWorkers imports Ray once they start
 
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
-    workers = None if args.ray is None else RayWorkers(args.ray or None, args.nworkers, args.cpus_per_worker,
-                                                         runtime_env=args.runtime_env_json)
+    workers = (
+        None
+        if args.ray is None
+        else RayWorkers(args.ray or None, args.nworkers, args.cpus_per_worker, runtime_env=args.runtime_env_json)
+    )
     Client(args.server_url, token=args.token).train(
-        args.agent, dataset=args.dataset, dataset_id=args.dataset_id, nworkers=args.nworkers, timeout=args.timeout,
-        workers=workers, log_level=logging.getLogger().level)
+        args.agent,
+        dataset=args.dataset,
+        dataset_id=args.dataset_id,
+        nworkers=args.nworkers,
+        timeout=args.timeout,
+        workers=workers,
+        log_level=logging.getLogger().level,
+    )
     return 0
 
 
@@ -185,13 +231,19 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", required=True, help="JSONL or JSON file of training tasks")
     parser.add_argument("--val-dataset", help="JSONL or JSON file of held-out tasks")
     parser.add_argument("--config", help="JSON (or YAML, with PyYAML) file of TrainConfig fields")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="FIELD=VALUE",
-                        help="a TrainConfig field (value read as JSON, else text), e.g. group_size=8, vllm.sync=disk")
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a TrainConfig field (value read as JSON, else text), e.g. group_size=8, vllm.sync=disk",
+    )
 
 
 def _train(args: argparse.Namespace) -> int:
-    from agentlightning.client._worker import load_agent
     from agentlightning.client._client import load_records
+    from agentlightning.client._worker import load_agent
     from agentlightning.trainers import train
     from agentlightning.trainers.config import load_config
 
@@ -256,8 +308,10 @@ def _show(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]
 
     api = _api(args)
     try:
-        return (api.request("GET", f"/rollouts/{args.rollout_id}", retry_for=5.0),
-                api.request("GET", f"/rollouts/{args.rollout_id}/attempts", retry_for=5.0))
+        return (
+            api.request("GET", f"/rollouts/{args.rollout_id}", retry_for=5.0),
+            api.request("GET", f"/rollouts/{args.rollout_id}/attempts", retry_for=5.0),
+        )
     except ServerError as exc:
         raise ValueError(exc.message) from None
 
@@ -281,14 +335,18 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     for row in rows:
         reward = "" if row["final_reward"] is None else f"{row['final_reward']:.3g}"
         ended = time.strftime("%H:%M:%S", time.localtime(row["ended"])) if row["ended"] else ""
-        print(f"{row['rollout_id']:<22} {row['status']:<10} {row['attempt']:>3} {str(row['task_id'])[:18]:<18} "
-              f"{reward:>7} {row['n_calls'] if row['n_calls'] is not None else '':>5} "
-              f"{str(row['model_version'] or '')[:12]:<12} {ended}")
+        print(
+            f"{row['rollout_id']:<22} {row['status']:<10} {row['attempt']:>3} {str(row['task_id'])[:18]:<18} "
+            f"{reward:>7} {row['n_calls'] if row['n_calls'] is not None else '':>5} "
+            f"{str(row['model_version'] or '')[:12]:<12} {ended}"
+        )
 
 
 def _print_rollout(rollout: dict[str, Any], attempts: list[dict[str, Any]], tokens: bool) -> None:
-    print(f"rollout {rollout['rollout_id']}  status={rollout['status']}  attempt={rollout['attempt']}  "
-          f"task={rollout['task_id']}  group={rollout['group_id']}  model={rollout['model_version']}")
+    print(
+        f"rollout {rollout['rollout_id']}  status={rollout['status']}  attempt={rollout['attempt']}  "
+        f"task={rollout['task_id']}  group={rollout['group_id']}  model={rollout['model_version']}"
+    )
     print(f"task: {json.dumps(rollout['task'])[:200]}")
     print(f"final reward: {rollout['final_reward']}")
     if rollout.get("error"):
@@ -297,8 +355,10 @@ def _print_rollout(rollout: dict[str, Any], attempts: list[dict[str, Any]], toke
         prompt, completion = call.get("prompt_token_ids"), call.get("completion_token_ids")
         output = call.get("output") or {}
         content = output.get("content") if isinstance(output, dict) else output
-        print(f"  [{call['sequence']}] {call['kind']} role={call['role']} name={call['name']} status={call['status']} "
-              f"tokens={len(prompt or [])}+{len(completion or [])} source={call['token_source']}")
+        print(
+            f"  [{call['sequence']}] {call['kind']} role={call['role']} name={call['name']} status={call['status']} "
+            f"tokens={len(prompt or [])}+{len(completion or [])} source={call['token_source']}"
+        )
         if content:
             print(f"      -> {str(content)[:160]!r}")
         if tokens:
@@ -308,8 +368,10 @@ def _print_rollout(rollout: dict[str, Any], attempts: list[dict[str, Any]], toke
         print(f"  reward {reward['value']} source={reward['source']} call={reward['call_id']}")
     for attempt in attempts:
         error = attempt.get("error") or {}
-        print(f"  attempt {attempt['attempt']}: {attempt['status']} worker={attempt['worker_id']}"
-              + (f" error={error.get('type')}: {error.get('message')}" if error else ""))
+        print(
+            f"  attempt {attempt['attempt']}: {attempt['status']} worker={attempt['worker_id']}"
+            + (f" error={error.get('type')}: {error.get('message')}" if error else "")
+        )
     for line in rollout.get("logs", [])[-20:]:
         print(f"  log: {line}")
 

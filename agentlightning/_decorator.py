@@ -17,8 +17,14 @@ class RolloutAgent:
     """An agent function decorated with ``@agl.rollout``: calling it calls the function unchanged; :meth:`execute` /
     :meth:`aexecute` run it once on a task with capture on and return a finished :class:`~agentlightning.Rollout`."""
 
-    def __init__(self, func: Callable[..., Any], *, roles: Sequence[str] | None = None,
-                 reward: RewardFunction | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        *,
+        roles: Sequence[str] | None = None,
+        reward: RewardFunction | None = None,
+        name: str | None = None,
+    ) -> None:
         if not callable(func):
             raise TypeError(f"@agl.rollout must decorate a function, got {type(func).__name__} {preview(func)}")
         if roles is not None and (isinstance(roles, str) or not all(isinstance(r, str) and r for r in roles)):
@@ -54,8 +60,13 @@ class RolloutAgent:
         return await Attempt(self, task, llm, **rollout_fields).arun(timeout)
 
 
-def rollout(func: Callable[..., Any] | None = None, *, roles: Sequence[str] | None = None,
-            reward: RewardFunction | None = None, name: str | None = None) -> Any:
+def rollout(
+    func: Callable[..., Any] | None = None,
+    *,
+    roles: Sequence[str] | None = None,
+    reward: RewardFunction | None = None,
+    name: str | None = None,
+) -> Any:
     """Mark an agent function ``(task, llm[, rollout]) -> reward`` as trainable.
 
     Use bare (``@agl.rollout``: every role trainable) or with options:

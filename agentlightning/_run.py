@@ -18,8 +18,14 @@ from agentlightning.types import LLM, Rollout
 logger = logging.getLogger(__name__)
 
 
-def run(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], llm: LLM | Mapping[str, Any], *,
-        n_workers: int = 4, timeout: float | None = None) -> list[Rollout]:
+def run(
+    agent: RolloutAgent | Callable[..., Any],
+    tasks: Iterable[Any],
+    llm: LLM | Mapping[str, Any],
+    *,
+    n_workers: int = 4,
+    timeout: float | None = None,
+) -> list[Rollout]:
     """Run ``agent`` once per task with capture and return the finished rollouts in task order.
 
     - ``agent``: an ``@agl.rollout`` function, or a plain ``(task, llm[, rollout])`` function (as if decorated);
@@ -41,16 +47,23 @@ def run(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], llm: LLM
         return _summarised(agent, pool.submit(asyncio.run, main).result(), started)
 
 
-async def arun(agent: RolloutAgent | Callable[..., Any], tasks: Iterable[Any], llm: LLM | Mapping[str, Any], *,
-               n_workers: int = 4, timeout: float | None = None) -> list[Rollout]:
+async def arun(
+    agent: RolloutAgent | Callable[..., Any],
+    tasks: Iterable[Any],
+    llm: LLM | Mapping[str, Any],
+    *,
+    n_workers: int = 4,
+    timeout: float | None = None,
+) -> list[Rollout]:
     """Async :func:`run`, for callers already inside an event loop. Sync agents run in worker threads."""
     agent, task_list, llm, n_workers, timeout = _check_arguments(agent, tasks, llm, n_workers, timeout)
     started = time.perf_counter()
     return _summarised(agent, await _run_all(agent, task_list, llm, n_workers, timeout), started)
 
 
-def _check_arguments(agent: Any, tasks: Any, llm: Any, n_workers: Any, timeout: Any
-                     ) -> tuple[RolloutAgent, list[Any], LLM, int, float | None]:
+def _check_arguments(
+    agent: Any, tasks: Any, llm: Any, n_workers: Any, timeout: Any
+) -> tuple[RolloutAgent, list[Any], LLM, int, float | None]:
     if not isinstance(agent, RolloutAgent):
         if not callable(agent):
             raise TypeError(f"agl.run(agent=...) must be an @agl.rollout function or a callable, got {agent!r}")
@@ -74,8 +87,9 @@ def _check_arguments(agent: Any, tasks: Any, llm: Any, n_workers: Any, timeout: 
     return agent, list(tasks), llm, n_workers, None if timeout is None else float(timeout)
 
 
-async def _run_all(agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int, timeout: float | None
-                   ) -> list[Rollout]:
+async def _run_all(
+    agent: RolloutAgent, tasks: list[Any], llm: LLM, n_workers: int, timeout: float | None
+) -> list[Rollout]:
     """``n_workers`` attempts at a time: async agents as tasks of this loop, sync ones on daemon threads."""
     semaphore = asyncio.Semaphore(n_workers)
 
@@ -99,12 +113,21 @@ def _summarised(agent: RolloutAgent, rollouts: list[Rollout], started: float) ->
     ran = [rollout for rollout in rollouts if rollout.timings.get("duration", 0.0) > 0 or rollout.calls]
     empty = [rollout for rollout in ran if not rollout.llm_calls]
     if ran and len(empty) == len(ran):
-        logger.warning("agl.run: none of the %d rollouts of %r captured an LLM call: %s", len(ran), agent.name,
-                       empty[0].diagnostics[0] if empty[0].diagnostics else "see rollout.diagnostics")
+        logger.warning(
+            "agl.run: none of the %d rollouts of %r captured an LLM call: %s",
+            len(ran),
+            agent.name,
+            empty[0].diagnostics[0] if empty[0].diagnostics else "see rollout.diagnostics",
+        )
     if agent.roles is not None:
         seen = {call.role for rollout in rollouts for call in rollout.llm_calls}
         unused = unmatched_patterns(agent.roles, seen)
         if unused and any(rollout.llm_calls for rollout in rollouts):
-            logger.warning("agl.run: roles %s of agent %r matched no LLM call in any of the %d rollouts; role names "
-                           "seen: %s", unused, agent.name, len(rollouts), sorted(r for r in seen if r) or "none")
+            logger.warning(
+                "agl.run: roles %s of agent %r matched no LLM call in any of the %d rollouts; role names seen: %s",
+                unused,
+                agent.name,
+                len(rollouts),
+                sorted(r for r in seen if r) or "none",
+            )
     return rollouts

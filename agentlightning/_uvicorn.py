@@ -16,8 +16,9 @@ class BackgroundServer:
     requests are accepted. Keyword arguments go to :class:`uvicorn.Config` (defaults: warnings only, no access log, no
     lifespan)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, name: str = "server",
-                 **config: Any) -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, name: str = "server", **config: Any
+    ) -> None:
         self.host = host
         self.port = port
         self.name = name

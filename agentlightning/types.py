@@ -48,8 +48,9 @@ class LLM(Record):
     base_url: str = Field(description="OpenAI-compatible base URL, e.g. 'http://127.0.0.1:4747/rollouts/ro-1/v1'.")
     model: str = Field(description="Model name to put in requests.")
     api_key: str = Field(default="EMPTY", description="API key; local servers accept any value.")
-    sampling_parameters: dict[str, Any] = Field(default_factory=dict, description="Suggested sampling parameters "
-                                                "(temperature, top_p, max_tokens, ...).")
+    sampling_parameters: dict[str, Any] = Field(
+        default_factory=dict, description="Suggested sampling parameters (temperature, top_p, max_tokens, ...)."
+    )
     model_version: str | None = Field(default=None, description="Version of the weights served at base_url.")
 
 
@@ -63,25 +64,33 @@ class Call(Record):
     role: str | None = Field(default=None, description="Component speaking (agent name, chain step, agl.role).")
     name: str | None = Field(default=None, description="Model name for LLM calls, tool name for tool calls.")
     input: Any = Field(default=None, description="Chat messages / Responses input for LLM calls; arguments for tools.")
-    output: Any = Field(default=None, description="LLM calls: {'content': str | None, 'tool_calls': [...], "
-                        "'finish_reason': str}; tools: result.")
+    output: Any = Field(
+        default=None,
+        description="LLM calls: {'content': str | None, 'tool_calls': [...], 'finish_reason': str}; tools: result.",
+    )
     tools: list[dict[str, Any]] | None = Field(default=None, description="Tool schemas offered to the LLM.")
     prompt_token_ids: list[int] | None = Field(default=None, description="Exact prompt token ids, when known.")
     completion_token_ids: list[int] | None = Field(default=None, description="Exact completion token ids, when known.")
-    completion_logprobs: list[float] | None = Field(default=None, description="Log-probability of each completion "
-                                                    "token under the sampling policy.")
-    token_source: TokenSource | None = Field(default=None, description="Where the token ids came from: 'server' "
-                                             "(recorded by our proxy), 'response' (fields returned by the backend to "
-                                             "the client), 'retokenized' (rebuilt from text; a logged fallback), None "
-                                             "(unknown).")
+    completion_logprobs: list[float] | None = Field(
+        default=None, description="Log-probability of each completion token under the sampling policy."
+    )
+    token_source: TokenSource | None = Field(
+        default=None,
+        description="Where the token ids came from: 'server' "
+        "(recorded by our proxy), 'response' (fields returned by the backend to "
+        "the client), 'retokenized' (rebuilt from text; a logged fallback), None "
+        "(unknown).",
+    )
     status: CallStatus = Field(default="ok", description="'error' if the call raised or the tool reported failure.")
     error: str | None = Field(default=None, description="Error type and message when status is 'error'.")
     parent_call_id: str | None = Field(default=None, description="For tool calls: the LLM call that requested it.")
     response_id: str | None = Field(default=None, description="Id the backend gave the response (joins proxy data).")
     start_time: float = Field(default_factory=time.time, description="Unix time when the call started.")
     end_time: float | None = Field(default=None, description="Unix time when the call finished.")
-    metadata: dict[str, Any] = Field(default_factory=dict, description="Endpoint, api, sampling parameters, usage, "
-                                     "model_version, stream flag and adapter details.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Endpoint, api, sampling parameters, usage, model_version, stream flag and adapter details.",
+    )
 
     @property
     def latency(self) -> float | None:
@@ -127,13 +136,16 @@ class Rollout(Record):
     output: Any = Field(default=None, description="What the agent function returned (when not the reward).")
     error: ErrorInfo | None = Field(default=None, description="Why the rollout failed or timed out.")
     logs: list[str] = Field(default_factory=list, description="Log lines captured while the agent ran.")
-    diagnostics: list[str] = Field(default_factory=list, description="Plain-words explanations, e.g. why no LLM call "
-                                   "or reward was captured.")
+    diagnostics: list[str] = Field(
+        default_factory=list, description="Plain-words explanations, e.g. why no LLM call or reward was captured."
+    )
     model_version: str | None = Field(default=None, description="Model version that served the rollout.")
-    trainable_roles: list[str] | None = Field(default=None, description="Role names or glob patterns selected for "
-                                              "training; None means all.")
-    timings: dict[str, float] = Field(default_factory=dict, description="'start', 'end' (unix time) and 'duration' "
-                                      "(seconds).")
+    trainable_roles: list[str] | None = Field(
+        default=None, description="Role names or glob patterns selected for training; None means all."
+    )
+    timings: dict[str, float] = Field(
+        default_factory=dict, description="'start', 'end' (unix time) and 'duration' (seconds)."
+    )
 
     @property
     def llm_calls(self) -> list[Call]:

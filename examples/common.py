@@ -231,18 +231,34 @@ class MockPolicyBackend:
         return ("mock-model", "base") if policy is None else (f"mock-{policy}", self.versions.get(policy, "v0"))
 
 
-def policy_dry_run(plan: dict[str, Any], handler: Any, tasks: Sequence[Any], policies: dict[str, Any],
-                   output_dir: Path, steps: int = 2) -> Any:
+def policy_dry_run(
+    plan: dict[str, Any], handler: Any, tasks: Sequence[Any], policies: dict[str, Any], output_dir: Path, steps: int = 2
+) -> Any:
     """``agl.train`` with ``policies`` for ``steps`` steps on ``tasks`` (see :class:`MockPolicyBackend`)."""
-    import agentlightning as agl
     from agentlightning.trainers.models import tiny_model
+
+    import agentlightning as agl
 
     model, tokenizer = tiny_model(hidden_size=64)
     return agl.train(
-        plan["agent"], list(tasks), model=model, tokenizer=tokenizer, policies=policies,
-        backend=MockPolicyBackend(handler), group_size=2, tasks_per_step=len(tasks), max_steps=steps,
-        learning_rate=1e-3, micro_batch_size=8, max_completion_length=256, nworkers=2, output_dir=output_dir,
-        progress=False, save_model=False, val_every=0, air=plan.get("air"),
+        plan["agent"],
+        list(tasks),
+        model=model,
+        tokenizer=tokenizer,
+        policies=policies,
+        backend=MockPolicyBackend(handler),
+        group_size=2,
+        tasks_per_step=len(tasks),
+        max_steps=steps,
+        learning_rate=1e-3,
+        micro_batch_size=8,
+        max_completion_length=256,
+        nworkers=2,
+        output_dir=output_dir,
+        progress=False,
+        save_model=False,
+        val_every=0,
+        air=plan.get("air"),
     )
 
 
@@ -295,7 +311,6 @@ def training_kwargs(arguments: argparse.Namespace) -> dict[str, Any]:
 def load_policy(arguments: argparse.Namespace) -> tuple[Any, Any]:
     """``(model, tokenizer)`` to train, on the GPU when there is one."""
     import torch
-
     from agentlightning.trainers.models import load_model
 
     device = arguments.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -313,8 +328,9 @@ def run_recipe(
 ) -> int:
     """The shared end of every ``train.py``: ``--dry-run`` against the mock model, else ``agl.train`` on the policy."""
     if arguments.dry_run:
-        result = mock_dry_run(plan["agent"], dry_run_tasks, mock_handler(dry_run_tasks), group_size=group_size,
-                              air=plan.get("air"))
+        result = mock_dry_run(
+            plan["agent"], dry_run_tasks, mock_handler(dry_run_tasks), group_size=group_size, air=plan.get("air")
+        )
         print_dry_run(result)
         return 0
     import agentlightning as agl

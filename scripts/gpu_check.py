@@ -33,17 +33,44 @@ from typing import Any
 import torch
 
 SIZES = {  # Qwen2 shapes; "tiny" is for a dry run on CPU
-    "tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=4096),
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151936),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, vocab_size=151936),
-    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, vocab_size=152064),
+    "tiny": dict(
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=4096,
+    ),
+    "0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+    ),
+    "1.5b": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+    ),
+    "7b": dict(
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        vocab_size=152064,
+    ),
 }
 PEAKS = {  # dense bf16 FLOP/s and HBM bytes/s from the vendors' data sheets (SXM parts)
-    "H200": (989e12, 4.8e12), "H100": (989e12, 3.35e12), "A100": (312e12, 2.0e12), "L40S": (362e12, 0.864e12),
+    "H200": (989e12, 4.8e12),
+    "H100": (989e12, 3.35e12),
+    "A100": (312e12, 2.0e12),
+    "L40S": (362e12, 0.864e12),
 }
 
 
@@ -104,9 +131,14 @@ def _generation(model: Any, engine_cls: Any, params_cls: Any, args: argparse.Nam
             seconds = time.perf_counter() - started
             tokens = sum(len(s.token_ids) for s in samples)
             steps_per_s = args.new_tokens / seconds
-            report(f"generate/batch{batch}", tokens_per_s=tokens / seconds, seconds=seconds, tokens=tokens,
-                   decode_bandwidth_share=steps_per_s * weight_bytes / args.bandwidth if args.bandwidth else None,
-                   compute_share=2 * args.params * tokens / seconds / args.flops)
+            report(
+                f"generate/batch{batch}",
+                tokens_per_s=tokens / seconds,
+                seconds=seconds,
+                tokens=tokens,
+                decode_bandwidth_share=steps_per_s * weight_bytes / args.bandwidth if args.bandwidth else None,
+                compute_share=2 * args.params * tokens / seconds / args.flops,
+            )
     finally:
         engine.stop()
 
@@ -132,8 +164,13 @@ def _update(model: Any, args: argparse.Namespace, report: Any, label: str, train
         optimizer.zero_grad(set_to_none=True)
         _sync(device)
         seconds = time.perf_counter() - started
-    report(f"update/{label}", seconds=seconds, tokens=tokens, trainable_params=trainable,
-           mfu=(6 if label == "full" else 4) * args.params * tokens / seconds / args.flops)
+    report(
+        f"update/{label}",
+        seconds=seconds,
+        tokens=tokens,
+        trainable_params=trainable,
+        mfu=(6 if label == "full" else 4) * args.params * tokens / seconds / args.flops,
+    )
     with torch.no_grad(), autocast:
         for _ in range(2):  # the second is timed
             _sync(device)
@@ -141,8 +178,12 @@ def _update(model: Any, args: argparse.Namespace, report: Any, label: str, train
             for row in range(0, args.update_rows, args.micro_batch):
                 model(ids[row : row + args.micro_batch]).logits.float().log_softmax(-1)
             _sync(device)
-    report(f"logprob_forward/{label}", seconds=time.perf_counter() - started, tokens=tokens,
-           mfu=2 * args.params * tokens / (time.perf_counter() - started) / args.flops)
+    report(
+        f"logprob_forward/{label}",
+        seconds=time.perf_counter() - started,
+        tokens=tokens,
+        mfu=2 * args.params * tokens / (time.perf_counter() - started) / args.flops,
+    )
 
 
 def _vllm(model: Any, args: argparse.Namespace, report: Any) -> None:
@@ -153,18 +194,30 @@ def _vllm(model: Any, args: argparse.Namespace, report: Any) -> None:
         return
     with tempfile.TemporaryDirectory() as directory:
         model.save_pretrained(directory)
-        engine = LLM(model=directory, skip_tokenizer_init=True, dtype=args.dtype,
-                     gpu_memory_utilization=args.vllm_memory, max_model_len=args.prompt_len + args.new_tokens + 8)
+        engine = LLM(
+            model=directory,
+            skip_tokenizer_init=True,
+            dtype=args.dtype,
+            gpu_memory_utilization=args.vllm_memory,
+            max_model_len=args.prompt_len + args.new_tokens + 8,
+        )
         params = SamplingParams(max_tokens=args.new_tokens, temperature=1.0, ignore_eos=True, detokenize=False)
         for batch in [1, *args.batch]:
-            prompts = [{"prompt_token_ids": row}
-                       for row in torch.randint(1, model.config.vocab_size, (batch, args.prompt_len)).tolist()]
+            prompts = [
+                {"prompt_token_ids": row}
+                for row in torch.randint(1, model.config.vocab_size, (batch, args.prompt_len)).tolist()
+            ]
             started = time.perf_counter()
             outputs = engine.generate(prompts, params, use_tqdm=False)
             seconds = time.perf_counter() - started
             tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
-            report(f"vllm/batch{batch}", tokens_per_s=tokens / seconds, seconds=seconds, tokens=tokens,
-                   compute_share=2 * args.params * tokens / seconds / args.flops)
+            report(
+                f"vllm/batch{batch}",
+                tokens_per_s=tokens / seconds,
+                seconds=seconds,
+                tokens=tokens,
+                compute_share=2 * args.params * tokens / seconds / args.flops,
+            )
         del engine
 
 
@@ -193,14 +246,22 @@ def main(argv: list[str] | None = None) -> int:
 
     def report(label: str, **values: Any) -> None:
         results.append({"measurement": label, **values})
-        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()
-                          if v is not None)
+        shown = ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items() if v is not None
+        )
         print(f"{label}: {shown}", flush=True)
 
     name, sheet_flops, sheet_bytes, measured = _peaks(device, dtype)
     args.flops, args.bandwidth = sheet_flops or measured, sheet_bytes
-    report("device", name=name, torch=torch.__version__, dtype=args.dtype, datasheet_flops=sheet_flops,
-           datasheet_bandwidth=sheet_bytes, measured_matmul_flops=measured)
+    report(
+        "device",
+        name=name,
+        torch=torch.__version__,
+        dtype=args.dtype,
+        datasheet_flops=sheet_flops,
+        datasheet_bandwidth=sheet_bytes,
+        measured_matmul_flops=measured,
+    )
     config = Qwen2Config(**SIZES[args.size], max_position_embeddings=4096, tie_word_embeddings=args.size != "7b")
     model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
     args.params = sum(p.numel() for p in model.parameters())
@@ -216,9 +277,14 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         report("update/lora", skipped="peft not importable")
     else:
-        lora = peft.get_peft_model(train_model, peft.LoraConfig(
-            r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                 "down_proj"]))
+        lora = peft.get_peft_model(
+            train_model,
+            peft.LoraConfig(
+                r=16,
+                lora_alpha=32,
+                target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+            ),
+        )
         _update(lora, args, report, "lora", sum(p.numel() for p in lora.parameters() if p.requires_grad))
         train_model = lora.unload()
     if not args.skip_vllm:

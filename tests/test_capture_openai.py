@@ -19,8 +19,7 @@ from pydantic import BaseModel
 
 import agentlightning as agl
 from agentlightning.capture._context import RolloutRecorder, recording
-from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
-from agentlightning.testing import render_chat_prompt
+from agentlightning.testing import MockLLMServer, MockReply, MockToolCall, render_chat_prompt
 
 MESSAGES = [{"role": "system", "content": "You write SQL."}, {"role": "user", "content": "count users"}]
 TOOLS = [{"type": "function", "function": {"name": "run_sql", "parameters": {"type": "object"}}}]
@@ -52,7 +51,12 @@ def test_sync_chat_call_records_everything(server: MockLLMServer) -> None:
     recorder = RolloutRecorder("ro-sync")
     with recording(recorder), agl.role("writer"):
         sync_client(server).chat.completions.create(
-            model="qwen", messages=MESSAGES, temperature=0.3, max_tokens=64, logprobs=True, tools=TOOLS,
+            model="qwen",
+            messages=MESSAGES,
+            temperature=0.3,
+            max_tokens=64,
+            logprobs=True,
+            tools=TOOLS,
             extra_body={"top_k": 5},
         )
     call = only_call(recorder)
@@ -127,8 +131,13 @@ def test_stream_context_manager_helper_and_tool_call_stream(server: MockLLMServe
     call = only_call(recorder)
     assert final.choices[0].message.tool_calls[0].function.name == "run_sql"
     assert call.output["content"] == "let me" and call.output["finish_reason"] == "tool_calls"
-    assert call.output["tool_calls"] == [{"id": final.choices[0].message.tool_calls[0].id, "type": "function",
-                                          "function": {"name": "run_sql", "arguments": '{"q": "SELECT 1"}'}}]
+    assert call.output["tool_calls"] == [
+        {
+            "id": final.choices[0].message.tool_calls[0].id,
+            "type": "function",
+            "function": {"name": "run_sql", "arguments": '{"q": "SELECT 1"}'},
+        }
+    ]
 
 
 def test_stream_closed_early_is_recorded_once(server: MockLLMServer) -> None:
@@ -218,12 +227,16 @@ def test_responses_stream_and_tool_calls(server: MockLLMServer) -> None:
     with recording(recorder):
         with client.responses.stream(model="m", input="q") as stream:
             stream.get_final_response()
-        client.responses.create(model="m", input=[{"role": "user", "content": "use a tool"}],
-                                tools=[{"type": "function", "name": "run_sql", "parameters": {}}])
+        client.responses.create(
+            model="m",
+            input=[{"role": "user", "content": "use a tool"}],
+            tools=[{"type": "function", "name": "run_sql", "parameters": {}}],
+        )
     streamed, tool = recorder.calls
     assert streamed.output["content"] == "streamed answer" and streamed.metadata["stream"] is True
-    assert tool.output["tool_calls"] == [{"id": "call_1", "type": "function",
-                                          "function": {"name": "run_sql", "arguments": '{"q": "x"}'}}]
+    assert tool.output["tool_calls"] == [
+        {"id": "call_1", "type": "function", "function": {"name": "run_sql", "arguments": '{"q": "x"}'}}
+    ]
     assert tool.output["finish_reason"] == "tool_calls"
 
 
@@ -233,8 +246,13 @@ def test_tool_calls_non_stream(server: MockLLMServer) -> None:
     with recording(recorder):
         sync_client(server).chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS)
     call = only_call(recorder)
-    assert call.output == {"content": None, "finish_reason": "tool_calls", "tool_calls": [
-        {"id": "call_9", "type": "function", "function": {"name": "run_sql", "arguments": '{"q": "SELECT 1"}'}}]}
+    assert call.output == {
+        "content": None,
+        "finish_reason": "tool_calls",
+        "tool_calls": [
+            {"id": "call_9", "type": "function", "function": {"name": "run_sql", "arguments": '{"q": "SELECT 1"}'}}
+        ],
+    }
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -280,16 +298,17 @@ def test_outside_rollout_nothing_recorded_but_remembered_while_one_runs(server: 
     recorder = RolloutRecorder("ro")
     with recording(recorder):
         # A thread started without copying the context runs outside the rollout while it is running.
-        thread = threading.Thread(target=sync_client(server).chat.completions.create,
-                                  kwargs={"model": "m", "messages": MESSAGES})
+        thread = threading.Thread(
+            target=sync_client(server).chat.completions.create, kwargs={"model": "m", "messages": MESSAGES}
+        )
         thread.start()
         thread.join()
-    assert recorder.calls == [] and stray_calls_since(start) == [(pytest.approx(time.time(), abs=5),
-                                                                           server.base_url)]
+    assert recorder.calls == [] and stray_calls_since(start) == [(pytest.approx(time.time(), abs=5), server.base_url)]
 
 
-def test_capture_bug_never_breaks_the_agent(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch,
-                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_capture_bug_never_breaks_the_agent(
+    server: MockLLMServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     from agentlightning.adapters import _stainless
 
     def broken(*args: object, **kwargs: object) -> None:
@@ -334,8 +353,9 @@ def test_pydantic_messages_passed_back_are_recorded_as_dicts(server: MockLLMServ
     recorder = RolloutRecorder("ro")
     with recording(recorder):
         first = client.chat.completions.create(model="m", messages=MESSAGES)
-        client.chat.completions.create(model="m", messages=[*MESSAGES, first.choices[0].message,
-                                                            {"role": "user", "content": "again"}])
+        client.chat.completions.create(
+            model="m", messages=[*MESSAGES, first.choices[0].message, {"role": "user", "content": "again"}]
+        )
     second = recorder.calls[1]
     assert second.input[2]["role"] == "assistant" and second.input[2]["content"] == "echo: count users"
     json.dumps(second.model_dump(mode="json"))
@@ -396,8 +416,11 @@ def test_otel_span_with_genai_attributes(server: MockLLMServer, monkeypatch: pyt
     assert [s.attributes["agentlightning.call_id"] for s in spans] == [c.call_id for c in recorder.calls]
 
 
-@pytest.mark.parametrize("options", [{}, {"include_response_headers": True}, {"streaming": True},
-                                     {"use_responses_api": True}], ids=["default", "headers", "stream", "responses"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"include_response_headers": True}, {"streaming": True}, {"use_responses_api": True}],
+    ids=["default", "headers", "stream", "responses"],
+)
 def test_langchain_openai_calls_recorded_once(server: MockLLMServer, options: dict) -> None:
     # langchain-openai goes through with_raw_response (and .parse()) on most paths: still exactly one Call.
     chat_openai = pytest.importorskip("langchain_openai").ChatOpenAI
@@ -414,8 +437,15 @@ def test_langchain_openai_calls_recorded_once(server: MockLLMServer, options: di
 @pytest.fixture
 def dropping_server() -> Iterator[str]:
     """A loopback HTTP server that starts a chat stream, sends one chunk, and drops the connection."""
-    chunk = json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                        "choices": [{"index": 0, "delta": {"content": "half"}, "finish_reason": None}]})
+    chunk = json.dumps(
+        {
+            "id": "c1",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"content": "half"}, "finish_reason": None}],
+        }
+    )
     event = f"data: {chunk}\n\n".encode()
     listener = socket.create_server(("127.0.0.1", 0))
 
@@ -423,9 +453,10 @@ def dropping_server() -> Iterator[str]:
         connection, _ = listener.accept()
         with connection:
             connection.recv(65536)
-            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                               b"Transfer-Encoding: chunked\r\n\r\n" + f"{len(event):x}\r\n".encode() + event
-                               + b"\r\n")
+            connection.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" + f"{len(event):x}\r\n".encode() + event + b"\r\n"
+            )
 
     thread = threading.Thread(target=serve_one, daemon=True)
     thread.start()
@@ -491,7 +522,8 @@ def _call_id_in_child(base_url: str, out: multiprocessing.queues.Queue) -> None:
     recorder = RolloutRecorder("ro-child")
     with recording(recorder):
         openai.OpenAI(base_url=base_url, api_key="x", max_retries=0).chat.completions.create(
-            model="m", messages=MESSAGES)
+            model="m", messages=MESSAGES
+        )
     out.put(only_call(recorder).call_id)
 
 
@@ -514,18 +546,34 @@ def test_call_ids_are_unique_across_calls_and_forked_children(server: MockLLMSer
 
 @pytest.mark.parametrize("malformed", [["seven", None], [7.5, 8], [7, [8]], {"0": 7}])
 def test_token_ids_are_exact_copies_and_malformed_ones_do_not_lose_the_call(
-        malformed: object, caplog: pytest.LogCaptureFixture) -> None:
+    malformed: object, caplog: pytest.LogCaptureFixture
+) -> None:
     def backend(token_ids: object) -> openai.OpenAI:
-        body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
-                "prompt_token_ids": [1, 2, 3],
-                "choices": [{"index": 0, "finish_reason": "stop", "token_ids": token_ids,
-                             "message": {"role": "assistant", "content": "hi"}}]}
+        body = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "m",
+            "prompt_token_ids": [1, 2, 3],
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "token_ids": token_ids,
+                    "message": {"role": "assistant", "content": "hi"},
+                }
+            ],
+        }
 
         def handler(request: httpx2.Request) -> httpx2.Response:
             return httpx2.Response(200, json=body)
 
-        return openai.OpenAI(base_url="http://backend.local/v1", api_key="x", max_retries=0,
-                             http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
+        return openai.OpenAI(
+            base_url="http://backend.local/v1",
+            api_key="x",
+            max_retries=0,
+            http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
+        )
 
     recorder = RolloutRecorder("ro")
     with recording(recorder):
@@ -541,12 +589,21 @@ def test_token_ids_are_exact_copies_and_malformed_ones_do_not_lose_the_call(
     assert "malformed completion_token_ids" in caplog.text
 
 
-_COMPARED = ("name", "input", "tools", "output", "response_id", "prompt_token_ids", "completion_token_ids",
-             "completion_logprobs")
+_COMPARED = (
+    "name",
+    "input",
+    "tools",
+    "output",
+    "response_id",
+    "prompt_token_ids",
+    "completion_token_ids",
+    "completion_logprobs",
+)
 
 
-@pytest.mark.parametrize("api", ["chat", "chat stream", "completions", "completions stream", "responses",
-                                 "responses stream"])
+@pytest.mark.parametrize(
+    "api", ["chat", "chat stream", "completions", "completions stream", "responses", "responses stream"]
+)
 def test_capture_and_proxy_read_the_same_call_alike(tmp_path: Path, api: str) -> None:
     """The same exchange, seen by capture (the response the agent got) and by the server's proxy (the upstream's
     bytes), gives the same Call fields: one reader of the wire format (the Responses API's finish_reason too)."""
@@ -554,9 +611,16 @@ def test_capture_and_proxy_read_the_same_call_alike(tmp_path: Path, api: str) ->
 
     tools = [{"type": "function", "name": "run_sql", "parameters": {}}] if api.startswith("responses") else TOOLS
     replies = [MockReply(content="let me see", tool_calls=[MockToolCall("run_sql", {"q": "x"}, id="call_1")])]
-    with MockLLMServer(replies=replies) as mock, LightningServer(
-            tmp_path / "store.db", upstream_url=mock.base_url, model_name="mock-model", model_version="v1",
-            logprobs=True) as server:
+    with (
+        MockLLMServer(replies=replies) as mock,
+        LightningServer(
+            tmp_path / "store.db",
+            upstream_url=mock.base_url,
+            model_name="mock-model",
+            model_version="v1",
+            logprobs=True,
+        ) as server,
+    ):
         [rollout_id] = server.enqueue([{"q": "x"}])
         server.store.dequeue("worker", 30.0)
         client = openai.OpenAI(base_url=f"{server.url}/rollouts/{rollout_id}/v1", api_key="x", max_retries=0)
@@ -564,13 +628,15 @@ def test_capture_and_proxy_read_the_same_call_alike(tmp_path: Path, api: str) ->
         recorder = RolloutRecorder(rollout_id)
         with recording(recorder):
             if api.startswith("chat"):
-                reply = client.chat.completions.create(model="m", messages=MESSAGES, tools=TOOLS, stream=stream,
-                                                       temperature=0.5)
+                reply = client.chat.completions.create(
+                    model="m", messages=MESSAGES, tools=TOOLS, stream=stream, temperature=0.5
+                )
             elif api.startswith("completions"):
                 reply = client.completions.create(model="m", prompt="2+2=", stream=stream, temperature=0.5)
             else:
-                reply = client.responses.create(model="m", input="use a tool", tools=tools, stream=stream,
-                                                temperature=0.5)
+                reply = client.responses.create(
+                    model="m", input="use a tool", tools=tools, stream=stream, temperature=0.5
+                )
             if stream:
                 list(reply)
         # the proxy records a call right after the agent got its answer: wait for that record

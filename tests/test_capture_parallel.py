@@ -44,8 +44,7 @@ def test_50_thread_rollouts_no_cross_attribution() -> None:
         for step in range(3):
             with agl.role("planner" if step == 0 else "writer"):
                 marker = f"{task['marker']}-step{step}"
-                reply = client.chat.completions.create(model=llm.model,
-                                                       messages=[{"role": "user", "content": marker}])
+                reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": marker}])
                 assert reply.choices[0].message.content.endswith(marker)
         return float(task["id"])
 
@@ -64,12 +63,14 @@ def test_50_asyncio_rollouts_no_cross_attribution() -> None:
                 marker = f"{task['marker']}-step{step}"
                 if step == 2:  # a streamed call interleaves chunk by chunk with the other rollouts
                     stream = await client.chat.completions.create(
-                        model=llm.model, messages=[{"role": "user", "content": marker}], stream=True)
+                        model=llm.model, messages=[{"role": "user", "content": marker}], stream=True
+                    )
                     async for _ in stream:
                         await asyncio.sleep(0)
                 else:
-                    await client.chat.completions.create(model=llm.model,
-                                                         messages=[{"role": "user", "content": marker}])
+                    await client.chat.completions.create(
+                        model=llm.model, messages=[{"role": "user", "content": marker}]
+                    )
         await client.close()
         return float(task["id"])
 
@@ -136,14 +137,12 @@ def test_readers_racing_with_calls_all_see_the_same_records() -> None:
 
             def caller(index: int) -> None:
                 for step in range(5):
-                    client.chat.completions.create(model="m",
-                                                   messages=[{"role": "user", "content": f"{index}-{step}"}])
+                    client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"{index}-{step}"}])
 
             for thread in readers:
                 thread.start()
             with recording(recorder):
-                callers = [threading.Thread(target=contextvars.copy_context().run, args=(caller, i))
-                           for i in range(4)]
+                callers = [threading.Thread(target=contextvars.copy_context().run, args=(caller, i)) for i in range(4)]
                 for thread in callers:
                     thread.start()
                 for thread in callers:

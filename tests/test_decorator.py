@@ -12,8 +12,8 @@ import openai
 import pytest
 
 import agentlightning as agl
-from agentlightning.capture._context import current_role
 from agentlightning._decorator import RolloutAgent
+from agentlightning.capture._context import current_role
 from agentlightning.testing import MockLLMServer
 
 
@@ -25,8 +25,11 @@ def llm() -> agl.LLM:
 
 def ask(llm: agl.LLM, text: str) -> str:
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-    return client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": text}]) \
-        .choices[0].message.content
+    return (
+        client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": text}])
+        .choices[0]
+        .message.content
+    )
 
 
 def test_bare_decorator_keeps_function_callable(llm: agl.LLM) -> None:
@@ -147,8 +150,12 @@ def test_bad_reward_function_value_names_the_function(llm: agl.LLM, bad: object)
 
     agent = agl.rollout(reward=judge)(lambda task, llm: ask(llm, "q"))
     rollout = agent.execute(1, llm)
-    assert rollout.status == "failed" and "reward function 'test_bad_reward_function_value_names_the_function" \
-        in rollout.error.message and "judge" in rollout.error.message and repr(bad) in rollout.error.message
+    assert (
+        rollout.status == "failed"
+        and "reward function 'test_bad_reward_function_value_names_the_function" in rollout.error.message
+        and "judge" in rollout.error.message
+        and repr(bad) in rollout.error.message
+    )
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, "1"])

@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
-PAGES = ["../README.md", "capture.md", "testing.md", "frameworks/langchain.md", "frameworks/openai_agents.md", "frameworks/autogen.md"]
+PAGES = [
+    "../README.md",
+    "capture.md",
+    "testing.md",
+    "frameworks/langchain.md",
+    "frameworks/openai_agents.md",
+    "frameworks/autogen.md",
+]
 RUNNER = """
 import re, sys
 blocks = re.findall(r"```python\\n(.*?)```", open(sys.argv[1]).read(), flags=re.S)
@@ -39,8 +46,9 @@ def test_doc_page_snippets_run_and_print_what_they_say(page: str) -> None:
     path = DOCS / page
     blocks = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
     assert blocks, f"{page} has no python snippets"
-    result = subprocess.run([sys.executable, "-c", RUNNER, str(path)], capture_output=True, text=True, timeout=120,
-                            cwd=DOCS.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", RUNNER, str(path)], capture_output=True, text=True, timeout=120, cwd=DOCS.parent
+    )
     assert result.returncode == 0, f"{page}: a snippet failed\n{result.stderr[-3000:]}"
     printed = [line.rstrip() for line in result.stdout.splitlines()]
     for block in blocks:

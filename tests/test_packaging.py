@@ -21,8 +21,9 @@ def _probe(env_path: str | None, cwd: Path) -> list[Path]:
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     if env_path is not None:
         env["PYTHONPATH"] = env_path
-    result = subprocess.run([sys.executable, "-c", PROBE], cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     return [Path(line) for line in result.stdout.split()]
 
@@ -36,18 +37,41 @@ def test_built_wheel_imports_adapters_and_trainers(tmp_path: Path) -> None:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
     dist = tmp_path / "dist"
-    build = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist)],
-                           cwd=source, capture_output=True, text=True, timeout=300)
+    build = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist)],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     (wheel,) = dist.glob("agentlightning-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"agentlightning/adapters/openai.py", "agentlightning/trainers/__init__.py",
-            "agentlightning/testing/_server.py"} <= set(names)
+    assert {
+        "agentlightning/adapters/openai.py",
+        "agentlightning/trainers/__init__.py",
+        "agentlightning/testing/_server.py",
+    } <= set(names)
     assert all(n.startswith(("agentlightning/", "agentlightning-")) for n in names), "stray top-level files"
 
     target = tmp_path / "site"
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--quiet",
-                              "--target", str(target), str(wheel)], capture_output=True, text=True, timeout=300)
+    install = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--no-compile",
+            "--quiet",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert install.returncode == 0, install.stderr
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -65,8 +89,21 @@ def test_editable_install_imports_adapters_and_trainers(tmp_path: Path) -> None:
 
 def test_public_api_imports_no_torch_and_no_framework() -> None:
     # DESIGN: the core never imports torch or a framework; adapters patch a framework only once it is imported.
-    heavy = ("torch", "numpy", "transformers", "trl", "peft", "vllm", "openai", "langchain_core", "langgraph",
-             "agents", "autogen_agentchat", "autogen_core", "ray")
+    heavy = (
+        "torch",
+        "numpy",
+        "transformers",
+        "trl",
+        "peft",
+        "vllm",
+        "openai",
+        "langchain_core",
+        "langgraph",
+        "agents",
+        "autogen_agentchat",
+        "autogen_core",
+        "ray",
+    )
     code = (
         "import sys, agentlightning as agl\n"
         "for name in agl.__all__: getattr(agl, name)\n"

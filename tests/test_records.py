@@ -21,14 +21,20 @@ def tool_agent(task: dict, llm: agl.LLM) -> float:
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
     with agl.role("writer"):
         first = client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": task["q"]}], logprobs=True,
+            model=llm.model,
+            messages=[{"role": "user", "content": task["q"]}],
+            logprobs=True,
             tools=[{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}],
         )
         agl.emit_reward(0.25, name="format")
-        client.chat.completions.create(model=llm.model, messages=[
-            {"role": "user", "content": task["q"]}, first.choices[0].message,
-            {"role": "tool", "tool_call_id": first.choices[0].message.tool_calls[0].id, "content": "3"},
-        ])
+        client.chat.completions.create(
+            model=llm.model,
+            messages=[
+                {"role": "user", "content": task["q"]},
+                first.choices[0].message,
+                {"role": "tool", "tool_call_id": first.choices[0].message.tool_calls[0].id, "content": "3"},
+            ],
+        )
     return 1.0
 
 
@@ -50,8 +56,16 @@ def test_captured_rollout_round_trips_through_json() -> None:
 
 
 def test_transition_and_llm_round_trip() -> None:
-    transition = agl.Transition(rollout_id="ro-1", index=0, prompt_token_ids=[1, 2], completion_token_ids=[3],
-                                completion_logprobs=[-0.5], reward=1.0, advantage=0.5, token_source="server")
+    transition = agl.Transition(
+        rollout_id="ro-1",
+        index=0,
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        completion_logprobs=[-0.5],
+        reward=1.0,
+        advantage=0.5,
+        token_source="server",
+    )
     assert agl.Transition.model_validate_json(transition.model_dump_json()) == transition
     llm = agl.LLM(base_url="http://127.0.0.1:1/v1", model="m", sampling_parameters={"temperature": 0.7})
     assert agl.LLM.model_validate_json(llm.model_dump_json()) == llm

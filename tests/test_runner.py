@@ -24,8 +24,11 @@ def server() -> Iterator[MockLLMServer]:
 
 def ask(llm: agl.LLM, text: str) -> str:
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-    return client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": text}]) \
-        .choices[0].message.content
+    return (
+        client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": text}])
+        .choices[0]
+        .message.content
+    )
 
 
 def test_results_in_task_order_and_plain_function_wrapped(server: MockLLMServer) -> None:
@@ -132,8 +135,13 @@ def test_hung_async_agent_is_cancelled(server: MockLLMServer) -> None:
 
 
 def test_api_errors_recorded_and_rollouts_finish(server: MockLLMServer) -> None:
-    server.set_handler(lambda r: MockReply(status=429 if "limit" in r.last_user_text else 500, error_message="nope")
-                       if r.last_user_text != "ok" else MockReply(content="fine"))
+    server.set_handler(
+        lambda r: (
+            MockReply(status=429 if "limit" in r.last_user_text else 500, error_message="nope")
+            if r.last_user_text != "ok"
+            else MockReply(content="fine")
+        )
+    )
 
     @agl.rollout
     def agent(task: str, llm: agl.LLM) -> float:
@@ -174,16 +182,19 @@ def test_async_agent_with_bad_task(server: MockLLMServer) -> None:
     assert [r.status for r in rollouts] == ["succeeded", "failed"] and "task #1" in rollouts[1].error.message
 
 
-@pytest.mark.parametrize(("kwargs", "error", "message"), [
-    ({"tasks": {"q": 1}}, TypeError, "must be a list of tasks, got dict"),
-    ({"tasks": "abc"}, TypeError, "wrap a single task in a list"),
-    ({"tasks": 5}, TypeError, "must be a list of tasks, got int 5"),
-    ({"n_workers": 0}, ValueError, "n_workers=...) must be an integer >= 1, got 0"),
-    ({"timeout": -1}, ValueError, "timeout=...) must be a positive number"),
-    ({"llm": "http://x"}, TypeError, "must be an agl.LLM"),
-    ({"llm": {"model": "m"}}, ValueError, "not a valid agl.LLM"),
-    ({"agent": 3}, TypeError, "must be an @agl.rollout function or a callable, got 3"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"tasks": {"q": 1}}, TypeError, "must be a list of tasks, got dict"),
+        ({"tasks": "abc"}, TypeError, "wrap a single task in a list"),
+        ({"tasks": 5}, TypeError, "must be a list of tasks, got int 5"),
+        ({"n_workers": 0}, ValueError, "n_workers=...) must be an integer >= 1, got 0"),
+        ({"timeout": -1}, ValueError, "timeout=...) must be a positive number"),
+        ({"llm": "http://x"}, TypeError, "must be an agl.LLM"),
+        ({"llm": {"model": "m"}}, ValueError, "not a valid agl.LLM"),
+        ({"agent": 3}, TypeError, "must be an @agl.rollout function or a callable, got 3"),
+    ],
+)
 def test_bad_arguments_named(kwargs: dict, error: type, message: str) -> None:
     arguments = {"agent": lambda task, llm: 1.0, "tasks": [1], "llm": agl.LLM(base_url="http://x/v1", model="m")}
     arguments.update(kwargs)
@@ -271,10 +282,13 @@ def test_role_filter_diagnostics(server: MockLLMServer) -> None:
         return 1.0
 
     planner, writer = agl.run(agent, ["planner", "writer"], llm=server.llm())
-    assert any("selected none of the 2 LLM calls" in n and "['planner']" in n and "1 calls had no role" in n
-               for n in planner.diagnostics)
-    assert any("roles ['critic*'] never appeared" in n and "context only: ['<no role>']" in n
-               for n in writer.diagnostics)
+    assert any(
+        "selected none of the 2 LLM calls" in n and "['planner']" in n and "1 calls had no role" in n
+        for n in planner.diagnostics
+    )
+    assert any(
+        "roles ['critic*'] never appeared" in n and "context only: ['<no role>']" in n for n in writer.diagnostics
+    )
 
 
 def test_missing_reward_diagnostic(server: MockLLMServer) -> None:
@@ -298,8 +312,9 @@ def test_handler_sees_request(server: MockLLMServer) -> None:
     assert seen[0].last_user_text == "hello"
 
 
-def test_run_level_warnings_for_empty_capture_and_unused_roles(server: MockLLMServer,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_run_level_warnings_for_empty_capture_and_unused_roles(
+    server: MockLLMServer, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level("WARNING", logger="agentlightning._run"):
         agl.run(lambda task, llm: 1.0, [1, 2], llm=server.llm())
     assert "none of the 2 rollouts" in caplog.text and "captured an LLM call" in caplog.text
@@ -346,8 +361,9 @@ async def _async_agent(task: str, llm: agl.LLM) -> float:
 
 
 @pytest.mark.parametrize("function", [lambda task, llm: 1.0, _async_agent], ids=["sync", "async"])
-def test_rollout_that_cannot_start_fails_alone(server: MockLLMServer, monkeypatch: pytest.MonkeyPatch,
-                                               function: object) -> None:
+def test_rollout_that_cannot_start_fails_alone(
+    server: MockLLMServer, monkeypatch: pytest.MonkeyPatch, function: object
+) -> None:
     agent = agl.rollout(function)
     real_start = Attempt.start
 

@@ -8,8 +8,14 @@ import time
 import openai
 import pytest
 
-from agentlightning.testing import MockLLMServer, MockReply, MockRequest, MockTokenizer, MockToolCall
-from agentlightning.testing import render_chat_prompt
+from agentlightning.testing import (
+    MockLLMServer,
+    MockReply,
+    MockRequest,
+    MockTokenizer,
+    MockToolCall,
+    render_chat_prompt,
+)
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo"}]
 
@@ -36,8 +42,9 @@ def test_echo_default_and_requests_recorded(mock_llm_server: MockLLMServer) -> N
 def test_scripted_replies_in_order_then_clear_error() -> None:
     with MockLLMServer(replies=["one", MockReply(content="two")]) as server:
         client = client_for(server)
-        contents = [client.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content
-                    for _ in range(2)]
+        contents = [
+            client.chat.completions.create(model="m", messages=MESSAGES).choices[0].message.content for _ in range(2)
+        ]
         assert contents == ["one", "two"]
         with pytest.raises(openai.InternalServerError, match="no scripted reply left for request #2"):
             client.chat.completions.create(model="m", messages=MESSAGES)
@@ -104,8 +111,10 @@ def test_completions_responses_and_models() -> None:
         assert legacy.choices[0].model_extra["prompt_token_ids"] == server.tokenizer.encode("2+2=")
         response = client.responses.create(model="a", input="hi there", instructions="sys")
         assert response.output_text == "re: hi there"
-        assert server.requests[-1].messages == [{"role": "system", "content": "sys"},
-                                                {"role": "user", "content": "hi there"}]
+        assert server.requests[-1].messages == [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "hi there"},
+        ]
         with client.responses.stream(model="a", input="streamed") as stream:
             final = stream.get_final_response()
         assert final.output_text == "re: streamed"
@@ -113,11 +122,16 @@ def test_completions_responses_and_models() -> None:
 
 
 def test_responses_function_call_items_normalised() -> None:
-    request = MockRequest(path="/v1/responses", body={"input": [
-        {"role": "user", "content": [{"type": "input_text", "text": "add"}]},
-        {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c1", "output": "3"},
-    ]})
+    request = MockRequest(
+        path="/v1/responses",
+        body={
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "add"}]},
+                {"type": "function_call", "call_id": "c1", "name": "add", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "3"},
+            ]
+        },
+    )
     assert [m["role"] for m in request.messages] == ["user", "assistant", "tool"]
     assert request.messages[1]["tool_calls"][0]["function"]["name"] == "add"
 
@@ -164,10 +178,12 @@ async def test_async_handler_and_concurrent_requests() -> None:
         import asyncio
 
         started = time.perf_counter()
-        replies = await asyncio.gather(*[
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"q{i}"}])
-            for i in range(20)
-        ])
+        replies = await asyncio.gather(
+            *[
+                client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"q{i}"}])
+                for i in range(20)
+            ]
+        )
         elapsed = time.perf_counter() - started
         await client.close()
     assert [r.choices[0].message.content for r in replies] == [f"Q{i}" for i in range(20)]
@@ -177,8 +193,14 @@ async def test_async_handler_and_concurrent_requests() -> None:
 def test_thread_safe_request_log() -> None:
     with MockLLMServer() as server:
         client = client_for(server)
-        threads = [threading.Thread(target=lambda i=i: client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": str(i)}])) for i in range(10)]
+        threads = [
+            threading.Thread(
+                target=lambda i=i: client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": str(i)}]
+                )
+            )
+            for i in range(10)
+        ]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -191,13 +213,15 @@ def test_command_line_server() -> None:
     import subprocess
     import sys
 
-    process = subprocess.Popen([sys.executable, "-m", "agentlightning.testing", "--reply", "from the shell"],
-                               stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentlightning.testing", "--reply", "from the shell"], stderr=subprocess.PIPE, text=True
+    )
     try:
         line = process.stderr.readline()
         base_url = line.split(" at ")[1].split()[0]
         reply = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0).chat.completions.create(
-            model="m", messages=MESSAGES)
+            model="m", messages=MESSAGES
+        )
         assert reply.choices[0].message.content == "from the shell"
     finally:
         process.send_signal(signal.SIGINT)

@@ -10,8 +10,15 @@ if TYPE_CHECKING:
     from agentlightning.trainers.config import TrainConfig, TrainResult
 
 
-def train(agent: Any, dataset: Sequence[Any], roles: Sequence[str] | None = None, *,
-          val_dataset: Sequence[Any] | None = None, config: TrainConfig | None = None, **options: Any) -> TrainResult:
+def train(
+    agent: Any,
+    dataset: Sequence[Any],
+    roles: Sequence[str] | None = None,
+    *,
+    val_dataset: Sequence[Any] | None = None,
+    config: TrainConfig | None = None,
+    **options: Any,
+) -> TrainResult:
     """Train the LLM inside ``agent`` (an ``@agl.rollout`` function) on ``dataset`` (a list of tasks).
 
     ``roles`` selects the roles whose LLM calls are trained (globs; default: the agent's ``roles``, else all).

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-
 from agentlightning.trainers.checkpoint import contribute_checkpoint, full_tensor
 
 if TYPE_CHECKING:
@@ -69,12 +68,17 @@ def shard(batch: PackedBatch, rank: int, processes: int) -> tuple[PackedBatch, B
     take = torch.tensor(index)
     part = dataclasses.replace(
         batch,
-        prompt_ids=batch.prompt_ids[take], prompt_mask=batch.prompt_mask[take],
-        completion_ids=batch.completion_ids[take], completion_mask=batch.completion_mask[take],
-        advantages=batch.advantages[take], weights=batch.weights[take],
+        prompt_ids=batch.prompt_ids[take],
+        prompt_mask=batch.prompt_mask[take],
+        completion_ids=batch.completion_ids[take],
+        completion_mask=batch.completion_mask[take],
+        advantages=batch.advantages[take],
+        weights=batch.weights[take],
         old_logprobs=None if batch.old_logprobs is None else batch.old_logprobs[take],
-        rollout_ids=[batch.rollout_ids[i] for i in index], call_ids=[batch.call_ids[i] for i in index],
-        group_ids=[batch.group_ids[i] for i in index], model_versions=[batch.model_versions[i] for i in index],
+        rollout_ids=[batch.rollout_ids[i] for i in index],
+        call_ids=[batch.call_ids[i] for i in index],
+        group_ids=[batch.group_ids[i] for i in index],
+        model_versions=[batch.model_versions[i] for i in index],
     )
     padding = slice(len(real), per_rank)
     part.completion_mask[padding] = 0
@@ -107,8 +111,12 @@ def wrap_model(trainer: Any) -> Any:
 
         from accelerate.utils import fsdp2_prepare_model
 
-        view = SimpleNamespace(state=SimpleNamespace(fsdp_plugin=plugin), device=accelerator.device,
-                               is_main_process=accelerator.is_main_process, mixed_precision=accelerator.mixed_precision)
+        view = SimpleNamespace(
+            state=SimpleNamespace(fsdp_plugin=plugin),
+            device=accelerator.device,
+            is_main_process=accelerator.is_main_process,
+            mixed_precision=accelerator.mixed_precision,
+        )
         model = trainer.model = fsdp2_prepare_model(view, trainer.model)
         trainer.optimizer = trainer.lr_scheduler = None
         trainer.create_optimizer_and_scheduler(num_training_steps=max(trainer.args.max_steps, 1))

@@ -12,8 +12,12 @@ import torch
 
 
 def importance_weights(
-    trained: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor, mode: str,
-    clip_min: float | None, clip_max: float | None,
+    trained: torch.Tensor,
+    sampled: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    clip_min: float | None,
+    clip_max: float | None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """``pi_trained / pi_sampler`` from per-token log-probabilities ``[B, C]`` (``mask`` 1 = real token), per token
     (``[B, C]``) or per sequence (``[B, 1]``, the product over the sequence's tokens), truncated or masked.

@@ -51,8 +51,9 @@ def version_number(version: str | None) -> int | None:
     return None
 
 
-def fresh_enough(transitions: Sequence[Transition], trained_version: int | Callable[[Transition], int],
-                 max_staleness: int) -> tuple[list[Transition], list[int]]:
+def fresh_enough(
+    transitions: Sequence[Transition], trained_version: int | Callable[[Transition], int], max_staleness: int
+) -> tuple[list[Transition], list[int]]:
     """The transitions whose sampling version is at most ``max_staleness`` behind ``trained_version`` (or the
     version it gives for a transition: its policy's), and the lags of those kept. A transition without a ``v<N>``
     version is kept (its lag is unknown; counted as 0)."""
@@ -91,9 +92,22 @@ class RolloutPipeline:
     """
 
     def __init__(
-        self, source: Any, dataset: Sequence[Any], pick: Callable[[int], list[int]], *, tasks_per_step: int,
-        group_size: int, max_staleness: int, refill_cap: int, timeout: float | None, roles: Any, credit: Any,
-        air: Any, algorithm: str, backlog: Sequence[int] = (), max_steps: int | None = None,
+        self,
+        source: Any,
+        dataset: Sequence[Any],
+        pick: Callable[[int], list[int]],
+        *,
+        tasks_per_step: int,
+        group_size: int,
+        max_staleness: int,
+        refill_cap: int,
+        timeout: float | None,
+        roles: Any,
+        credit: Any,
+        air: Any,
+        algorithm: str,
+        backlog: Sequence[int] = (),
+        max_steps: int | None = None,
         policy_of: Callable[[str | None], str | None] | None = None,
     ) -> None:
         self.source, self.dataset, self.pick = source, dataset, pick

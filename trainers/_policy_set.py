@@ -15,9 +15,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from agentlightning.rl.advantages import GROUP_BASELINES
 from agentlightning.trainers.batch import pack
 from agentlightning.trainers.policies import PolicyMap
+
+from agentlightning.rl.advantages import GROUP_BASELINES
 from agentlightning.types import Rollout, Transition
 
 logger = logging.getLogger(__name__)
@@ -27,11 +28,11 @@ class PolicySet:
     """One :class:`~agentlightning.trainers.grpo.LightningGRPOTrainer` per policy of ``policies``, over adapters
     ``adapters`` (policy -> ``peft.LoraConfig``) on ``model``; ``args`` are each policy's ``GRPOConfig``."""
 
-    def __init__(self, model: Any, tokenizer: Any, policies: PolicyMap, adapters: Mapping[str, Any],
-                 args: Mapping[str, Any]) -> None:
-        from peft import PeftModel, get_peft_model
-
+    def __init__(
+        self, model: Any, tokenizer: Any, policies: PolicyMap, adapters: Mapping[str, Any], args: Mapping[str, Any]
+    ) -> None:
         from agentlightning.trainers.grpo import LightningGRPOTrainer
+        from peft import PeftModel, get_peft_model
 
         if isinstance(model, PeftModel):
             raise ValueError("agl.train(policies=...): give the base model; each policy adds its own LoRA adapter")
@@ -55,8 +56,14 @@ class PolicySet:
         self.model.set_adapter(name)
         return self.trainers[name].step(batch)
 
-    def update(self, transitions: list[Transition], backend: Any, max_prompt_length: int | None,
-               max_completion_length: int | None, algorithm: str) -> dict[str, Any]:
+    def update(
+        self,
+        transitions: list[Transition],
+        backend: Any,
+        max_prompt_length: int | None,
+        max_completion_length: int | None,
+        algorithm: str,
+    ) -> dict[str, Any]:
         """Train every policy with signal in ``transitions`` (advantages computed per policy with ``algorithm``);
         ``backend`` serves each new adapter under its new version. Returns the step's per-policy metrics
         (``policy/<name>/...``)."""
@@ -69,8 +76,17 @@ class PolicySet:
             row[prefix + "transitions"] = len(own)
             if own:
                 row[prefix + "reward"] = statistics.fmean(t.reward for t in own)
-            batch = pack(own, pad, max_prompt_length, max_completion_length,
-                         drop_zero_variance_groups=algorithm in GROUP_BASELINES) if own else None
+            batch = (
+                pack(
+                    own,
+                    pad,
+                    max_prompt_length,
+                    max_completion_length,
+                    drop_zero_variance_groups=algorithm in GROUP_BASELINES,
+                )
+                if own
+                else None
+            )
             if batch is None or len(batch) == 0:
                 row[prefix + "skipped_update"] = 1
                 row[prefix + "model_version"] = f"v{trainer.state.global_step}"
@@ -84,8 +100,10 @@ class PolicySet:
             row[prefix + "model_version"] = f"v{trainer.state.global_step}"
             updated += 1
         if not updated:
-            logger.warning("no policy had anything to train on this step (every group had equal rewards, was too "
-                           "stale or no tokens were captured): the adapters are unchanged")
+            logger.warning(
+                "no policy had anything to train on this step (every group had equal rewards, was too "
+                "stale or no tokens were captured): the adapters are unchanged"
+            )
             row["skipped_update"] = 1
         row["policies_updated"] = updated
         return row
@@ -95,8 +113,14 @@ class PolicySet:
         credit, what each policy is rewarded for (``policy/<name>/reward``)."""
         from agentlightning.rl.transitions import extract_transitions
 
-        rows = extract_transitions(rollouts, self.policies.trained_roles, self.policies.credit(credit), air,
-                                   missing_reward=0.0, failed="include").transitions
+        rows = extract_transitions(
+            rollouts,
+            self.policies.trained_roles,
+            self.policies.credit(credit),
+            air,
+            missing_reward=0.0,
+            failed="include",
+        ).transitions
         metrics = {}
         for name in self.trainers:
             per_rollout: dict[str, list[float]] = {}

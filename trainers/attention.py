@@ -21,18 +21,30 @@ NAME = "agl_shared_kv_sdpa"
 
 
 def shared_kv_sdpa(
-    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-    is_causal: bool | None = None, **kwargs: Any,
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """An ``AttentionInterface`` function: transformers' ``sdpa`` with ``enable_gqa`` instead of copied heads (a
     position bias, which only encoder-decoder models pass, goes to the stock ``sdpa``)."""
     if kwargs.get("position_bias") is not None:
-        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
-                                               scaling=scaling, is_causal=is_causal, **kwargs)
+        return ALL_ATTENTION_FUNCTIONS["sdpa"](
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
         is_causal=bool(causal and attention_mask is None and query.shape[2] > 1),
         enable_gqa=query.shape[1] != key.shape[1],
     )

@@ -5,10 +5,10 @@ trainer's live weights) and :class:`~agentlightning.trainers.vllm_backend.VLLMBa
 synced after each update). The training loop uses a backend like this::
 
     backend.start()
-    backend.sampling_overrides = {"temperature": 1.0}   # forced on every rollout request (see below)
-    ...                                                  # rollouts call backend.base_url with backend.model_name
+    backend.sampling_overrides = {"temperature": 1.0}  # forced on every rollout request (see below)
+    ...  # rollouts call backend.base_url with backend.model_name
     with backend.updating("v1"):
-        trainer.step()                                   # the weights change inside the block
+        trainer.step()  # the weights change inside the block
     # from here on requests must use backend.model_name (it may change per version) and carry "v1"
     backend.stop()
 

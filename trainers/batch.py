@@ -75,9 +75,14 @@ class PackedBatch:
         return replace(self, **{name: value.to(device) for name, value in values.items() if hasattr(value, "to")})
 
 
-def pack(transitions: Sequence[Transition], pad_token_id: int, max_prompt_length: int | None = None,
-         max_completion_length: int | None = None, overlong: Overlong = "truncate",
-         drop_zero_variance_groups: bool = False) -> PackedBatch:
+def pack(
+    transitions: Sequence[Transition],
+    pad_token_id: int,
+    max_prompt_length: int | None = None,
+    max_completion_length: int | None = None,
+    overlong: Overlong = "truncate",
+    drop_zero_variance_groups: bool = False,
+) -> PackedBatch:
     """Pad ``transitions`` (advantages already computed) into a :class:`PackedBatch`.
 
     ``drop_zero_variance_groups``: drop groups whose transitions all have the same reward (no learning signal
@@ -102,8 +107,9 @@ def pack(transitions: Sequence[Transition], pad_token_id: int, max_prompt_length
         stats.dropped_zero_variance_rows = int((flat_groups & keep).sum())
         keep &= ~flat_groups
     prompt_limit = max_prompt_length if max_prompt_length is not None else int(prompt_lengths.max(initial=0))
-    completion_limit = (max_completion_length if max_completion_length is not None
-                        else int(completion_lengths.max(initial=0)))
+    completion_limit = (
+        max_completion_length if max_completion_length is not None else int(completion_lengths.max(initial=0))
+    )
     too_long_prompt = prompt_lengths > prompt_limit
     too_long_completion = completion_lengths > completion_limit
     if overlong == "drop":
@@ -139,18 +145,28 @@ def pack(transitions: Sequence[Transition], pad_token_id: int, max_prompt_length
     if not kept_rows:
         logger.warning("pack(): every one of the %d transitions was dropped: %s", len(rows), stats.as_dict())
     return PackedBatch(
-        prompt_ids=torch.from_numpy(prompt_ids), prompt_mask=torch.from_numpy(prompt_mask.astype(np.int64)),
+        prompt_ids=torch.from_numpy(prompt_ids),
+        prompt_mask=torch.from_numpy(prompt_mask.astype(np.int64)),
         completion_ids=torch.from_numpy(completion_ids),
         completion_mask=torch.from_numpy(completion_mask.astype(np.int64)),
         advantages=torch.from_numpy(advantages[kept].astype(np.float32)),
-        weights=torch.from_numpy(weights[kept].astype(np.float32)), old_logprobs=old_logprobs, stats=stats,
-        rollout_ids=[row.rollout_id for row in kept_rows], call_ids=[row.call_id for row in kept_rows],
-        group_ids=[row.group_id for row in kept_rows], model_versions=[row.model_version for row in kept_rows],
+        weights=torch.from_numpy(weights[kept].astype(np.float32)),
+        old_logprobs=old_logprobs,
+        stats=stats,
+        rollout_ids=[row.rollout_id for row in kept_rows],
+        call_ids=[row.call_id for row in kept_rows],
+        group_ids=[row.group_id for row in kept_rows],
+        model_versions=[row.model_version for row in kept_rows],
     )
 
 
-def _check_arguments(transitions: Sequence[Transition], pad_token_id: int, max_prompt_length: int | None,
-                     max_completion_length: int | None, overlong: str) -> None:
+def _check_arguments(
+    transitions: Sequence[Transition],
+    pad_token_id: int,
+    max_prompt_length: int | None,
+    max_completion_length: int | None,
+    overlong: str,
+) -> None:
     if not transitions:
         raise ValueError("pack() got no transitions; check the warnings of agl.transitions() for what was skipped")
     if isinstance(pad_token_id, bool) or not isinstance(pad_token_id, int):
@@ -174,8 +190,9 @@ def _checked_floats(rows: Sequence[Transition]) -> tuple[np.ndarray, np.ndarray]
         if advantage is None:
             raise ValueError(f"{where} has no advantage; run agentlightning.rl.compute_advantages first")
         if not (math.isfinite(advantage) and math.isfinite(weight) and weight >= 0):
-            raise ValueError(f"{where} has advantage {advantage!r} and weight {weight!r}; both must be finite and the "
-                             "weight >= 0")
+            raise ValueError(
+                f"{where} has advantage {advantage!r} and weight {weight!r}; both must be finite and the weight >= 0"
+            )
     advantages = np.fromiter((row.advantage for row in rows), np.float64, len(rows))
     weights = np.fromiter((row.weight for row in rows), np.float64, len(rows))
     return advantages, weights
@@ -203,14 +220,17 @@ def _old_logprobs(rows: Sequence[Transition], mask: np.ndarray, limit: int) -> n
     for row in rows:
         values = row.completion_logprobs or []
         if len(values) != len(row.completion_token_ids):
-            raise ValueError(f"transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r} has "
-                             f"{len(values)} logprobs for {len(row.completion_token_ids)} completion tokens")
+            raise ValueError(
+                f"transition {row.index} (call {row.call_id!r}) of rollout {row.rollout_id!r} has "
+                f"{len(values)} logprobs for {len(row.completion_token_ids)} completion tokens"
+            )
         logprobs.append(values)
     return _padded(logprobs, mask, 0.0, np.float32, limit)
 
 
-def _padded(sequences: Sequence[Sequence[float]], mask: np.ndarray, pad: float, dtype: Any, limit: int,
-            from_left: bool = False) -> np.ndarray:
+def _padded(
+    sequences: Sequence[Sequence[float]], mask: np.ndarray, pad: float, dtype: Any, limit: int, from_left: bool = False
+) -> np.ndarray:
     """Fill a ``mask``-shaped array with ``sequences`` (cut to ``limit``) where ``mask`` is set, ``pad`` elsewhere.
     The set cells of ``mask`` in row-major order are exactly the kept tokens of each row in order, so one boolean
     assignment places every token."""

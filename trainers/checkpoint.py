@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +41,10 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 
 
 def save_checkpoint(
-    trainer: Any, output_dir: Path, state: dict[str, Any], keep: int = 2,
+    trainer: Any,
+    output_dir: Path,
+    state: dict[str, Any],
+    keep: int = 2,
     notify: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write a checkpoint for ``state['step']`` and keep only the newest ``keep``. ``notify(directory)`` is called
@@ -87,8 +89,9 @@ def contribute_checkpoint(trainer: Any, directory: Path) -> None:
 def _save_engine(trainer: Any, directory: Path) -> None:
     """The DeepSpeed engine's own checkpoint (every rank writes its partition): the trained parameters' fp32
     master copy and the optimizer state."""
-    trainer.model_wrapped.save_checkpoint(str(directory / "deepspeed"), tag=_ENGINE_TAG, save_latest=False,
-                                          exclude_frozen_parameters=True)
+    trainer.model_wrapped.save_checkpoint(
+        str(directory / "deepspeed"), tag=_ENGINE_TAG, save_latest=False, exclude_frozen_parameters=True
+    )
 
 
 def load_checkpoint(trainer: Any, path: Path) -> dict[str, Any]:
@@ -99,8 +102,10 @@ def load_checkpoint(trainer: Any, path: Path) -> dict[str, Any]:
     for folder, unit in _units(trainer):
         directory = path / folder
         if not (directory / "trainable.pt").exists():
-            raise ValueError(f"resume: checkpoint {path} has no {folder or 'trainable.pt'}; was it made with other "
-                             "policies (agl.train(policies=...))?")
+            raise ValueError(
+                f"resume: checkpoint {path} has no {folder or 'trainable.pt'}; was it made with other "
+                "policies (agl.train(policies=...))?"
+            )
         trainable = torch.load(directory / "trainable.pt", map_location="cpu", weights_only=True)
         own = _trained(unit)
         if set(trainable) != set(own):
@@ -112,10 +117,13 @@ def load_checkpoint(trainer: Any, path: Path) -> dict[str, Any]:
         engine_state = directory / "deepspeed"
         if unit.is_deepspeed_enabled:
             if not engine_state.exists():
-                raise ValueError(f"resume: checkpoint {directory} was made without DeepSpeed and has no DeepSpeed "
-                                 "engine state to resume this DeepSpeed run from")
-            unit.model_wrapped.load_checkpoint(str(engine_state), tag=_ENGINE_TAG, load_module_strict=False,
-                                               load_lr_scheduler_states=False)
+                raise ValueError(
+                    f"resume: checkpoint {directory} was made without DeepSpeed and has no DeepSpeed "
+                    "engine state to resume this DeepSpeed run from"
+                )
+            unit.model_wrapped.load_checkpoint(
+                str(engine_state), tag=_ENGINE_TAG, load_module_strict=False, load_lr_scheduler_states=False
+            )
         elif engine_state.exists():
             raise ValueError(
                 f"resume: checkpoint {directory} was made under DeepSpeed, whose optimizer state is partitioned in "
@@ -155,8 +163,12 @@ def trained_state(trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     if trainer.is_deepspeed_enabled:
         return weights, None
     optimizer = trainer.optimizer.state_dict()
-    optimizer["state"] = {index: {key: full_tensor(value).cpu() if isinstance(value, torch.Tensor) else value
-                                  for key, value in values.items()} for index, values in optimizer["state"].items()}
+    optimizer["state"] = {
+        index: {
+            key: full_tensor(value).cpu() if isinstance(value, torch.Tensor) else value for key, value in values.items()
+        }
+        for index, values in optimizer["state"].items()
+    }
     return weights, optimizer
 
 

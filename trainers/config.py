@@ -44,6 +44,7 @@ class VLLMOptions:
     """After each sync, sample a few tokens and record the largest |vLLM - trainer| logprob (``sync/logprob_gap``)."""
     startup_timeout: float = 600.0
 
+
 from agentlightning.rl.advantages import ESTIMATORS
 from agentlightning.types import Rollout
 
@@ -207,11 +208,15 @@ class TrainConfig:
         if self.roles is not None:
             raise ValueError("agl.train: give roles= (one shared policy) or policies= (one per role), not both")
         if not isinstance(self.backend, str) and not hasattr(self.backend, "served"):
-            raise ValueError("agl.train(policies=...) works with backend='hf', 'vllm' or a Backend that serves "
-                             "several policies (served(policy), updating(version, policy=...))")
+            raise ValueError(
+                "agl.train(policies=...) works with backend='hf', 'vllm' or a Backend that serves "
+                "several policies (served(policy), updating(version, policy=...))"
+            )
         if self.backend == "vllm" and (self.vllm.sync or "lora") != "lora":
-            raise ValueError(f"agl.train(policies=..., vllm.sync={self.vllm.sync!r}): several policies are served as "
-                             "vLLM LoRA adapters; use vllm.sync='lora'")
+            raise ValueError(
+                f"agl.train(policies=..., vllm.sync={self.vllm.sync!r}): several policies are served as "
+                "vLLM LoRA adapters; use vllm.sync='lora'"
+            )
 
     @property
     def refill_cap(self) -> int:
@@ -304,8 +309,12 @@ class TrainResult:
         rewards = [row["reward"] for row in self.history if isinstance(row.get("reward"), (int, float))]
         if rewards:
             lines.append(f"train reward: first step {rewards[0]:.3f}, last step {rewards[-1]:.3f}")
-        for label, path in (("metrics", self.metrics_path), ("curve", self.curve_path),
-                            ("checkpoint", self.checkpoint_path), ("model", self.model_path)):
+        for label, path in (
+            ("metrics", self.metrics_path),
+            ("curve", self.curve_path),
+            ("checkpoint", self.checkpoint_path),
+            ("model", self.model_path),
+        ):
             if path is not None:
                 lines.append(f"{label}: {path}")
         return "\n".join(lines)

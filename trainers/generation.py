@@ -26,15 +26,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
 from agentlightning.trainers.attention import use_shared_kv_attention
 
 logger = logging.getLogger(__name__)
 
 BASE = "__base__"
 """PEFT's ``adapter_names`` entry for a row served by the base model (no adapter)."""
-_DROPOUTS = (torch.nn.Dropout, torch.nn.Dropout1d, torch.nn.Dropout2d, torch.nn.Dropout3d, torch.nn.AlphaDropout,
-             torch.nn.FeatureAlphaDropout)
+_DROPOUTS = (
+    torch.nn.Dropout,
+    torch.nn.Dropout1d,
+    torch.nn.Dropout2d,
+    torch.nn.Dropout3d,
+    torch.nn.AlphaDropout,
+    torch.nn.FeatureAlphaDropout,
+)
 
 
 def training_mode_matters(model: Any) -> bool:
@@ -263,9 +268,14 @@ class GenerationEngine:
                 last = torch.tensor([[row.tokens[-1]] for row in batch.rows], device=device)
                 batch.attention = torch.cat([batch.attention, batch.attention.new_ones((len(batch.rows), 1))], 1)
                 batch.positions = batch.positions + 1
-                out = self.model(input_ids=last, attention_mask=batch.attention, position_ids=batch.positions,
-                                 past_key_values=batch.cache, use_cache=True,
-                                 **self._adapters([row.adapter for row in batch.rows]))
+                out = self.model(
+                    input_ids=last,
+                    attention_mask=batch.attention,
+                    position_ids=batch.positions,
+                    past_key_values=batch.cache,
+                    use_cache=True,
+                    **self._adapters([row.adapter for row in batch.rows]),
+                )
                 batch.cache = out.past_key_values
                 self._sample_into(batch.rows, out.logits[:, -1, :].float())
             else:
@@ -277,8 +287,16 @@ class GenerationEngine:
         for row in batch.rows:
             if row.finish is not None:
                 version = self.versions.get(row.adapter, self.model_version) if self.multi_adapter else None
-                row.future.set_result(Sample(row.tokens, row.logprobs, self._text(row, row.tokens), row.finish,
-                                             version or self.model_version, row.adapter))
+                row.future.set_result(
+                    Sample(
+                        row.tokens,
+                        row.logprobs,
+                        self._text(row, row.tokens),
+                        row.finish,
+                        version or self.model_version,
+                        row.adapter,
+                    )
+                )
         if not keep:
             return None
         if len(keep) < len(batch.rows):
@@ -309,9 +327,15 @@ class GenerationEngine:
         # Rows continue the shared prefix's KV with [padding][own suffix], the padding masked.
         cache = None if prefix is None else _cache(prefix, self.model.config)
         positions = ((attention.cumsum(-1) - 1).clamp(min=0))[:, shared:]
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                         past_key_values=cache, use_cache=True, logits_to_keep=1,
-                         **self._adapters([row.adapter for row in rows]))
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+            **self._adapters([row.adapter for row in rows]),
+        )
         self._sample_into(rows, out.logits[:, -1, :].float())
         return _Batch(list(rows), out.past_key_values, attention, positions[:, -1:])
 
@@ -329,22 +353,30 @@ class GenerationEngine:
                 return 0, None
             self._prefix_ids, self._prefix_kv = list(prompts[0][:known]), {}
         adapters = [row.adapter for row in rows]
-        missing = list(dict.fromkeys(a for a in adapters
-                                     if a not in self._prefix_kv or self._prefix_kv[a][0] != self.model_version))
+        missing = list(
+            dict.fromkeys(
+                a for a in adapters if a not in self._prefix_kv or self._prefix_kv[a][0] != self.model_version
+            )
+        )
         if missing:
             ids = torch.tensor([self._prefix_ids] * len(missing), device=device)
-            cache = self.model(input_ids=ids, use_cache=True, logits_to_keep=1,
-                               **self._adapters(missing)).past_key_values
+            cache = self.model(
+                input_ids=ids, use_cache=True, logits_to_keep=1, **self._adapters(missing)
+            ).past_key_values
             for index, adapter in enumerate(missing):
-                self._prefix_kv[adapter] = (self.model_version, [(layer.keys[index : index + 1],
-                                                                  layer.values[index : index + 1])
-                                                                 for layer in cache.layers])
+                self._prefix_kv[adapter] = (
+                    self.model_version,
+                    [(layer.keys[index : index + 1], layer.values[index : index + 1]) for layer in cache.layers],
+                )
         if len(set(adapters)) == 1:
-            return known, [(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1))
-                           for k, v in self._prefix_kv[adapters[0]][1]]
+            return known, [
+                (k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1))
+                for k, v in self._prefix_kv[adapters[0]][1]
+            ]
         per_row = [self._prefix_kv[adapter][1] for adapter in adapters]
-        return known, [tuple(torch.cat([layers[i][part] for layers in per_row]) for part in (0, 1))
-                       for i in range(len(per_row[0]))]
+        return known, [
+            tuple(torch.cat([layers[i][part] for layers in per_row]) for part in (0, 1)) for i in range(len(per_row[0]))
+        ]
 
     def _adapters(self, adapters: list[str | None]) -> dict[str, Any]:
         """The forward's ``adapter_names`` (PEFT's mixed-adapter batch: one per row) on a ``multi_adapter`` engine."""
@@ -377,8 +409,9 @@ class GenerationEngine:
         chosen = log_probs.argmax(dim=-1)  # what greedy rows keep
         sampled = [i for i, row in enumerate(rows) if not bool(greedy[i])]
         # Rows without a seed, top-p or top-k draw together from the global generator, the others one by one.
-        together = [i for i in sampled
-                    if generators[i] is None and rows[i].params.top_p >= 1 and not rows[i].params.top_k]
+        together = [
+            i for i in sampled if generators[i] is None and rows[i].params.top_p >= 1 and not rows[i].params.top_k
+        ]
         if together:
             chosen[together] = torch.multinomial(log_probs[together].exp(), 1).squeeze(1)
         for i in sampled:
@@ -444,9 +477,17 @@ def _merge(batch: _Batch, new: _Batch, config: Any) -> _Batch:
 
     layers = []
     for old_layer, new_layer in zip(batch.cache.layers, new.cache.layers, strict=True):
-        layers.append(tuple(torch.cat([padded(getattr(layer, name), skip, width)
-                                       for layer, (_, skip, width) in zip((old_layer, new_layer), parts, strict=True)])
-                            for name in ("keys", "values")))
+        layers.append(
+            tuple(
+                torch.cat(
+                    [
+                        padded(getattr(layer, name), skip, width)
+                        for layer, (_, skip, width) in zip((old_layer, new_layer), parts, strict=True)
+                    ]
+                )
+                for name in ("keys", "values")
+            )
+        )
     attention = torch.cat([padded(part.attention, skip, width) for part, skip, width in parts])
     return _Batch(batch.rows + new.rows, _cache(layers, config), attention, torch.cat([batch.positions, new.positions]))
 

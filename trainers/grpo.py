@@ -34,12 +34,16 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
-from trl import GRPOConfig, GRPOTrainer
-
 from agentlightning.trainers._distributed import (
-    BatchTotals, ServedCopy, deepspeed_launch, mean_over_ranks, shard, wrap_model,
+    BatchTotals,
+    ServedCopy,
+    deepspeed_launch,
+    mean_over_ranks,
+    shard,
+    wrap_model,
 )
 from agentlightning.trainers._importance import importance_weights
+from trl import GRPOConfig, GRPOTrainer
 
 if TYPE_CHECKING:
     from agentlightning.trainers.batch import PackedBatch
@@ -175,8 +179,15 @@ class LightningGRPOTrainer(GRPOTrainer):
         return output
 
     def _get_per_token_logps_and_entropies(  # type: ignore[override]
-        self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
-        batch_size: int | None = None, compute_entropy: bool = False, compute_aux_loss: bool = False, **extra: Any,
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **extra: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """TRL's per-token log-probabilities and entropies, with the prompt prefix that every row of a chunk shares
         (system prompt, tools, examples) run once and its KV cache repeated for the rows (gradients flow through
@@ -229,8 +240,14 @@ class LightningGRPOTrainer(GRPOTrainer):
             prefix = ids[:1, int(starts[0]) : int(starts[0]) + shared]
             cache = model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
             cache.batch_repeat_interleave(rows)
-            outputs = model(input_ids=rest, attention_mask=full_mask, position_ids=positions, past_key_values=cache,
-                            labels=labels, fused_lm_head=True)
+            outputs = model(
+                input_ids=rest,
+                attention_mask=full_mask,
+                position_ids=positions,
+                past_key_values=cache,
+                labels=labels,
+                fused_lm_head=True,
+            )
         return outputs.log_probs[:, -logits_to_keep:], outputs.entropy[:, -logits_to_keep:]
 
     def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:  # type: ignore[override]
@@ -284,8 +301,10 @@ class LightningGRPOTrainer(GRPOTrainer):
                 self._pending_ratio = micro if deferred else None
                 # DeepSpeed's engine takes the optimizer step (clipping included) in the last micro-batch's backward.
                 engine_steps = last and self.is_deepspeed_enabled
-                with changing() if engine_steps else nullcontext(), \
-                        nullcontext() if last else self.accelerator.no_sync(self.model_wrapped):  # DDP syncs once
+                with (
+                    changing() if engine_steps else nullcontext(),
+                    nullcontext() if last else self.accelerator.no_sync(self.model_wrapped),
+                ):  # DDP syncs once
                     losses.append(float(self.training_step(self.model_wrapped, micro, micro["num_items_in_batch"])))
                     if engine_steps and self.served_copy is not None:
                         self.served_copy.refresh()  # ZeRO-3: the new weights, gathered into rank 0's copy
@@ -374,16 +393,24 @@ class LightningGRPOTrainer(GRPOTrainer):
         """Write the old log-probabilities and the importance ratio into ``micro`` (views of the step's inputs)."""
         micro["old_per_token_logps"].copy_(old)
         ratio, _ = importance_weights(
-            old, micro["sampling_per_token_logps"], micro["completion_mask"], self.args.vllm_importance_sampling_mode,
-            self.args.vllm_importance_sampling_clip_min, self.args.vllm_importance_sampling_clip_max,
+            old,
+            micro["sampling_per_token_logps"],
+            micro["completion_mask"],
+            self.args.vllm_importance_sampling_mode,
+            self.args.vllm_importance_sampling_clip_min,
+            self.args.vllm_importance_sampling_clip_max,
         )
         micro["importance_sampling_ratio"].copy_(ratio)
 
     def _sampler_ratio(self, trained: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """pi_trained / pi_sampler per token (or per sequence), truncated or masked as TRL's settings say."""
         ratio, self._sampler_stats = importance_weights(
-            trained, sampled, mask, self.args.vllm_importance_sampling_mode,
-            self.args.vllm_importance_sampling_clip_min, self.args.vllm_importance_sampling_clip_max,
+            trained,
+            sampled,
+            mask,
+            self.args.vllm_importance_sampling_mode,
+            self.args.vllm_importance_sampling_clip_min,
+            self.args.vllm_importance_sampling_clip_max,
         )
         return ratio
 

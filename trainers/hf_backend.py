@@ -179,10 +179,20 @@ class HFBackendServer:
         return JSONResponse({"status": "ok", "model_version": self.model_version})
 
     async def _models(self, request: Request) -> Response:
-        cards = [{"id": name, "object": "model", "created": 0, "owned_by": "agentlightning", "model_version": version,
-                  **({"parent": self.model_name} if name != self.model_name else {})}
-                 for name, version in [self.served(None) if self.adapters else (self.model_name, self.model_version),
-                                       *(self.served(name) for name in self.adapters)]]
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "agentlightning",
+                "model_version": version,
+                **({"parent": self.model_name} if name != self.model_name else {}),
+            }
+            for name, version in [
+                self.served(None) if self.adapters else (self.model_name, self.model_version),
+                *(self.served(name) for name in self.adapters),
+            ]
+        ]
         return JSONResponse({"object": "list", "data": cards})
 
     async def _chat(self, request: Request) -> Response:
@@ -198,12 +208,22 @@ class HFBackendServer:
         choices = []
         for sample in samples:
             content, tool_calls = parse_tool_calls(sample.text) if tools else (sample.text, [])
-            choices.append(Choice(content, tool_calls, "tool_calls" if tool_calls else sample.finish_reason,
-                                  sample.token_ids, self._logprobs(sample, body)))
+            choices.append(
+                Choice(
+                    content,
+                    tool_calls,
+                    "tool_calls" if tool_calls else sample.finish_reason,
+                    sample.token_ids,
+                    self._logprobs(sample, body),
+                )
+            )
         reply = self._reply(body, prompt_ids, choices, version, samples[0].adapter)
         if body.get("stream"):
-            return StreamingResponse(payloads.sse(payloads.chat_chunks(reply, include_usage=True)),
-                                     media_type="text/event-stream", headers={"X-Model-Version": version})
+            return StreamingResponse(
+                payloads.sse(payloads.chat_chunks(reply, include_usage=True)),
+                media_type="text/event-stream",
+                headers={"X-Model-Version": version},
+            )
         return JSONResponse(payloads.chat_completion(reply), headers={"X-Model-Version": version})
 
     async def _completions(self, request: Request) -> Response:
@@ -224,8 +244,10 @@ class HFBackendServer:
             samples, version = await self._run(prompt_ids, params, n, self._adapter(request, body))
         except BadRequest as exc:
             return _error(400, str(exc))
-        choices = [Choice(sample.text, [], sample.finish_reason, sample.token_ids, self._logprobs(sample, body))
-                   for sample in samples]
+        choices = [
+            Choice(sample.text, [], sample.finish_reason, sample.token_ids, self._logprobs(sample, body))
+            for sample in samples
+        ]
         reply = self._reply(body, prompt_ids, choices, version, samples[0].adapter)
         return JSONResponse(payloads.completion(reply), headers={"X-Model-Version": version})
 
@@ -285,8 +307,9 @@ class HFBackendServer:
             return str(model)
         return self.policies.policy_of(model) if isinstance(model, str) else None
 
-    async def _run(self, prompt_ids: list[int], params: SamplingParams, n: int, adapter: str | None = None
-                   ) -> tuple[list[Sample], str]:
+    async def _run(
+        self, prompt_ids: list[int], params: SamplingParams, n: int, adapter: str | None = None
+    ) -> tuple[list[Sample], str]:
         futures = []
         for index in range(n):
             row_params = params
@@ -300,11 +323,13 @@ class HFBackendServer:
         # Rows of one request may land in different batches around an update: report the newest version.
         return samples, max((str(sample.model_version) for sample in samples), key=_version_order)
 
-    def _reply(self, body: dict[str, Any], prompt_ids: list[int], choices: list[Choice], version: str,
-               adapter: str | None) -> Reply:
+    def _reply(
+        self, body: dict[str, Any], prompt_ids: list[int], choices: list[Choice], version: str, adapter: str | None
+    ) -> Reply:
         extra = {"model_version": version, **({"policy": adapter} if adapter is not None else {})}
-        return Reply(model=body.get("model") or self.model_name, choices=choices, prompt_token_ids=prompt_ids,
-                     extra=extra)
+        return Reply(
+            model=body.get("model") or self.model_name, choices=choices, prompt_token_ids=prompt_ids, extra=extra
+        )
 
     def _logprobs(self, sample: Sample, body: dict[str, Any]) -> list[dict[str, Any]] | None:
         """The sampled tokens' logprob entries, when the request asked for them (or the server always sends them)."""

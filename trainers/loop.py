@@ -21,13 +21,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentlightning._decorator import RolloutAgent
-from agentlightning.rl.advantages import GROUP_BASELINES
-from agentlightning.trainers.batch import pack
 from agentlightning.trainers._distributed import Ranks, served_model
 from agentlightning.trainers._pipeline import RolloutPipeline, timed
+from agentlightning.trainers.batch import pack
 from agentlightning.trainers.config import TrainConfig, TrainResult
 from agentlightning.trainers.policies import PolicyMap, serving_routes
+
+from agentlightning._decorator import RolloutAgent
+from agentlightning.rl.advantages import GROUP_BASELINES
 from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,12 @@ class TrainingRun:
     """
 
     def __init__(
-        self, agent: Any, dataset: Sequence[Any], config: TrainConfig, *, val_dataset: Sequence[Any] | None = None,
+        self,
+        agent: Any,
+        dataset: Sequence[Any],
+        config: TrainConfig,
+        *,
+        val_dataset: Sequence[Any] | None = None,
         source: Any = None,
     ) -> None:
         if source is None and not isinstance(agent, RolloutAgent):
@@ -52,15 +58,16 @@ class TrainingRun:
         self.agent, self.dataset, self.config = agent, dataset, config
         self.val_dataset, self.source = val_dataset, source
         self.output_dir = Path(config.output_dir)
-        self.policies = None if config.policies is None else PolicyMap.parse(config.policies,
-                                                                             getattr(agent, "roles", None))
+        self.policies = (
+            None if config.policies is None else PolicyMap.parse(config.policies, getattr(agent, "roles", None))
+        )
         self._policy_set: Any = None
 
     # -- the run ------------------------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
-        from agentlightning.trainers.grpo import grpo_config
         from agentlightning.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+        from agentlightning.trainers.grpo import grpo_config
         from agentlightning.trainers.reporting import MetricsWriter, plot_curve, read_metrics
 
         run_started = time.perf_counter()
@@ -78,8 +85,10 @@ class TrainingRun:
             # The HF backend samples from the very weights being trained, so the sampler/trainer importance ratio
             # is 1 up to float noise and the correction is off; a separate sampler (vLLM) or rollouts sampled by
             # older weights (max_staleness > 0) turn it on.
-            **{"vllm_importance_sampling_correction": self.config.backend != "hf" or self.config.max_staleness > 0,
-               **self.config.trainer_args},
+            **{
+                "vllm_importance_sampling_correction": self.config.backend != "hf" or self.config.max_staleness > 0,
+                **self.config.trainer_args,
+            },
         )
         config = grpo_config(str(self.output_dir / "trl"), **settings)
         ranks = Ranks()  # after the TRL config, whose process-group settings it applies; rank 0 runs the loop
@@ -98,11 +107,17 @@ class TrainingRun:
         if not ranks.main:
             return ranks.follow(trainer, tokenizer)
         start_step = int(state["step"])
-        sampler = _TaskSampler(len(self.dataset), self.config.seed, state.get("order") or None,
-                               int(state.get("cursor", 0)), shuffle=self.config.shuffle_dataset)
+        sampler = _TaskSampler(
+            len(self.dataset),
+            self.config.seed,
+            state.get("order") or None,
+            int(state.get("cursor", 0)),
+            shuffle=self.config.shuffle_dataset,
+        )
 
-        backend = make_backend(self.config, policy, tokenizer, model_name, str(state.get("model_version", "v0")),
-                               base_dir, self.policies).start()
+        backend = make_backend(
+            self.config, policy, tokenizer, model_name, str(state.get("model_version", "v0")), base_dir, self.policies
+        ).start()
         if self.policies is not None:
             for name, steps in trainer.steps.items():  # each adapter served at its (resumed) version
                 with backend.updating(f"v{steps}", policy=name):
@@ -114,13 +129,21 @@ class TrainingRun:
         writer = MetricsWriter(self.output_dir, self.config.report_to, run_name=self.output_dir.name)
         source = self._rollout_source()
         pipeline = RolloutPipeline(
-            source, self.dataset, sampler.next, tasks_per_step=self.config.tasks_per_step,
-            group_size=self.config.group_size, max_staleness=self.config.max_staleness,
-            refill_cap=self.config.refill_cap, timeout=self._group_timeout(source),
+            source,
+            self.dataset,
+            sampler.next,
+            tasks_per_step=self.config.tasks_per_step,
+            group_size=self.config.group_size,
+            max_staleness=self.config.max_staleness,
+            refill_cap=self.config.refill_cap,
+            timeout=self._group_timeout(source),
             roles=self.policies.trained_roles if self.policies else self.config.roles,
             credit=self.policies.credit(self.config.credit) if self.policies else self.config.credit,
-            air=self.config.air, algorithm=self.config.algorithm, backlog=state.get("pending") or (),
-            max_steps=self.config.max_steps, policy_of=self.policies.policy_of if self.policies else None,
+            air=self.config.air,
+            algorithm=self.config.algorithm,
+            backlog=state.get("pending") or (),
+            max_steps=self.config.max_steps,
+            policy_of=self.policies.policy_of if self.policies else None,
         )
         history = read_metrics(writer.path)
         initial_val = state.get("initial_validation")
@@ -131,16 +154,20 @@ class TrainingRun:
             if self.val_dataset and initial_val is None:
                 initial_val = self._validate_policy(source, backend, "initial")
                 logger.info("held-out before training: %s", _fmt(initial_val))
-                start_row = {"step": 0, "model_version": backend.model_version,
-                             "elapsed_seconds": time.perf_counter() - run_started,
-                             **{f"val/{key}": value for key, value in initial_val.items()}}
+                start_row = {
+                    "step": 0,
+                    "model_version": backend.model_version,
+                    "elapsed_seconds": time.perf_counter() - run_started,
+                    **{f"val/{key}": value for key, value in initial_val.items()},
+                }
                 writer.write(start_row)
                 history.append(start_row)
             bar = _progress(self.config.progress, start_step, self.config.max_steps)
             for step in range(start_step, self.config.max_steps):
                 row = self._train_step(step, trainer, backend, source, pipeline, ranks)
                 if self.val_dataset and (
-                    (self.config.val_every and (step + 1) % self.config.val_every == 0) or step + 1 == self.config.max_steps
+                    (self.config.val_every and (step + 1) % self.config.val_every == 0)
+                    or step + 1 == self.config.max_steps
                 ):
                     val_started = time.perf_counter()
                     final_val = self._validate_policy(source, backend, f"step {step + 1}", pipeline)
@@ -156,13 +183,24 @@ class TrainingRun:
                 stop = target is not None and row.get("val/accuracy", -1.0) >= target
                 last = step + 1 == self.config.max_steps or stop
                 if (self.config.checkpoint_every and (step + 1) % self.config.checkpoint_every == 0) or last:
-                    checkpoint_path = save_checkpoint(trainer, self.output_dir, {
-                        "step": step + 1, "global_step": trainer.steps if self.policies else trainer.state.global_step,
-                        "model_version": backend.model_version, "order": sampler.order, "cursor": sampler.cursor,
-                        "pending": pipeline.pending_indices(), "initial_validation": initial_val,
-                    }, notify=lambda directory: ranks.send_checkpoint(trainer, directory))
+                    checkpoint_path = save_checkpoint(
+                        trainer,
+                        self.output_dir,
+                        {
+                            "step": step + 1,
+                            "global_step": trainer.steps if self.policies else trainer.state.global_step,
+                            "model_version": backend.model_version,
+                            "order": sampler.order,
+                            "cursor": sampler.cursor,
+                            "pending": pipeline.pending_indices(),
+                            "initial_validation": initial_val,
+                        },
+                        notify=lambda directory: ranks.send_checkpoint(trainer, directory),
+                    )
                 if stop:
-                    logger.info("held-out accuracy %.3f >= %s: stopping after step %d", row["val/accuracy"], target, step + 1)
+                    logger.info(
+                        "held-out accuracy %.3f >= %s: stopping after step %d", row["val/accuracy"], target, step + 1
+                    )
                     break
             if bar is not None:
                 bar.close()
@@ -181,17 +219,26 @@ class TrainingRun:
             tokenizer.save_pretrained(model_path)
         curve = plot_curve(history, self.output_dir / "reward_curve.png")
         result = TrainResult(
-            output_dir=self.output_dir, steps=int(history[-1]["step"]) if history else 0, model_version=backend.model_version,
+            output_dir=self.output_dir,
+            steps=int(history[-1]["step"]) if history else 0,
+            model_version=backend.model_version,
             history=history,
-            initial_validation=initial_val, final_validation=final_val, metrics_path=writer.path, curve_path=curve,
-            checkpoint_path=checkpoint_path, model_path=model_path, model=policy, tokenizer=tokenizer,
+            initial_validation=initial_val,
+            final_validation=final_val,
+            metrics_path=writer.path,
+            curve_path=curve,
+            checkpoint_path=checkpoint_path,
+            model_path=model_path,
+            model=policy,
+            tokenizer=tokenizer,
         )
         ranks.finish(result)
         logger.info("training finished:\n%s", result.summary())
         return result
 
-    def _train_step(self, step: int, trainer: Any, backend: Any, source: Any, pipeline: RolloutPipeline,
-                    ranks: Ranks) -> dict[str, Any]:
+    def _train_step(
+        self, step: int, trainer: Any, backend: Any, source: Any, pipeline: RolloutPipeline, ranks: Ranks
+    ) -> dict[str, Any]:
         started = time.perf_counter()
         served_version = backend.model_version
         on_version = _served_versions(backend, self.policies) or served_version
@@ -204,21 +251,37 @@ class TrainingRun:
         row["rollout_seconds"] = rollout_seconds
         row.update(data.metrics)
         if self.policies is not None:  # each policy's own batch, update and version
-            row.update(trainer.update(transitions, backend, self.config.max_prompt_length,
-                                      self.config.max_completion_length, self.config.algorithm))
+            row.update(
+                trainer.update(
+                    transitions,
+                    backend,
+                    self.config.max_prompt_length,
+                    self.config.max_completion_length,
+                    self.config.algorithm,
+                )
+            )
             row.update(trainer.rewards(data.rollouts, self.config.credit, self.config.air))
             _serve(source, backend)
             row["model_version_after"] = backend.model_version
             row["step_seconds"] = time.perf_counter() - started
             return row
-        batch = pack(
-            transitions, tokenizer_pad(trainer), self.config.max_prompt_length, self.config.max_completion_length,
-            drop_zero_variance_groups=self.config.algorithm in GROUP_BASELINES,
-        ) if transitions else None
+        batch = (
+            pack(
+                transitions,
+                tokenizer_pad(trainer),
+                self.config.max_prompt_length,
+                self.config.max_completion_length,
+                drop_zero_variance_groups=self.config.algorithm in GROUP_BASELINES,
+            )
+            if transitions
+            else None
+        )
         if batch is None or len(batch) == 0:
             logger.warning(
                 "step %d: nothing to train on (%d transitions; every group had equal rewards, was too stale or no "
-                "tokens were captured) — the model is unchanged", step + 1, len(transitions),
+                "tokens were captured) — the model is unchanged",
+                step + 1,
+                len(transitions),
             )
             row["skipped_update"] = 1
             # The step still counts: the optimizer schedule and the version do not move.
@@ -247,15 +310,18 @@ class TrainingRun:
         row["step_seconds"] = time.perf_counter() - started
         return row
 
-    def _validate_policy(self, source: Any, backend: Any, label: str, pipeline: RolloutPipeline | None = None
-                         ) -> dict[str, float]:
+    def _validate_policy(
+        self, source: Any, backend: Any, label: str, pipeline: RolloutPipeline | None = None
+    ) -> dict[str, float]:
         assert self.val_dataset is not None
         if pipeline is not None:
             pipeline.drain()  # training rollouts still running must not be sampled at the validation temperature
         backend.sampling_overrides = {"temperature": self.config.val_temperature}
         _serve(source, backend)
         try:
-            rollouts = source.run(list(self.val_dataset), 1, f"val-{label.replace(' ', '')}", self.config.rollout_timeout)
+            rollouts = source.run(
+                list(self.val_dataset), 1, f"val-{label.replace(' ', '')}", self.config.rollout_timeout
+            )
         finally:
             backend.sampling_overrides = {"temperature": self.config.temperature}
             _serve(source, backend)
@@ -265,8 +331,9 @@ class TrainingRun:
             kept.update(self._policy_set.rewards(rollouts, self.config.credit, self.config.air))
         return kept
 
-    def _rollout_metrics(self, rollouts: Sequence[Rollout], prefix: str, version: str | dict[str | None, str]
-                         ) -> dict[str, Any]:
+    def _rollout_metrics(
+        self, rollouts: Sequence[Rollout], prefix: str, version: str | dict[str | None, str]
+    ) -> dict[str, Any]:
         """Reward, accuracy and call statistics; ``calls_on_version`` counts calls served by ``version`` (per
         policy: ``{policy: version}``)."""
         rewards = [rollout.final_reward if rollout.final_reward is not None else 0.0 for rollout in rollouts]
@@ -281,8 +348,14 @@ class TrainingRun:
             f"{prefix}rollouts": float(len(rollouts)),
             f"{prefix}llm_calls": float(len(calls)),
             f"{prefix}completion_tokens_mean": statistics.fmean(completion_tokens) if completion_tokens else 0.0,
-            f"{prefix}calls_on_version": float(sum(1 for c in calls if c.metadata.get("model_version") == (
-                version.get(c.metadata.get("policy")) if isinstance(version, dict) else version))),
+            f"{prefix}calls_on_version": float(
+                sum(
+                    1
+                    for c in calls
+                    if c.metadata.get("model_version")
+                    == (version.get(c.metadata.get("policy")) if isinstance(version, dict) else version)
+                )
+            ),
         }
 
     # -- setup helpers --------------------------------------------------------------------------------------------
@@ -298,11 +371,16 @@ class TrainingRun:
         from agentlightning.trainers._policy_set import PolicySet
 
         policies = self.policies.policies
-        adapters = {name: _lora_config(p.lora if p.lora is not None else (self.config.lora or True))
-                    for name, p in policies.items()}
-        per_policy = {name: grpo_config(str(trl_dir / name), **{
-                          **settings, "learning_rate": p.learning_rate or settings["learning_rate"]})
-                      for name, p in policies.items()}
+        adapters = {
+            name: _lora_config(p.lora if p.lora is not None else (self.config.lora or True))
+            for name, p in policies.items()
+        }
+        per_policy = {
+            name: grpo_config(
+                str(trl_dir / name), **{**settings, "learning_rate": p.learning_rate or settings["learning_rate"]}
+            )
+            for name, p in policies.items()
+        }
         self._policy_set = PolicySet(model, tokenizer, self.policies, adapters, per_policy)
         return self._policy_set
 
@@ -358,13 +436,23 @@ class TrainingRun:
         if self.source is not None:
             return self.source
         if self.config.use_server:
-            return ServerRollouts(self.agent, self.output_dir / "store.db", self.config.nworkers,
-                                  rollout_timeout=self.config.rollout_timeout, workers=self.config.workers)
+            return ServerRollouts(
+                self.agent,
+                self.output_dir / "store.db",
+                self.config.nworkers,
+                rollout_timeout=self.config.rollout_timeout,
+                workers=self.config.workers,
+            )
         return LocalRollouts(self.agent, self.config.nworkers)
 
 
 def make_backend(
-    config: TrainConfig, policy: Any, tokenizer: Any, model_name: str, model_version: str, base_dir: Path | None,
+    config: TrainConfig,
+    policy: Any,
+    tokenizer: Any,
+    model_name: str,
+    model_version: str,
+    base_dir: Path | None,
     policies: PolicyMap | None = None,
 ) -> Any:
     """The :class:`~agentlightning.trainers.backend.Backend` that ``config.backend`` names, serving ``policy`` (not
@@ -374,22 +462,39 @@ def make_backend(
         from agentlightning.trainers.hf_backend import HFBackendServer
 
         return HFBackendServer(
-            policy, tokenizer, model_name=model_name, model_version=model_version, max_batch_size=config.max_batch_size,
-            always_logprobs=True, default_max_tokens=config.max_completion_length or 512, policies=policies,
+            policy,
+            tokenizer,
+            model_name=model_name,
+            model_version=model_version,
+            max_batch_size=config.max_batch_size,
+            always_logprobs=True,
+            default_max_tokens=config.max_completion_length or 512,
+            policies=policies,
         )
     if config.backend == "vllm":
         from agentlightning.trainers.vllm_backend import VLLMBackend
 
         options = config.vllm
         return VLLMBackend(
-            None if options.url else base_dir, url=options.url, policy=policy, tokenizer=tokenizer,
+            None if options.url else base_dir,
+            url=options.url,
+            policy=policy,
+            tokenizer=tokenizer,
             sync=config.vllm_sync,  # type: ignore[arg-type]
-            model_name=None if options.url else model_name, model_version=model_version, python=options.python,
-            dtype=options.dtype, gpu_memory_utilization=options.gpu_memory_utilization,
-            max_model_len=options.max_model_len, tensor_parallel_size=options.tensor_parallel_size,
-            max_lora_rank=options.max_lora_rank, extra_args=options.extra_args, env=options.env,
-            startup_timeout=options.startup_timeout, check_messages=_CHECK_MESSAGES if options.check_logprobs else None,
-            keep_previous=config.max_staleness > 0, policies=policies,
+            model_name=None if options.url else model_name,
+            model_version=model_version,
+            python=options.python,
+            dtype=options.dtype,
+            gpu_memory_utilization=options.gpu_memory_utilization,
+            max_model_len=options.max_model_len,
+            tensor_parallel_size=options.tensor_parallel_size,
+            max_lora_rank=options.max_lora_rank,
+            extra_args=options.extra_args,
+            env=options.env,
+            startup_timeout=options.startup_timeout,
+            check_messages=_CHECK_MESSAGES if options.check_logprobs else None,
+            keep_previous=config.max_staleness > 0,
+            policies=policies,
         )
     if getattr(config.backend, "policy", policy) is None:
         config.backend.policy = policy  # a Backend instance built before the trainer existed
@@ -415,8 +520,9 @@ def _serve(source: Any, backend: Any) -> None:
     each role's policy (``policies=``)."""
     policies = getattr(backend, "policies", None)
     routes = serving_routes(policies, backend.served) if policies is not None else ()
-    source.set_model(backend.base_url, backend.model_name, backend.model_version, dict(backend.sampling_overrides),
-                     routes=routes)
+    source.set_model(
+        backend.base_url, backend.model_name, backend.model_version, dict(backend.sampling_overrides), routes=routes
+    )
 
 
 def _served_versions(backend: Any, policies: PolicyMap | None) -> dict[str | None, str] | None:
@@ -464,7 +570,10 @@ def _lora_config(lora: Any) -> Any:
     if isinstance(lora, LoraConfig):
         return lora
     settings: dict[str, Any] = {
-        "r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "task_type": "CAUSAL_LM",
+        "r": 16,
+        "lora_alpha": 32,
+        "lora_dropout": 0.0,
+        "task_type": "CAUSAL_LM",
         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     }
     if isinstance(lora, dict):

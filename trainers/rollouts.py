@@ -42,15 +42,18 @@ class RolloutSource(Protocol):
         ...
 
     def set_model(
-        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None,
+        self,
+        base_url: str,
+        model_name: str,
+        model_version: str,
+        sampling_overrides: dict[str, Any] | None = None,
         routes: Sequence[Any] = (),
     ) -> None:
         """Serve ``model_name`` at ``base_url`` as ``model_version``, forcing ``sampling_overrides`` on requests;
         ``routes`` (``agentlightning.server.Route``) serve some roles by other models (one policy per role)."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 class ServerRollouts:
@@ -73,25 +76,43 @@ class ServerRollouts:
         settings = Settings(rollout_timeout=rollout_timeout) if rollout_timeout is not None else Settings()
         ray_workers = RayWorkers(num_workers=nworkers) if workers == "ray" else None if workers == "local" else workers
         token = secrets.token_urlsafe(16) if ray_workers else None  # Ray nodes reach it beyond loopback
-        self.server = LightningServer(store_path=store_path, settings=settings, logprobs=logprobs, token=token,
-                                      host=ray_workers.connect() if ray_workers else "127.0.0.1").start()
+        self.server = LightningServer(
+            store_path=store_path,
+            settings=settings,
+            logprobs=logprobs,
+            token=token,
+            host=ray_workers.connect() if ray_workers else "127.0.0.1",
+        ).start()
         self._logprobs = logprobs
         self._waiting = _waiters()
         self._open: set[str] = set()  # rollouts submitted and not yet waited for
         try:
             options: dict[str, Any] = {"timeout": rollout_timeout, "log_level": logging.WARNING}
-            self.pool = (ray_workers.start(agent, self.server.url, token=token, **options) if ray_workers
-                         else start_workers(agent, self.server.url, nworkers, **options))
+            self.pool = (
+                ray_workers.start(agent, self.server.url, token=token, **options)
+                if ray_workers
+                else start_workers(agent, self.server.url, nworkers, **options)
+            )
         except Exception:
             self.server.stop()
             raise
 
     def set_model(
-        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None,
+        self,
+        base_url: str,
+        model_name: str,
+        model_version: str,
+        sampling_overrides: dict[str, Any] | None = None,
         routes: Sequence[Any] = (),
     ) -> None:
-        self.server.set_upstream(base_url, model_name, model_version, logprobs=self._logprobs,
-                                 sampling_overrides=sampling_overrides or {}, routes=routes)
+        self.server.set_upstream(
+            base_url,
+            model_name,
+            model_version,
+            logprobs=self._logprobs,
+            sampling_overrides=sampling_overrides or {},
+            routes=routes,
+        )
 
     def submit(
         self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None
@@ -158,7 +179,11 @@ class LocalRollouts:
         self._pool = ThreadPoolExecutor(max_workers=self.nworkers, thread_name_prefix="agl-local-rollout")
 
     def set_model(
-        self, base_url: str, model_name: str, model_version: str, sampling_overrides: dict[str, Any] | None = None,
+        self,
+        base_url: str,
+        model_name: str,
+        model_version: str,
+        sampling_overrides: dict[str, Any] | None = None,
         routes: Sequence[Any] = (),
     ) -> None:
         # Only the HF backend is served this way (TrainConfig refuses another): it applies the overrides itself and
@@ -170,8 +195,10 @@ class LocalRollouts:
     ) -> list[Future[list[Rollout]]]:
         if self.llm is None:
             raise RuntimeError("LocalRollouts.set_model() must be called before run()")
-        return [_gathered([self._pool.submit(self._one, task, group_prefix, timeout) for _ in range(group_size)])
-                for task in tasks]
+        return [
+            _gathered([self._pool.submit(self._one, task, group_prefix, timeout) for _ in range(group_size)])
+            for task in tasks
+        ]
 
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
         return _results(self.submit(tasks, group_size, group_prefix, timeout))

@@ -6,10 +6,11 @@ import argparse
 import logging
 from collections.abc import Sequence
 
-from agentlightning.server import LightningServer
 from agentlightning.trainers.config import TrainConfig, config_options
 from agentlightning.trainers.loop import TrainingRun
 from agentlightning.trainers.rollouts import RemoteRollouts
+
+from agentlightning.server import LightningServer
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +56,20 @@ def serve_training(server: LightningServer, args: argparse.Namespace, extra: Seq
         val, train_tasks = (tasks[:held], tasks[held:]) if held else (None, tasks)
         logger.info("training %s on dataset %s (%d tasks, %d held out)", args.model, dataset_id, len(train_tasks), held)
         config = TrainConfig(
-            model=args.model, group_size=options.group_size, tasks_per_step=options.tasks_per_step,
-            max_steps=options.max_steps, learning_rate=options.learning_rate,
+            model=args.model,
+            group_size=options.group_size,
+            tasks_per_step=options.tasks_per_step,
+            max_steps=options.max_steps,
+            learning_rate=options.learning_rate,
             lora={"r": options.lora_rank, "lora_alpha": 2 * options.lora_rank} if options.lora_rank else None,
-            temperature=options.temperature, max_completion_length=options.max_completion_length,
-            val_every=options.val_every, output_dir=options.output_dir, resume=options.resume, checkpoint_every=10,
-            nworkers=0, rollout_timeout=args.timeout,
+            temperature=options.temperature,
+            max_completion_length=options.max_completion_length,
+            val_every=options.val_every,
+            output_dir=options.output_dir,
+            resume=options.resume,
+            checkpoint_every=10,
+            nworkers=0,
+            rollout_timeout=args.timeout,
         )
         config = TrainConfig.from_options(config, overrides)
         run = TrainingRun(None, train_tasks, config, val_dataset=val, source=RemoteRollouts(server, logprobs=True))

@@ -46,7 +46,6 @@ from types import TracebackType
 from typing import Any, Literal
 
 import httpx
-
 from agentlightning.trainers.policies import BASE_VERSION, combined_version
 
 logger = logging.getLogger(__name__)
@@ -126,8 +125,11 @@ class VLLMBackend:
         self._url = None if url is None else url.rstrip("/").removesuffix("/v1")
         self.python = python or default_python()
         self._server_args = {
-            "dtype": dtype, "gpu_memory_utilization": gpu_memory_utilization, "max_model_len": max_model_len,
-            "tensor_parallel_size": tensor_parallel_size, "max_lora_rank": max_lora_rank,
+            "dtype": dtype,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "max_model_len": max_model_len,
+            "tensor_parallel_size": tensor_parallel_size,
+            "max_lora_rank": max_lora_rank,
         }
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
@@ -197,8 +199,9 @@ class VLLMBackend:
         except BaseException:
             self.stop()
             raise
-        logger.info("vLLM serving %s (%s) at %s, sync=%s", self.model_name, self.model_version, self.base_url,
-                    self.sync_mode)
+        logger.info(
+            "vLLM serving %s (%s) at %s, sync=%s", self.model_name, self.model_version, self.base_url, self.sync_mode
+        )
         return self
 
     def stop(self) -> None:
@@ -247,11 +250,16 @@ class VLLMBackend:
             self._sync_policy(policy, new_version)
             return
         started = time.perf_counter()
-        {"lora": self._sync_lora, "disk": self._sync_disk, "nccl": self._sync_transfer,
-         "ipc": self._sync_transfer}[self.sync_mode](new_version)
+        {"lora": self._sync_lora, "disk": self._sync_disk, "nccl": self._sync_transfer, "ipc": self._sync_transfer}[
+            self.sync_mode
+        ](new_version)
         self._version = new_version
-        logger.info("weights synced to vLLM (%s) in %.2f s as %s", self.sync_mode, time.perf_counter() - started,
-                    self.model_name)
+        logger.info(
+            "weights synced to vLLM (%s) in %.2f s as %s",
+            self.sync_mode,
+            time.perf_counter() - started,
+            self.model_name,
+        )
         if self.check_messages is not None:
             self.last_logprob_gap = self.logprob_gap(self.check_messages)
             logger.info("sampler/trainer logprob gap after sync: %.2e nats", self.last_logprob_gap)
@@ -331,7 +339,8 @@ class VLLMBackend:
             raise VLLMUnavailable(f"sync='ipc' needs vllm in the trainer's environment ({exc})") from exc
         _require_full_model(self.policy, "ipc")
         return IPCTrainerWeightTransferEngine.trainer_init(
-            IPCTrainerInitInfo(rank=0), client=HTTPVLLMWeightSyncClient(self.url, timeout=self.request_timeout),
+            IPCTrainerInitInfo(rank=0),
+            client=HTTPVLLMWeightSyncClient(self.url, timeout=self.request_timeout),
             source=ModuleSource(self.policy),
         )
 
@@ -366,11 +375,30 @@ class VLLMBackend:
         """The command line of a server started here (after :meth:`start` made its files)."""
         args = self._server_args
         command = [
-            self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
-            "--host", "127.0.0.1", "--port", str(self._port), "--served-model-name", self._base_name or "policy",
-            "--dtype", str(args["dtype"]), "--gpu-memory-utilization", str(args["gpu_memory_utilization"]),
-            "--tensor-parallel-size", str(args["tensor_parallel_size"]), "--logprobs-mode", "processed_logprobs",
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--worker-extension-cls", WORKER_EXTENSION,
+            self.python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self._port),
+            "--served-model-name",
+            self._base_name or "policy",
+            "--dtype",
+            str(args["dtype"]),
+            "--gpu-memory-utilization",
+            str(args["gpu_memory_utilization"]),
+            "--tensor-parallel-size",
+            str(args["tensor_parallel_size"]),
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "hermes",
+            "--worker-extension-cls",
+            WORKER_EXTENSION,
         ]
         if args["max_model_len"]:
             command += ["--max-model-len", str(args["max_model_len"])]
@@ -407,8 +435,9 @@ class VLLMBackend:
         command = self.command()
         self._log_path = self._dir / "server.log"
         with open(self._log_path, "wb") as log:
-            self._process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                             start_new_session=True)
+            self._process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         logger.info("starting vLLM: %s (log: %s)", " ".join(command), self._log_path)
 
     def _wait_ready(self) -> None:

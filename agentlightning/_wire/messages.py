@@ -13,7 +13,8 @@ def as_plain(value: Any) -> Any:
     """``value`` as plain JSON data (a copy, by pydantic-core): pydantic objects without their None fields, tuples as
     lists, classes by name, other values that JSON cannot hold as their ``repr``."""
     return pydantic_core.to_jsonable_python(  # a class: e.g. response_format=SomeModel for .parse()
-        value, exclude_none=True, fallback=lambda other: other.__name__ if isinstance(other, type) else repr(other))
+        value, exclude_none=True, fallback=lambda other: other.__name__ if isinstance(other, type) else repr(other)
+    )
 
 
 def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
@@ -29,8 +30,10 @@ def message_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         parts = [as_plain(part) for part in content]
-        return "".join(str(part.get("text") or part.get("refusal") or "") if isinstance(part, dict) else str(part)
-                       for part in parts)
+        return "".join(
+            str(part.get("text") or part.get("refusal") or "") if isinstance(part, dict) else str(part)
+            for part in parts
+        )
     return str(content)
 
 
@@ -74,11 +77,17 @@ def anthropic_to_messages(messages: Any, system: Any = None) -> list[dict[str, A
         if not blocks:
             chat.append({"role": role, "content": message_text(content)})
             continue
-        chat.extend({"role": "tool", "tool_call_id": block.get("tool_use_id"),
-                     "content": message_text(block.get("content"))} for block in blocks if block.get("type") == "tool_result")
+        chat.extend(
+            {"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": message_text(block.get("content"))}
+            for block in blocks
+            if block.get("type") == "tool_result"
+        )
         texts = [block.get("text") or "" for block in blocks if block.get("type") == "text"]
-        calls = [tool_call(block.get("id"), block.get("name"), json.dumps(block.get("input") or {}))
-                 for block in blocks if block.get("type") == "tool_use"]
+        calls = [
+            tool_call(block.get("id"), block.get("name"), json.dumps(block.get("input") or {}))
+            for block in blocks
+            if block.get("type") == "tool_use"
+        ]
         if texts or calls:
             chat.append({"role": role, "content": "".join(texts) if texts else None})
             if calls:

@@ -45,8 +45,14 @@ class Reply:
     def envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         """The fields every chat / completions body and chunk shares."""
         prefix = "chatcmpl-" if kind.startswith("chat") else "cmpl-"
-        return {"id": prefix + self.response_id, "object": kind, "created": self.created, "model": self.model,
-                "choices": choices, **self.extra}
+        return {
+            "id": prefix + self.response_id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **self.extra,
+        }
 
 
 def token_logprobs(tokens: Sequence[str], logprobs: Sequence[float], top: int = 0) -> list[dict[str, Any]]:
@@ -71,8 +77,12 @@ def _completion_logprobs(entries: list[dict[str, Any]] | None, offset: int = 0) 
     for token in tokens:
         offsets.append(offset)
         offset += len(token)
-    return {"tokens": tokens, "token_logprobs": [entry["logprob"] for entry in entries],
-            "top_logprobs": [{entry["token"]: entry["logprob"]} for entry in entries], "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": [entry["logprob"] for entry in entries],
+        "top_logprobs": [{entry["token"]: entry["logprob"]} for entry in entries],
+        "text_offset": offsets,
+    }
 
 
 def chat_completion(reply: Reply) -> dict[str, Any]:
@@ -101,6 +111,7 @@ def _spans(choice: Choice, default: list[tuple[str, int]]) -> Iterator[tuple[str
 def chat_chunks(reply: Reply, include_usage: bool = False) -> Iterator[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a streamed reply (token ids on the chunks, as vLLM sends them)."""
     for index, choice in enumerate(reply.choices):
+
         def chunk(delta: dict[str, Any], ids: slice = slice(0, 0), finish: str | None = None) -> dict[str, Any]:
             entries = choice.logprobs  # noqa: B023
             logprobs = None if entries is None else {"content": entries[ids], "refusal": None}
@@ -116,8 +127,18 @@ def chat_chunks(reply: Reply, include_usage: bool = False) -> Iterator[dict[str,
             yield chunk({"content": text}, ids)
         for position, tool_call in enumerate(choice.tool_calls):
             function = tool_call["function"]
-            yield chunk({"tool_calls": [{"index": position, "id": tool_call["id"], "type": "function",
-                                         "function": {"name": function["name"], "arguments": ""}}]})
+            yield chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": position,
+                            "id": tool_call["id"],
+                            "type": "function",
+                            "function": {"name": function["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
             yield chunk({"tool_calls": [{"index": position, "function": {"arguments": function["arguments"]}}]})
         yield chunk({}, rest, finish=choice.finish_reason)
     if include_usage:
@@ -128,8 +149,12 @@ def completion(reply: Reply) -> dict[str, Any]:
     """A legacy ``text_completion`` body (``prompt_token_ids`` on the choice, as vLLM, and on top)."""
     choices = []
     for index, choice in enumerate(reply.choices):
-        item = {"index": index, "text": choice.content or "", "finish_reason": choice.finish_reason,
-                "logprobs": _completion_logprobs(choice.logprobs)}
+        item = {
+            "index": index,
+            "text": choice.content or "",
+            "finish_reason": choice.finish_reason,
+            "logprobs": _completion_logprobs(choice.logprobs),
+        }
         if reply.token_ids:
             item.update(token_ids=choice.token_ids, prompt_token_ids=reply.prompt_token_ids)
         choices.append(item)
@@ -143,8 +168,12 @@ def completion_chunks(reply: Reply) -> Iterator[dict[str, Any]]:
     offset = 0
     for position, (text, ids) in enumerate(_spans(choice, [(choice.content or "", len(choice.token_ids))])):
         logprobs = None if choice.logprobs is None else choice.logprobs[ids]
-        item = {"index": 0, "text": text, "finish_reason": None if text else choice.finish_reason,
-                "logprobs": _completion_logprobs(logprobs, offset)}
+        item = {
+            "index": 0,
+            "text": text,
+            "finish_reason": None if text else choice.finish_reason,
+            "logprobs": _completion_logprobs(logprobs, offset),
+        }
         body = reply.envelope("text_completion", [item])
         if reply.token_ids:
             item["token_ids"] = choice.token_ids[ids]
@@ -159,20 +188,44 @@ def response_object(reply: Reply) -> dict[str, Any]:
     choice = reply.choices[0]
     output: list[dict[str, Any]] = []
     if choice.content is not None:
-        output.append({"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "status": "completed",
-                       "role": "assistant",
-                       "content": [{"type": "output_text", "text": choice.content, "annotations": []}]})
+        output.append(
+            {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex[:24]}",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": choice.content, "annotations": []}],
+            }
+        )
     for tool_call in choice.tool_calls:
-        output.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": tool_call["id"],
-                       "name": tool_call["function"]["name"], "arguments": tool_call["function"]["arguments"],
-                       "status": "completed"})
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex[:24]}",
+                "call_id": tool_call["id"],
+                "name": tool_call["function"]["name"],
+                "arguments": tool_call["function"]["arguments"],
+                "status": "completed",
+            }
+        )
     usage = reply.usage()
     body: dict[str, Any] = {
-        "id": f"resp_{reply.response_id}", "object": "response", "created_at": reply.created, "model": reply.model,
-        "status": "completed", "output": output, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
-        "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"],
-                  "total_tokens": usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
-                  "output_tokens_details": {"reasoning_tokens": 0}},
+        "id": f"resp_{reply.response_id}",
+        "object": "response",
+        "created_at": reply.created,
+        "model": reply.model,
+        "status": "completed",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": usage["prompt_tokens"],
+            "output_tokens": usage["completion_tokens"],
+            "total_tokens": usage["total_tokens"],
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},
+        },
     }
     if reply.token_ids:
         body.update(prompt_token_ids=reply.prompt_token_ids, output_token_ids=choice.token_ids)
@@ -184,26 +237,41 @@ def response_events(reply: Reply) -> Iterator[dict[str, Any]]:
     final = response_object(reply)
     pending = {**final, "status": "in_progress", "output": [], "usage": None}
     pending.pop("output_token_ids", None)
-    events: list[tuple[str, dict[str, Any]]] = [("response.created", {"response": pending}),
-                                                ("response.in_progress", {"response": pending})]
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("response.created", {"response": pending}),
+        ("response.in_progress", {"response": pending}),
+    ]
     for index, item in enumerate(final["output"]):
         where = {"output_index": index, "item_id": item["id"]}
         if item["type"] == "message":
             part, text = item["content"][0], item["content"][0]["text"]
-            events.append(("response.output_item.added",
-                           {"output_index": index, "item": {**item, "status": "in_progress", "content": []}}))
-            events.append(("response.content_part.added",
-                           {**where, "content_index": 0, "part": {**part, "text": ""}}))
-            events.extend(("response.output_text.delta", {**where, "content_index": 0, "delta": piece, "logprobs": []})
-                          for piece in text_pieces(text))
+            events.append(
+                (
+                    "response.output_item.added",
+                    {"output_index": index, "item": {**item, "status": "in_progress", "content": []}},
+                )
+            )
+            events.append(("response.content_part.added", {**where, "content_index": 0, "part": {**part, "text": ""}}))
+            events.extend(
+                ("response.output_text.delta", {**where, "content_index": 0, "delta": piece, "logprobs": []})
+                for piece in text_pieces(text)
+            )
             events.append(("response.output_text.done", {**where, "content_index": 0, "text": text, "logprobs": []}))
             events.append(("response.content_part.done", {**where, "content_index": 0, "part": part}))
         else:
-            events.append(("response.output_item.added",
-                           {"output_index": index, "item": {**item, "status": "in_progress", "arguments": ""}}))
+            events.append(
+                (
+                    "response.output_item.added",
+                    {"output_index": index, "item": {**item, "status": "in_progress", "arguments": ""}},
+                )
+            )
             events.append(("response.function_call_arguments.delta", {**where, "delta": item["arguments"]}))
-            events.append(("response.function_call_arguments.done",
-                           {**where, "arguments": item["arguments"], "name": item["name"]}))
+            events.append(
+                (
+                    "response.function_call_arguments.done",
+                    {**where, "arguments": item["arguments"], "name": item["name"]},
+                )
+            )
         events.append(("response.output_item.done", {"output_index": index, "item": item}))
     events.append(("response.completed", {"response": final}))
     for sequence, (kind, fields) in enumerate(events):
@@ -219,12 +287,23 @@ def message_object(reply: Reply) -> dict[str, Any]:
     ``token_ids``, they go at the top level as ``prompt_token_ids`` and ``token_ids`` (no logprobs)."""
     choice = reply.choices[0]
     content: list[dict[str, Any]] = [{"type": "text", "text": choice.content}] if choice.content else []
-    content += [{"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
-                 "input": json.loads(call["function"]["arguments"] or "{}")} for call in choice.tool_calls]
+    content += [
+        {
+            "type": "tool_use",
+            "id": call["id"],
+            "name": call["function"]["name"],
+            "input": json.loads(call["function"]["arguments"] or "{}"),
+        }
+        for call in choice.tool_calls
+    ]
     usage = reply.usage()
     body: dict[str, Any] = {
-        "id": f"msg_{reply.response_id}", "type": "message", "role": "assistant", "model": reply.model,
-        "content": content, "stop_reason": _STOP_REASONS.get(choice.finish_reason, choice.finish_reason),
+        "id": f"msg_{reply.response_id}",
+        "type": "message",
+        "role": "assistant",
+        "model": reply.model,
+        "content": content,
+        "stop_reason": _STOP_REASONS.get(choice.finish_reason, choice.finish_reason),
         "stop_sequence": None,
         "usage": {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]},
     }
@@ -251,11 +330,17 @@ def message_events(reply: Reply) -> Iterator[dict[str, Any]]:
                 yield {**delta, "token_ids": choice.token_ids[ids]} if reply.token_ids else delta
         else:
             yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
-            yield {"type": "content_block_delta", "index": index,
-                   "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}}
+            yield {
+                "type": "content_block_delta",
+                "index": index,
+                "delta": {"type": "input_json_delta", "partial_json": json.dumps(block["input"])},
+            }
         yield {"type": "content_block_stop", "index": index}
-    end = {"type": "message_delta", "delta": {"stop_reason": final["stop_reason"], "stop_sequence": None},
-           "usage": {"output_tokens": final["usage"]["output_tokens"]}}
+    end = {
+        "type": "message_delta",
+        "delta": {"stop_reason": final["stop_reason"], "stop_sequence": None},
+        "usage": {"output_tokens": final["usage"]["output_tokens"]},
+    }
     yield {**end, "token_ids": choice.token_ids[rest]} if reply.token_ids else end
     yield {"type": "message_stop"}
 

@@ -20,8 +20,11 @@ from agentlightning.types import Call, TokenSource
 logger = logging.getLogger(__name__)
 
 # The endpoints of the API (path under /v1) by the name recorded for them; ``*.parse`` calls read as ``create``.
-ENDPOINTS: dict[str, str] = {"chat/completions": "chat.completions", "completions": "completions",
-                             "responses": "responses"}
+ENDPOINTS: dict[str, str] = {
+    "chat/completions": "chat.completions",
+    "completions": "completions",
+    "responses": "responses",
+}
 # Request fields that are not sampling parameters (all others are recorded in metadata["sampling"]).
 _NOT_SAMPLING = frozenset({"model", "messages", "prompt", "input", "instructions", "system", "tools", "stream"})
 _TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
@@ -53,8 +56,10 @@ def request_fields(api: str, request: dict[str, Any]) -> dict[str, Any]:
         "name": model if isinstance(model, str) else None,
         "input": input_,
         "tools": tools if isinstance(tools, list) and all(isinstance(tool, dict) for tool in tools) else None,
-        "metadata": {"stream": bool(request.get("stream")),
-                     "sampling": {key: value for key, value in request.items() if key not in _NOT_SAMPLING}},
+        "metadata": {
+            "stream": bool(request.get("stream")),
+            "sampling": {key: value for key, value in request.items() if key not in _NOT_SAMPLING},
+        },
     }
 
 
@@ -128,16 +133,26 @@ def _prompt_ids(body: dict[str, Any], choice: dict[str, Any]) -> Any:
 def _tool_call(entry: Any) -> dict[str, Any]:
     view = _view(entry)
     function = _view(view.get("function"))
-    return {**tool_call(view.get("id"), function.get("name"), function.get("arguments")),
-            "type": view.get("type") or "function"}
+    return {
+        **tool_call(view.get("id"), function.get("name"), function.get("arguments")),
+        "type": view.get("type") or "function",
+    }
 
 
-def _answer(output: dict[str, Any], body: dict[str, Any], prompt_ids: Any, completion_ids: Any, logprobs: Any,
-            **more: Any) -> dict[str, Any]:
+def _answer(
+    output: dict[str, Any], body: dict[str, Any], prompt_ids: Any, completion_ids: Any, logprobs: Any, **more: Any
+) -> dict[str, Any]:
     """What a response answered, as :func:`read_response` gives it."""
-    return {"output": output, "response_id": body.get("id"), "model": body.get("model"), "usage": body.get("usage"),
-            "prompt_token_ids": prompt_ids, "completion_token_ids": completion_ids, "completion_logprobs": logprobs,
-            **more}
+    return {
+        "output": output,
+        "response_id": body.get("id"),
+        "model": body.get("model"),
+        "usage": body.get("usage"),
+        "prompt_token_ids": prompt_ids,
+        "completion_token_ids": completion_ids,
+        "completion_logprobs": logprobs,
+        **more,
+    }
 
 
 def read_response(api: str, response: Any) -> dict[str, Any]:
@@ -155,13 +170,23 @@ def read_response(api: str, response: Any) -> dict[str, Any]:
         output = {"content": choice.get("text"), "tool_calls": [], "finish_reason": choice.get("finish_reason")}
     else:
         message = _view(choice.get("message"))
-        output = {"content": message.get("content"),
-                  "tool_calls": [_tool_call(entry) for entry in message.get("tool_calls") or []],
-                  "finish_reason": choice.get("finish_reason")}
+        output = {
+            "content": message.get("content"),
+            "tool_calls": [_tool_call(entry) for entry in message.get("tool_calls") or []],
+            "finish_reason": choice.get("finish_reason"),
+        }
         if message.get("refusal"):
             output["refusal"] = message["refusal"]
-    return _answer(output, body, _prompt_ids(body, choice), choice.get("token_ids"), _logprobs(choice.get("logprobs")),
-                   choices=len(choices), model_version=body.get("model_version"), policy=body.get("policy"))
+    return _answer(
+        output,
+        body,
+        _prompt_ids(body, choice),
+        choice.get("token_ids"),
+        _logprobs(choice.get("logprobs")),
+        choices=len(choices),
+        model_version=body.get("model_version"),
+        policy=body.get("policy"),
+    )
 
 
 def _read_responses(body: dict[str, Any]) -> dict[str, Any]:
@@ -188,9 +213,16 @@ def _read_message(body: dict[str, Any]) -> dict[str, Any]:
     """An Anthropic ``message``: text blocks as content, ``tool_use`` blocks as tool calls, its ``stop_reason``."""
     blocks = list(map(_view, body.get("content") or []))
     texts = [block.get("text") or "" for block in blocks if block.get("type") == "text"]
-    calls = [tool_call(block.get("id"), block.get("name"), json.dumps(as_plain(block.get("input") or {})))
-             for block in blocks if block.get("type") == "tool_use"]
-    output = {"content": "".join(texts) if texts else None, "finish_reason": body.get("stop_reason"), "tool_calls": calls}
+    calls = [
+        tool_call(block.get("id"), block.get("name"), json.dumps(as_plain(block.get("input") or {})))
+        for block in blocks
+        if block.get("type") == "tool_use"
+    ]
+    output = {
+        "content": "".join(texts) if texts else None,
+        "finish_reason": body.get("stop_reason"),
+        "tool_calls": calls,
+    }
     return _answer(output, body, body.get("prompt_token_ids"), body.get("token_ids"), None)
 
 
@@ -292,9 +324,15 @@ class StreamFold:
         if self.final_response is not None:
             return read_response("responses", self.final_response)
         text = "".join(self.texts)
-        output = {"content": text if text or not self.tool_calls else None,
-                  "tool_calls": [self.tool_calls[index] for index in sorted(self.tool_calls)],
-                  "finish_reason": self.finish_reason or (None if complete else "incomplete_stream")}
-        return _answer(output, {"id": self.response_id, "model": self.model, "usage": self.usage}, self.prompt_ids,
-                       self.completion_ids, self.logprobs)
-
+        output = {
+            "content": text if text or not self.tool_calls else None,
+            "tool_calls": [self.tool_calls[index] for index in sorted(self.tool_calls)],
+            "finish_reason": self.finish_reason or (None if complete else "incomplete_stream"),
+        }
+        return _answer(
+            output,
+            {"id": self.response_id, "model": self.model, "usage": self.usage},
+            self.prompt_ids,
+            self.completion_ids,
+            self.logprobs,
+        )

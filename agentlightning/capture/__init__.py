@@ -5,15 +5,40 @@ Framework adapters (``agentlightning.adapters``) use only the names exported her
 """
 
 from agentlightning.capture._context import (
-    LLMCall, RolloutRecorder, current_recorder, current_role, emit_reward, note_stray_call, recording, reset_role,
-    set_role, stray_calls_since,
+    LLMCall,
+    RolloutRecorder,
+    current_recorder,
+    current_role,
+    emit_reward,
+    note_stray_call,
+    recording,
+    reset_role,
+    set_role,
+    stray_calls_since,
 )
 from agentlightning.capture._diagnostics import explain_rollout
 from agentlightning.capture._instrument import enable_auto_instrumentation, installed_adapters, instrument, uninstrument
 from agentlightning.capture._role import role, role_matches, unmatched_patterns
 from agentlightning.capture._telemetry import emit_call_span
 
-__all__ = ["LLMCall", "RolloutRecorder", "current_recorder", "current_role", "emit_call_span", "emit_reward",
-           "enable_auto_instrumentation", "explain_rollout", "installed_adapters", "instrument", "note_stray_call",
-           "recording", "reset_role", "role", "role_matches", "set_role", "stray_calls_since", "uninstrument",
-           "unmatched_patterns"]
+__all__ = [
+    "LLMCall",
+    "RolloutRecorder",
+    "current_recorder",
+    "current_role",
+    "emit_call_span",
+    "emit_reward",
+    "enable_auto_instrumentation",
+    "explain_rollout",
+    "installed_adapters",
+    "instrument",
+    "note_stray_call",
+    "recording",
+    "reset_role",
+    "role",
+    "role_matches",
+    "set_role",
+    "stray_calls_since",
+    "uninstrument",
+    "unmatched_patterns",
+]

@@ -151,8 +151,9 @@ class LLMCall:
         self.api = api
         self.recorder = recorder
         self.fields = request_fields(api, body)
-        self.fields.update(call_id=new_id("call"), rollout_id=recorder.rollout_id, role=current_role(),
-                           start_time=time.time())
+        self.fields.update(
+            call_id=new_id("call"), rollout_id=recorder.rollout_id, role=current_role(), start_time=time.time()
+        )
         self.fields["metadata"].update(endpoint=endpoint, api=api)
         if recorder.model_version is not None:
             self.fields["metadata"]["model_version"] = recorder.model_version

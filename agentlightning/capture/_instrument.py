@@ -24,8 +24,14 @@ from agentlightning.capture._context import current_recorder
 logger = logging.getLogger(__name__)
 
 # adapter name (its module in agentlightning.adapters) -> the framework module that triggers it
-ADAPTERS: dict[str, str] = {"openai": "openai", "httpx": "httpx", "anthropic": "anthropic",
-                            "langchain": "langchain_core", "openai_agents": "agents", "autogen": "autogen_agentchat"}
+ADAPTERS: dict[str, str] = {
+    "openai": "openai",
+    "httpx": "httpx",
+    "anthropic": "anthropic",
+    "langchain": "langchain_core",
+    "openai_agents": "agents",
+    "autogen": "autogen_agentchat",
+}
 
 _lock = threading.RLock()
 _hooks_registered = False
@@ -98,8 +104,9 @@ def enable_auto_instrumentation() -> None:
         _install_on_import(name)
 
 
-def _submit_in_context(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-                       ) -> Any:
+def _submit_in_context(
+    wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     if current_recorder() is None or not args:
         return wrapped(*args, **kwargs)
     return wrapped(contextvars.copy_context().run, *args, **kwargs)

@@ -26,6 +26,7 @@ class role:  # noqa: N801 - used like a function: `with agl.role("writer"):`
         with agl.role("writer"):
             client.chat.completions.create(...)
 
+
         @agl.role("checker")
         def check(sql: str) -> str: ...
     """

@@ -15,14 +15,29 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from agentlightning import __version__
 from agentlightning.types import Call
 
-_OPERATIONS = {"chat.completions": "chat", "chat.completions.parse": "chat", "responses": "chat",
-               "responses.parse": "chat", "completions": "text_completion"}
-_REQUEST_ATTRIBUTES = {"max_tokens": "gen_ai.request.max_tokens", "max_completion_tokens": "gen_ai.request.max_tokens",
-                       "max_output_tokens": "gen_ai.request.max_tokens", "n": "gen_ai.request.choice.count",
-                       **{name: f"gen_ai.request.{name}" for name in ("temperature", "top_p", "top_k", "seed",
-                                                                      "frequency_penalty", "presence_penalty")}}
-_USAGE = {"prompt_tokens": "gen_ai.usage.input_tokens", "input_tokens": "gen_ai.usage.input_tokens",
-          "completion_tokens": "gen_ai.usage.output_tokens", "output_tokens": "gen_ai.usage.output_tokens"}
+_OPERATIONS = {
+    "chat.completions": "chat",
+    "chat.completions.parse": "chat",
+    "responses": "chat",
+    "responses.parse": "chat",
+    "completions": "text_completion",
+}
+_REQUEST_ATTRIBUTES = {
+    "max_tokens": "gen_ai.request.max_tokens",
+    "max_completion_tokens": "gen_ai.request.max_tokens",
+    "max_output_tokens": "gen_ai.request.max_tokens",
+    "n": "gen_ai.request.choice.count",
+    **{
+        name: f"gen_ai.request.{name}"
+        for name in ("temperature", "top_p", "top_k", "seed", "frequency_penalty", "presence_penalty")
+    },
+}
+_USAGE = {
+    "prompt_tokens": "gen_ai.usage.input_tokens",
+    "input_tokens": "gen_ai.usage.input_tokens",
+    "completion_tokens": "gen_ai.usage.output_tokens",
+    "output_tokens": "gen_ai.usage.output_tokens",
+}
 
 
 def _tracer() -> trace.Tracer | None:
@@ -51,9 +66,14 @@ def call_attributes(call: Call) -> dict[str, Any]:
         "agentlightning.sequence": call.sequence,
         "agentlightning.stream": bool(metadata.get("stream")),
     }
-    optional = {"gen_ai.request.model": call.name, "agentlightning.rollout_id": call.rollout_id,
-                "agentlightning.role": call.role, "gen_ai.response.model": metadata.get("response_model"),
-                "gen_ai.response.id": call.response_id, "agentlightning.token_source": call.token_source}
+    optional = {
+        "gen_ai.request.model": call.name,
+        "agentlightning.rollout_id": call.rollout_id,
+        "agentlightning.role": call.role,
+        "gen_ai.response.model": metadata.get("response_model"),
+        "gen_ai.response.id": call.response_id,
+        "agentlightning.token_source": call.token_source,
+    }
     attributes.update((name, value) for name, value in optional.items() if value)
     endpoint = metadata.get("endpoint")
     if endpoint:
@@ -82,8 +102,12 @@ def emit_call_span(call: Call) -> None:
     if tracer is None:
         return
     attributes = call_attributes(call)
-    span = tracer.start_span(f"{attributes['gen_ai.operation.name']} {call.name or ''}".strip(), kind=SpanKind.CLIENT,
-                             start_time=int(call.start_time * 1e9), attributes=attributes)
+    span = tracer.start_span(
+        f"{attributes['gen_ai.operation.name']} {call.name or ''}".strip(),
+        kind=SpanKind.CLIENT,
+        start_time=int(call.start_time * 1e9),
+        attributes=attributes,
+    )
     if call.status == "error":
         span.set_status(Status(StatusCode.ERROR, call.error))
     span.end(end_time=int((call.end_time or call.start_time) * 1e9))

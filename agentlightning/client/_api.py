@@ -27,8 +27,10 @@ def resolve_server_url(server_url: str | None) -> str:
     """``server_url``, else ``$AGL_SERVER_URL``, else ``$AgentLightningServerUrl``."""
     url = server_url or os.environ.get("AGL_SERVER_URL") or os.environ.get("AgentLightningServerUrl")
     if not url:
-        raise ValueError("no server URL: pass server_url=... (agl client --server-url) or set AGL_SERVER_URL "
-                         "(AgentLightningServerUrl is accepted too), e.g. AGL_SERVER_URL=http://127.0.0.1:4747")
+        raise ValueError(
+            "no server URL: pass server_url=... (agl client --server-url) or set AGL_SERVER_URL "
+            "(AgentLightningServerUrl is accepted too), e.g. AGL_SERVER_URL=http://127.0.0.1:4747"
+        )
     if not url.startswith(("http://", "https://")):
         raise ValueError(f"server URL must start with http:// or https://, got {url!r}")
     return url.rstrip("/")
@@ -52,8 +54,17 @@ class ServerAPI:
         """Close connections."""
         self._http.close()
 
-    def request(self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None,
-                retry_for: float | None = 60.0, stop: StopSignal | None = None, timeout: float | None = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        retry_for: float | None = 60.0,
+        stop: StopSignal | None = None,
+        timeout: float | None = None,
+    ) -> Any:
         """Send a request and return its JSON answer, retrying transient failures for up to ``retry_for`` seconds
         (None: until ``stop`` is set)."""
         deadline = None if retry_for is None else time.monotonic() + retry_for
@@ -61,8 +72,13 @@ class ServerAPI:
         while True:
             retry_after = ""
             try:
-                response = self._http.request(method, path, json=json, params=params,
-                                              timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+                response = self._http.request(
+                    method,
+                    path,
+                    json=json,
+                    params=params,
+                    timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout,
+                )
                 if response.status_code not in _RETRY_STATUSES:
                     break
                 problem = f"HTTP {response.status_code}: {_detail(response)}"
@@ -83,37 +99,57 @@ class ServerAPI:
         """``GET /health``, waiting up to ``retry_for`` seconds for the server to come up."""
         return self.request("GET", "/health", retry_for=retry_for)
 
-    def dequeue(self, worker_id: str, wait: float, stop: StopSignal | None = None, retry_for: float | None = 600.0
-                ) -> tuple[Lease | None, bool]:
+    def dequeue(
+        self, worker_id: str, wait: float, stop: StopSignal | None = None, retry_for: float | None = 600.0
+    ) -> tuple[Lease | None, bool]:
         """Long-poll for a rollout: returns (lease or None, whether the server says stop). A server that is down
         (restarting) is waited for up to ``retry_for`` seconds, or until ``stop`` is set."""
-        body = self.request("POST", f"/workers/{worker_id}/dequeue", params={"wait": wait}, retry_for=retry_for,
-                            stop=stop, timeout=wait + 30.0)
+        body = self.request(
+            "POST",
+            f"/workers/{worker_id}/dequeue",
+            params={"wait": wait},
+            retry_for=retry_for,
+            stop=stop,
+            timeout=wait + 30.0,
+        )
         return _lease(body), bool(body.get("stop"))
 
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str) -> dict[str, Any]:
         """Extend the lease; ``{"ok": False}`` means the attempt was taken away (abandon it)."""
-        return self.request("POST", f"/rollouts/{rollout_id}/heartbeat",
-                            json={"attempt": attempt, "worker_id": worker_id}, retry_for=5.0)
+        return self.request(
+            "POST",
+            f"/rollouts/{rollout_id}/heartbeat",
+            json={"attempt": attempt, "worker_id": worker_id},
+            retry_for=5.0,
+        )
 
-    def upload_result(self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None = 600.0
-                      ) -> ResultOutcome:
+    def upload_result(
+        self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None = 600.0
+    ) -> ResultOutcome:
         """Report a finished attempt (idempotent: safe to repeat)."""
         return ResultOutcome.model_validate(self._post_result(rollout, attempt, worker_id, retry_for))
 
-    def upload_result_and_lease(self, rollout: Rollout, attempt: int, worker_id: str, retry_for: float | None = 600.0
-                                ) -> tuple[ResultOutcome, Lease | None, bool]:
+    def upload_result_and_lease(
+        self, rollout: Rollout, attempt: int, worker_id: str, retry_for: float | None = 600.0
+    ) -> tuple[ResultOutcome, Lease | None, bool]:
         """Report a finished attempt and take ``worker_id``'s next lease in the same request: returns (what was
         done with the result, the next lease or None when the queue is empty, whether the server says stop)."""
         answer = self._post_result(rollout, attempt, worker_id, retry_for, params={"next": 1})
         following = answer.get("next") or {}
         return ResultOutcome.model_validate(answer), _lease(following), bool(following.get("stop"))
 
-    def _post_result(self, rollout: Rollout, attempt: int, worker_id: str | None, retry_for: float | None,
-                     params: dict[str, Any] | None = None) -> Any:
+    def _post_result(
+        self,
+        rollout: Rollout,
+        attempt: int,
+        worker_id: str | None,
+        retry_for: float | None,
+        params: dict[str, Any] | None = None,
+    ) -> Any:
         body = {"attempt": attempt, "worker_id": worker_id, "rollout": rollout.model_dump(mode="json")}
-        return self.request("POST", f"/rollouts/{rollout.rollout_id}/result", json=body, params=params,
-                            retry_for=retry_for)
+        return self.request(
+            "POST", f"/rollouts/{rollout.rollout_id}/result", json=body, params=params, retry_for=retry_for
+        )
 
 
 def _lease(body: dict[str, Any]) -> Lease | None:

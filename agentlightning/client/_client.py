@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentlightning._decorator import RolloutAgent
 from agentlightning.client._api import ServerAPI, resolve_token
 from agentlightning.client._pool import WorkerPool
 from agentlightning.client._ray import RayWorkers
-from agentlightning._decorator import RolloutAgent
 from agentlightning.protocol import ServerError, dataset_id_for
 
 logger = logging.getLogger(__name__)
@@ -50,8 +50,9 @@ class Client:
         self.api = ServerAPI(server_url, self.token)
         self.server_url = self.api.server_url
 
-    def upload_dataset(self, dataset: str | Path | Sequence[Any], dataset_id: str | None = None,
-                       name: str | None = None) -> str:
+    def upload_dataset(
+        self, dataset: str | Path | Sequence[Any], dataset_id: str | None = None, name: str | None = None
+    ) -> str:
         """Upload tasks (a JSONL/JSON file or a list) unless the server already has them; returns the dataset id."""
         if isinstance(dataset, (str, Path)):
             name = name or Path(dataset).name
@@ -72,9 +73,17 @@ class Client:
         logger.info("uploaded dataset %s (%d tasks)", info["dataset_id"], info["size"])
         return str(info["dataset_id"])
 
-    def train(self, agent: RolloutAgent | Callable[..., Any] | str, dataset: str | Path | Sequence[Any] | None = None,
-              *, dataset_id: str | None = None, nworkers: int = -1, timeout: float | None = None,
-              workers: RayWorkers | None = None, **pool_options: Any) -> str:
+    def train(
+        self,
+        agent: RolloutAgent | Callable[..., Any] | str,
+        dataset: str | Path | Sequence[Any] | None = None,
+        *,
+        dataset_id: str | None = None,
+        nworkers: int = -1,
+        timeout: float | None = None,
+        workers: RayWorkers | None = None,
+        **pool_options: Any,
+    ) -> str:
         """Serve rollouts of ``agent`` until the server says stop; returns the dataset id.
 
         Give ``dataset`` (a JSONL/JSON path or a list of tasks; uploaded if the server lacks it) or ``dataset_id``
@@ -91,11 +100,15 @@ class Client:
         except ServerError as exc:
             if exc.status != 404:
                 raise
-            raise ValueError(f"the server at {self.server_url} has no dataset {dataset_id!r}; upload it with "
-                             "dataset=... first") from None
+            raise ValueError(
+                f"the server at {self.server_url} has no dataset {dataset_id!r}; upload it with dataset=... first"
+            ) from None
         options = {"token": self.token, "timeout": timeout, **pool_options}
-        pool: WorkerPool | RayWorkers = (workers.start(agent, self.server_url, **options) if workers is not None
-                                         else WorkerPool(agent, self.server_url, nworkers, **options).start())
+        pool: WorkerPool | RayWorkers = (
+            workers.start(agent, self.server_url, **options)
+            if workers is not None
+            else WorkerPool(agent, self.server_url, nworkers, **options).start()
+        )
         try:
             pool.wait()
         except KeyboardInterrupt:

@@ -18,8 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning.client._api import ServerAPI
-from agentlightning.client._worker import (EXIT_ABANDONED, EXIT_AUTH, WorkerConfig, WorkerSlot, agent_ref,
-                                           default_spool_dir, resend_every, resend_spooled, worker_main)
+from agentlightning.client._worker import (
+    EXIT_ABANDONED,
+    EXIT_AUTH,
+    WorkerConfig,
+    WorkerSlot,
+    agent_ref,
+    default_spool_dir,
+    resend_every,
+    resend_spooled,
+    worker_main,
+)
 from agentlightning.protocol import ProtocolError
 from agentlightning.types import ErrorInfo, Rollout, new_id
 
@@ -42,10 +51,22 @@ class WorkerPool:
     ``spool_dir`` (``$AGL_SPOOL_DIR``, else ``~/.cache/agentlightning/spool``), re-sent every ``spool_retry_seconds``.
     A worker silent for ``unresponsive_seconds`` (at most half its lease, at least 3) during a rollout is killed."""
 
-    def __init__(self, agent: Any, server_url: str, nworkers: int = -1, *, token: str | None = None,
-                 timeout: float | None = None, kill_grace: float = 5.0, spool_dir: str | None = None,
-                 log_level: int = logging.INFO, upload_retry_seconds: float = 600.0, reconnect_seconds: float = 600.0,
-                 unresponsive_seconds: float = 10.0, spool_retry_seconds: float = 30.0) -> None:
+    def __init__(
+        self,
+        agent: Any,
+        server_url: str,
+        nworkers: int = -1,
+        *,
+        token: str | None = None,
+        timeout: float | None = None,
+        kill_grace: float = 5.0,
+        spool_dir: str | None = None,
+        log_level: int = logging.INFO,
+        upload_retry_seconds: float = 600.0,
+        reconnect_seconds: float = 600.0,
+        unresponsive_seconds: float = 10.0,
+        spool_retry_seconds: float = 30.0,
+    ) -> None:
         if nworkers != -1 and nworkers < 1:
             raise ValueError(f"nworkers must be >= 1 or -1 (one per core), got {nworkers}")
         self.nworkers = (os.cpu_count() or 1) if nworkers == -1 else nworkers
@@ -56,10 +77,16 @@ class WorkerPool:
         self.error: str | None = None
         self._api = ServerAPI(server_url, token)
         self._config = WorkerConfig(
-            agent_ref=agent_ref(agent), server_url=self._api.server_url, token=token, worker_id="",
+            agent_ref=agent_ref(agent),
+            server_url=self._api.server_url,
+            token=token,
+            worker_id="",
             spool_dir=spool_dir or default_spool_dir(),
-            log_dir=self._log_dir, timeout=timeout, upload_retry_seconds=upload_retry_seconds,
-            reconnect_seconds=reconnect_seconds, log_level=log_level,
+            log_dir=self._log_dir,
+            timeout=timeout,
+            upload_retry_seconds=upload_retry_seconds,
+            reconnect_seconds=reconnect_seconds,
+            log_level=log_level,
         )
         self._ctx = multiprocessing.get_context("spawn")
         self._drain = self._ctx.Event()
@@ -75,10 +102,15 @@ class WorkerPool:
         for index in range(self.nworkers):
             self._spawn(index)
         threading.Thread(target=self._supervise, name="agl-worker-pool", daemon=True).start()
-        threading.Thread(target=resend_every, name="agl-spool", daemon=True,
-                         args=(self._api, self._config.spool_dir, self.spool_retry_seconds, self._done)).start()
-        logger.info("started %d workers for %s against %s", self.nworkers, self._config.agent_ref,
-                    self._config.server_url)
+        threading.Thread(
+            target=resend_every,
+            name="agl-spool",
+            daemon=True,
+            args=(self._api, self._config.spool_dir, self.spool_retry_seconds, self._done),
+        ).start()
+        logger.info(
+            "started %d workers for %s against %s", self.nworkers, self._config.agent_ref, self._config.server_url
+        )
         return self
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -120,8 +152,9 @@ class WorkerPool:
         self._generation += 1
         config = dataclasses.replace(self._config, worker_id=f"{self.client_id}-w{index}.{self._generation}")
         slot = WorkerSlot.create(self._ctx)
-        process = self._ctx.Process(target=worker_main, args=(config, slot, self._drain), name=config.worker_id,
-                                    daemon=True)
+        process = self._ctx.Process(
+            target=worker_main, args=(config, slot, self._drain), name=config.worker_id, daemon=True
+        )
         process.start()
         self._workers[index] = _Worker(process, slot, time.monotonic())
 
@@ -148,16 +181,29 @@ class WorkerPool:
                 logger.error("worker %s %s on %s; killing it", process.name, why, current[0])
                 process.kill()
                 process.join(5)
-                self._report(worker, current, "timeout", ErrorInfo(  # and replaced at the next check, as dead
-                    type="Timeout", message=f"the worker process (pid {process.pid}) running the agent {why}; killed"))
+                self._report(
+                    worker,
+                    current,
+                    "timeout",
+                    ErrorInfo(  # and replaced at the next check, as dead
+                        type="Timeout",
+                        message=f"the worker process (pid {process.pid}) running the agent {why}; killed",
+                    ),
+                )
             return
         process.join()
         code = process.exitcode
         if current is not None:
             how = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
             logger.error("worker %s %s while running %s", process.name, how, current[0])
-            self._report(worker, current, "failed", ErrorInfo(
-                type="WorkerDied", message=f"worker process pid {process.pid} {how} during attempt {current[1]}"))
+            self._report(
+                worker,
+                current,
+                "failed",
+                ErrorInfo(
+                    type="WorkerDied", message=f"worker process pid {process.pid} {how} during attempt {current[1]}"
+                ),
+            )
         if code == EXIT_AUTH:
             self._fail("the server refused this client's token")
         elif current is None and code not in (0, EXIT_ABANDONED) and now - worker.started < 2.0:  # broken set-up
@@ -189,9 +235,16 @@ class WorkerPool:
     def _report(self, worker: _Worker, current: tuple[str, int, float], status: str, error: ErrorInfo) -> None:
         worker.slot.clear()
         rollout_id, attempt, _ = current
-        result = Rollout(rollout_id=rollout_id, attempt=attempt, status=status, error=error,  # type: ignore[arg-type]
-                         logs=[f"reported by the worker pool of client {self.client_id}: {error.message}",
-                               *self._attempt_log(worker)])
+        result = Rollout(
+            rollout_id=rollout_id,
+            attempt=attempt,
+            status=status,
+            error=error,  # type: ignore[arg-type]
+            logs=[
+                f"reported by the worker pool of client {self.client_id}: {error.message}",
+                *self._attempt_log(worker),
+            ],
+        )
         try:
             self._api.upload_result(result, attempt, worker.process.name, retry_for=5.0)  # else the lease expires
         except ProtocolError as exc:

@@ -14,8 +14,16 @@ import threading
 from typing import Any
 
 from agentlightning.client._api import ServerAPI, resolve_server_url
-from agentlightning.client._worker import (EXIT_AUTH, WorkerConfig, WorkerSlot, agent_ref, default_spool_dir,
-                                           resend_every, resend_spooled, worker_main)
+from agentlightning.client._worker import (
+    EXIT_AUTH,
+    WorkerConfig,
+    WorkerSlot,
+    agent_ref,
+    default_spool_dir,
+    resend_every,
+    resend_spooled,
+    worker_main,
+)
 from agentlightning.types import new_id
 
 logger = logging.getLogger(__name__)
@@ -31,9 +39,15 @@ class RayWorkers:
     ships code to them (local directories only at the job level: when Ray is initialised already, give those to
     ``ray.init``); ``max_restarts``: Ray's restarts of a dead actor (-1: always)."""
 
-    def __init__(self, address: str | None = None, num_workers: int = 4, num_cpus_per_worker: float = 1.0,
-                 resources: dict[str, float] | None = None, runtime_env: dict[str, Any] | None = None,
-                 max_restarts: int = -1) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        num_workers: int = 4,
+        num_cpus_per_worker: float = 1.0,
+        resources: dict[str, float] | None = None,
+        runtime_env: dict[str, Any] | None = None,
+        max_restarts: int = -1,
+    ) -> None:
         if num_workers != -1 and num_workers < 1:
             raise ValueError(f"RayWorkers(num_workers={num_workers}): must be >= 1 or -1 (as many as the CPUs allow)")
         if not num_cpus_per_worker > 0:
@@ -46,30 +60,54 @@ class RayWorkers:
         self._killed = False
         self._owns_ray = False
 
-    def start(self, agent: Any, server_url: str, *, token: str | None = None, timeout: float | None = None,
-              spool_dir: str | None = None, log_level: int = logging.INFO, upload_retry_seconds: float = 600.0,
-              reconnect_seconds: float = 600.0, spool_retry_seconds: float = 30.0) -> RayWorkers:
+    def start(
+        self,
+        agent: Any,
+        server_url: str,
+        *,
+        token: str | None = None,
+        timeout: float | None = None,
+        spool_dir: str | None = None,
+        log_level: int = logging.INFO,
+        upload_retry_seconds: float = 600.0,
+        reconnect_seconds: float = 600.0,
+        spool_retry_seconds: float = 30.0,
+    ) -> RayWorkers:
         """Start the actors serving ``agent`` from the server at ``server_url`` (which the cluster's nodes must reach);
         the options are those of :class:`~agentlightning.client.WorkerPool`. Returns self (``.stop()``)."""
         if self._actors:
             raise RuntimeError("RayWorkers.start: already started (make one RayWorkers per pool)")
         ref = agent_ref(agent)
         if ref.startswith(("__main__:", "__mp_main__:")):
-            raise ValueError(f"agent {ref!r} is defined in the script being run, which Ray actors cannot import: move "
-                             "it into a module (shipped with runtime_env={'working_dir': ...} if not installed)")
+            raise ValueError(
+                f"agent {ref!r} is defined in the script being run, which Ray actors cannot import: move "
+                "it into a module (shipped with runtime_env={'working_dir': ...} if not installed)"
+            )
         self.connect()
         ray = _import_ray()
         count = self.num_workers
         if count == -1:
             count = max(1, int(ray.cluster_resources().get("CPU", 1) // self.num_cpus_per_worker))
-        config = WorkerConfig(agent_ref=ref, server_url=resolve_server_url(server_url), token=token,
-                              worker_id=f"{socket.gethostname()}-ray-{new_id('c')[2:8]}", spool_dir=spool_dir or "",
-                              log_dir="", timeout=timeout, upload_retry_seconds=upload_retry_seconds,
-                              reconnect_seconds=reconnect_seconds, log_level=log_level)
+        config = WorkerConfig(
+            agent_ref=ref,
+            server_url=resolve_server_url(server_url),
+            token=token,
+            worker_id=f"{socket.gethostname()}-ray-{new_id('c')[2:8]}",
+            spool_dir=spool_dir or "",
+            log_dir="",
+            timeout=timeout,
+            upload_retry_seconds=upload_retry_seconds,
+            reconnect_seconds=reconnect_seconds,
+            log_level=log_level,
+        )
         actor = ray.remote(_Actor).options(
-            num_cpus=self.num_cpus_per_worker, resources=self.resources or {},
+            num_cpus=self.num_cpus_per_worker,
+            resources=self.resources or {},
             runtime_env=None if self._owns_ray else self.runtime_env,  # else the job's, given to ray.init
-            max_restarts=self.max_restarts, max_task_retries=-1, max_concurrency=2)  # run() again after a restart
+            max_restarts=self.max_restarts,
+            max_task_retries=-1,
+            max_concurrency=2,
+        )  # run() again after a restart
         self._actors = [actor.remote(config, index, spool_retry_seconds) for index in range(count)]
         runs = {handle.run.remote(): index for index, handle in enumerate(self._actors)}
         threading.Thread(target=self._watch, args=(ray, runs), name="agl-ray-workers", daemon=True).start()
@@ -140,8 +178,11 @@ class _Actor:
 
     def __init__(self, config: WorkerConfig, index: int, spool_retry_seconds: float) -> None:
         self.config = dataclasses.replace(  # a new worker id per incarnation: a restarted actor holds no old lease
-            config, worker_id=f"{config.worker_id}-r{index}.{new_id('w')[2:8]}",
-            spool_dir=config.spool_dir or default_spool_dir(), log_dir=tempfile.mkdtemp(prefix="agl-ray-worker-"))
+            config,
+            worker_id=f"{config.worker_id}-r{index}.{new_id('w')[2:8]}",
+            spool_dir=config.spool_dir or default_spool_dir(),
+            log_dir=tempfile.mkdtemp(prefix="agl-ray-worker-"),
+        )
         self.spool_retry_seconds = spool_retry_seconds
         self.stop = threading.Event()
 
@@ -149,8 +190,12 @@ class _Actor:
         """Re-send what an earlier incarnation spooled on this node, then run the worker loop; its exit code."""
         api = ServerAPI(self.config.server_url, self.config.token)
         resend_spooled(api, self.config.spool_dir)
-        threading.Thread(target=resend_every, args=(api, self.config.spool_dir, self.spool_retry_seconds, self.stop),
-                         name="agl-spool", daemon=True).start()
+        threading.Thread(
+            target=resend_every,
+            args=(api, self.config.spool_dir, self.spool_retry_seconds, self.stop),
+            name="agl-spool",
+            daemon=True,
+        ).start()
         try:
             worker_main(self.config, WorkerSlot.create(multiprocessing), self.stop)
         except SystemExit as exc:  # the server refused the token

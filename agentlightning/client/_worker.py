@@ -46,8 +46,10 @@ def agent_ref(agent: RolloutAgent | Callable[..., Any] | str) -> str:
     func = agent.func if isinstance(agent, RolloutAgent) else agent
     module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", "")
     if not module or "<locals>" in qualname or "<lambda>" in qualname:
-        raise ValueError(f"agent {qualname or agent!r} cannot be imported by worker processes: define it at module "
-                         "level (not inside a function or as a lambda), or pass 'module:attribute'")
+        raise ValueError(
+            f"agent {qualname or agent!r} cannot be imported by worker processes: define it at module "
+            "level (not inside a function or as a lambda), or pass 'module:attribute'"
+        )
     named = None
     if isinstance(agent, RolloutAgent):  # ``my_agent = agl.rollout(run, roles=[...])``: its options travel by name
         named = next((name for name, value in vars(_resolve(module, "")).items() if value is agent), None)
@@ -83,15 +85,15 @@ def _resolve(module_name: str, qualname: str) -> Any:
         try:
             target = importlib.import_module(module_name)
         except ImportError as exc:
-            raise ValueError(f"cannot import module {module_name!r} of the agent: {exc} (sys.path={sys.path[:4]}...)"
-                             ) from None
+            raise ValueError(
+                f"cannot import module {module_name!r} of the agent: {exc} (sys.path={sys.path[:4]}...)"
+            ) from None
     for part in filter(None, qualname.split(".")):
         try:
             target = getattr(target, part)
         except AttributeError:
             raise ValueError(f"agent {module_name}:{qualname}: {module_name} has no attribute {qualname!r}") from None
     return target
-
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,9 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> No
     """Entry point of a worker process (or of a Ray actor's thread, :mod:`._ray`)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the pool drains us
-    logging.basicConfig(level=config.log_level,
-                        format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=config.log_level, format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s"
+    )
     for noisy in ("httpx", "httpx2", "httpcore"):  # a line per request would flood the logs and every rollout's logs
         logging.getLogger(noisy).setLevel(max(config.log_level, logging.WARNING))
     attempt_log = open(Path(config.log_dir) / f"{config.worker_id}.log", "w", buffering=1)
@@ -171,8 +174,9 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> No
                 os._exit(EXIT_ABANDONED)
             continue
         try:
-            lease, server_stop = api.dequeue(config.worker_id, DEQUEUE_WAIT, stop=drain,
-                                             retry_for=config.reconnect_seconds)
+            lease, server_stop = api.dequeue(
+                config.worker_id, DEQUEUE_WAIT, stop=drain, retry_for=config.reconnect_seconds
+            )
         except Unreachable as exc:
             if not drain.is_set():
                 logger.error("giving up on the server after %.0f s: %s", config.reconnect_seconds, exc)
@@ -187,17 +191,26 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> No
     api.close()
 
 
-def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerConfig, slot: WorkerSlot,
-              drain: StopSignal) -> tuple[bool, Lease | None, bool]:
+def run_lease(
+    agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerConfig, slot: WorkerSlot, drain: StopSignal
+) -> tuple[bool, Lease | None, bool]:
     """Run one leased rollout, heart-beating, and report it, taking the next lease with the report unless ``drain``
     is set. Returns (the agent's thread was left running (hung), the next lease, the server says stop)."""
     timeout = config.timeout if config.timeout is not None else lease.timeout
-    slot.set(lease.rollout_id, lease.attempt, time.monotonic() + timeout if timeout else float("inf"),
-             lease.lease_seconds)
+    slot.set(
+        lease.rollout_id, lease.attempt, time.monotonic() + timeout if timeout else float("inf"), lease.lease_seconds
+    )
     assert lease.llm is not None  # the server fills it in; addressed through the URL this client reaches it with
     llm = lease.llm.model_copy(update={"base_url": f"{config.server_url.rstrip('/')}/rollouts/{lease.rollout_id}/v1"})
-    attempt = Attempt(agent, lease.task, llm, rollout_id=lease.rollout_id, task_id=lease.task_id,
-                      group_id=lease.group_id, attempt=lease.attempt)
+    attempt = Attempt(
+        agent,
+        lease.task,
+        llm,
+        rollout_id=lease.rollout_id,
+        task_id=lease.task_id,
+        group_id=lease.group_id,
+        attempt=lease.attempt,
+    )
 
     def heartbeat() -> bool:
         try:
@@ -215,16 +228,18 @@ def run_lease(agent: RolloutAgent, lease: Lease, api: ServerAPI, config: WorkerC
         logger.warning("attempt %d of %s was taken away by the server; dropping it", lease.attempt, lease.rollout_id)
     else:
         if attempt.abandoned:
-            logger.warning("rollout %s left its agent running; reporting it, then this worker is replaced",
-                           lease.rollout_id)
+            logger.warning(
+                "rollout %s left its agent running; reporting it, then this worker is replaced", lease.rollout_id
+            )
         result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
         following = upload(api, result, lease.attempt, config, take_next=not attempt.abandoned and not drain.is_set())
     slot.clear()
     return (attempt.abandoned, *following)
 
 
-def upload(api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig, take_next: bool = False
-           ) -> tuple[Lease | None, bool]:
+def upload(
+    api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig, take_next: bool = False
+) -> tuple[Lease | None, bool]:
     """Report ``result``. If the server does not take it within 5 s, it is spooled to disk first (safe from a killed
     client) while the upload is retried; unless the server refuses it for good, it stays there to be re-sent. With
     ``take_next``, the worker's next lease comes with the answer. Returns (that lease or None, the server says stop)."""
@@ -242,8 +257,9 @@ def upload(api: ServerAPI, result: Rollout, attempt: int, config: WorkerConfig, 
                 break
             if spooled is None:
                 spooled = spool(result, attempt, config)
-                logger.error("could not upload rollout %s (%s); saved to %s, still trying", result.rollout_id, exc,
-                             spooled)
+                logger.error(
+                    "could not upload rollout %s (%s); saved to %s, still trying", result.rollout_id, exc, spooled
+                )
             continue
         if outcome.duplicate or not outcome.accepted:
             logger.info("rollout %s attempt %d: %s", result.rollout_id, attempt, outcome.message or "not stored")
@@ -261,8 +277,9 @@ def spool(result: Rollout, attempt: int, config: WorkerConfig) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{result.rollout_id}-{attempt}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"attempt": attempt, "worker_id": config.worker_id,
-                               "rollout": result.model_dump(mode="json")}))
+    tmp.write_text(
+        json.dumps({"attempt": attempt, "worker_id": config.worker_id, "rollout": result.model_dump(mode="json")})
+    )
     tmp.replace(path)
     return path
 
@@ -278,8 +295,9 @@ def resend_spooled(api: ServerAPI, spool_dir: str, retry_for: float = 10.0) -> i
     for path in sorted(Path(spool_dir).glob("*.json")):  # none when the directory does not exist
         try:
             entry = json.loads(path.read_text())
-            api.upload_result(Rollout.model_validate(entry["rollout"]), entry["attempt"], entry["worker_id"],
-                              retry_for=retry_for)
+            api.upload_result(
+                Rollout.model_validate(entry["rollout"]), entry["attempt"], entry["worker_id"], retry_for=retry_for
+            )
         except (FileNotFoundError, ServerError) as exc:
             if not isinstance(exc, ServerError) or exc.status not in DEFINITIVE:
                 continue  # sent by another client meanwhile, or not taken yet (kept)

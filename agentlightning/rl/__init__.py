@@ -17,9 +17,29 @@ from agentlightning.rl.transitions import Extraction, ExtractionStats, extract_t
 if TYPE_CHECKING:
     from agentlightning.trainers.batch import PackedBatch, PackStats, pack
 
-__all__ = ["AIR", "CREDIT_FUNCTIONS", "ESTIMATORS", "WEIGHTINGS", "AirRule", "CallRule", "CreditFunction", "Extraction",
-           "ExtractionStats", "FormatRule", "LLMErrorRule", "PackStats", "PackedBatch", "ToolErrorRule",
-           "compute_advantages", "discounted", "extract_transitions", "identical", "last", "pack", "transitions"]
+__all__ = [
+    "AIR",
+    "CREDIT_FUNCTIONS",
+    "ESTIMATORS",
+    "WEIGHTINGS",
+    "AirRule",
+    "CallRule",
+    "CreditFunction",
+    "Extraction",
+    "ExtractionStats",
+    "FormatRule",
+    "LLMErrorRule",
+    "PackStats",
+    "PackedBatch",
+    "ToolErrorRule",
+    "compute_advantages",
+    "discounted",
+    "extract_transitions",
+    "identical",
+    "last",
+    "pack",
+    "transitions",
+]
 
 
 def __getattr__(name: str) -> Any:

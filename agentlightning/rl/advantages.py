@@ -36,8 +36,15 @@ class _RolloutRows:
     rows: list[Transition] = field(default_factory=list)
 
 
-def compute_advantages(transitions: Sequence[Transition], estimator: Estimator = "grpo", scale_std: bool | None = None,
-                       *, eps: float = 1e-6, std_ddof: int = 1, weighting: Weighting = "rollout") -> list[Transition]:
+def compute_advantages(
+    transitions: Sequence[Transition],
+    estimator: Estimator = "grpo",
+    scale_std: bool | None = None,
+    *,
+    eps: float = 1e-6,
+    std_ddof: int = 1,
+    weighting: Weighting = "rollout",
+) -> list[Transition]:
     """Fill ``advantage`` and ``weight`` of ``transitions`` in place and return them.
 
     ``scale_std`` defaults to the estimator's definition (False for ``dr_grpo``, True otherwise);
@@ -74,7 +81,9 @@ def compute_advantages(transitions: Sequence[Transition], estimator: Estimator =
         logger.warning(
             "%s: %d of %d groups have a single rollout; their advantages are only centred (0 with identical "
             "credit). Run several rollouts per task (group_size > 1) for a learning signal.",
-            estimator, singletons, len(groups),
+            estimator,
+            singletons,
+            len(groups),
         )
     for members in groups.values() if per_group else [list(rollouts.values())]:
         spread = _std(members, lambda row: centres[key(group_key(row))], std_ddof) if scale else None
@@ -110,12 +119,14 @@ def _by_rollout(transitions: Sequence[Transition]) -> dict[str, _RolloutRows]:
             entry = rollouts[row.rollout_id] = _RolloutRows(row.rollout_id, group)
             ungrouped += row.group_id is None
         elif entry.group != group:
-            raise ValueError(f"rollout {row.rollout_id!r} has transitions in two groups ({entry.group!r} and "
-                             f"{group!r})")
+            raise ValueError(
+                f"rollout {row.rollout_id!r} has transitions in two groups ({entry.group!r} and {group!r})"
+            )
         entry.rows.append(row)
     if ungrouped:
-        logger.warning("%d rollouts have no group_id or task_id; each forms a group of its own for advantage "
-                       "estimation", ungrouped)
+        logger.warning(
+            "%d rollouts have no group_id or task_id; each forms a group of its own for advantage estimation", ungrouped
+        )
     return rollouts
 
 
@@ -135,8 +146,9 @@ def _std(members: Sequence[_RolloutRows], centre_of: _Centre, ddof: int) -> floa
     dof = len(members) - ddof
     if dof <= 0:
         return None
-    total = math.fsum(math.fsum((row.reward - centre_of(row)) ** 2 for row in rollout.rows) / len(rollout.rows)
-                      for rollout in members)
+    total = math.fsum(
+        math.fsum((row.reward - centre_of(row)) ** 2 for row in rollout.rows) / len(rollout.rows) for rollout in members
+    )
     return math.sqrt(total / dof)
 
 
@@ -158,5 +170,9 @@ def _set_weights(rollout: _RolloutRows, weighting: str) -> None:
     tokens = sum(len(row.completion_token_ids) for row in rows)
     for row in rows:
         length = len(row.completion_token_ids)
-        row.weight = {"rollout": 1.0 / len(rows), "transition": 1.0, "token": float(length),
-                      "rollout_token": length / tokens if tokens else 1.0 / len(rows)}[weighting]
+        row.weight = {
+            "rollout": 1.0 / len(rows),
+            "transition": 1.0,
+            "token": float(length),
+            "rollout_token": length / tokens if tokens else 1.0 / len(rows),
+        }[weighting]

@@ -58,8 +58,13 @@ class ToolErrorRule(AirRule):
                 continue
             parent = responsible_llm_call(call, rollout)
             if parent is None:
-                logger.warning("AIR %s: failed tool call %s (%s) of rollout %s has no LLM call before it; no reward "
-                               "given", self.name, call.call_id, call.name, rollout.rollout_id)
+                logger.warning(
+                    "AIR %s: failed tool call %s (%s) of rollout %s has no LLM call before it; no reward given",
+                    self.name,
+                    call.call_id,
+                    call.name,
+                    rollout.rollout_id,
+                )
                 continue
             found.append(self._reward(self.penalty, parent, rollout))
         return found
@@ -73,8 +78,11 @@ class LLMErrorRule(AirRule):
     name: str = "llm_error"
 
     def rewards(self, rollout: Rollout) -> list[Reward]:
-        return [self._reward(self.penalty, call.call_id, rollout) for call in rollout.calls
-                if call.kind == "llm" and call.status == "error"]
+        return [
+            self._reward(self.penalty, call.call_id, rollout)
+            for call in rollout.calls
+            if call.kind == "llm" and call.status == "error"
+        ]
 
 
 def output_text(call: Call) -> str:
@@ -150,8 +158,13 @@ class CallRule(AirRule):
                 continue
             target = call.call_id if call.kind == "llm" else responsible_llm_call(call, rollout)
             if target is None:
-                logger.warning("AIR %s: tool call %s of rollout %s has no LLM call before it; reward %r dropped",
-                               self.name, call.call_id, rollout.rollout_id, value)
+                logger.warning(
+                    "AIR %s: tool call %s of rollout %s has no LLM call before it; reward %r dropped",
+                    self.name,
+                    call.call_id,
+                    rollout.rollout_id,
+                    value,
+                )
                 continue
             found.append(self._reward(value, target, rollout))
         return found

@@ -16,8 +16,10 @@ CreditFunction = Callable[[Rollout, Sequence[Call]], Sequence[float]]
 def episode_return(rollout: Rollout) -> float:
     """The rollout's final reward R, or ``ValueError`` naming the rollout when it has none."""
     if rollout.final_reward is None:
-        raise ValueError(f"rollout {rollout.rollout_id!r} (task {rollout.task_id!r}, status {rollout.status!r}) has no "
-                         "final reward to assign credit from")
+        raise ValueError(
+            f"rollout {rollout.rollout_id!r} (task {rollout.task_id!r}, status {rollout.status!r}) has no "
+            "final reward to assign credit from"
+        )
     return rollout.final_reward
 
 
@@ -54,9 +56,10 @@ def resolve_credit(credit: str | CreditFunction) -> CreditFunction:
         try:
             return CREDIT_FUNCTIONS[credit]
         except KeyError:
-            raise ValueError(f"unknown credit assignment {credit!r}; use one of {sorted(CREDIT_FUNCTIONS)}, "
-                             "agentlightning.rl.credit.discounted(gamma), or a function (rollout, calls) -> list[float]"
-                             ) from None
+            raise ValueError(
+                f"unknown credit assignment {credit!r}; use one of {sorted(CREDIT_FUNCTIONS)}, "
+                "agentlightning.rl.credit.discounted(gamma), or a function (rollout, calls) -> list[float]"
+            ) from None
     if not callable(credit):
         raise ValueError(f"credit must be a name or a function (rollout, calls) -> list[float], got {credit!r}")
     return credit
@@ -67,10 +70,14 @@ def assign_credit(credit: CreditFunction, rollout: Rollout, calls: Sequence[Call
     name = getattr(credit, "__qualname__", repr(credit))
     values = list(credit(rollout, calls))
     if len(values) != len(calls):
-        raise ValueError(f"credit function {name!r} returned {len(values)} values for the {len(calls)} calls of "
-                         f"rollout {rollout.rollout_id!r}")
+        raise ValueError(
+            f"credit function {name!r} returned {len(values)} values for the {len(calls)} calls of "
+            f"rollout {rollout.rollout_id!r}"
+        )
     for call, value in zip(calls, values):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"credit function {name!r} gave call {call.call_id!r} of rollout {rollout.rollout_id!r} "
-                             f"a non-finite value {value!r}")
+            raise ValueError(
+                f"credit function {name!r} gave call {call.call_id!r} of rollout {rollout.rollout_id!r} "
+                f"a non-finite value {value!r}"
+            )
     return [float(value) for value in values]

@@ -14,12 +14,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
+from agentlightning.capture import role_matches, unmatched_patterns
 from agentlightning.rl.air import AIR, AirRule, CallRewardFunction, as_air
 from agentlightning.rl.credit import CreditFunction, assign_credit, resolve_credit
 from agentlightning.rl.tokens import (
-    RetokenizeError, Tokenizer, merge_duplicates, retokenize_completion, retokenize_prompt,
+    RetokenizeError,
+    Tokenizer,
+    merge_duplicates,
+    retokenize_completion,
+    retokenize_prompt,
 )
-from agentlightning.capture import role_matches, unmatched_patterns
 from agentlightning.types import Call, Rollout, Transition, check_finite
 
 logger = logging.getLogger(__name__)
@@ -50,8 +54,11 @@ class ExtractionStats:
 
     def as_dict(self) -> dict[str, int]:
         """Flat counts for metrics logging (skips summed over reasons)."""
-        return {name: sum(value.values()) if name.endswith("skipped") else value for name, value in vars(self).items()
-                if name not in ("roles_seen", "unmatched_roles")}
+        return {
+            name: sum(value.values()) if name.endswith("skipped") else value
+            for name, value in vars(self).items()
+            if name not in ("roles_seen", "unmatched_roles")
+        }
 
     def problems(self) -> list[str]:
         """Plain-words lines for every skip or fallback (empty when everything was used as recorded)."""
@@ -61,18 +68,24 @@ class ExtractionStats:
         for reason, count in sorted(self.calls_skipped.items()):
             lines.append(f"{count} LLM calls of selected roles skipped: {reason}")
         if self.calls_retokenized:
-            lines.append(f"{self.calls_retokenized} calls had no recorded token ids and were re-tokenized from text "
-                         "(token_source='retokenized'; may drift from what the model sampled)")
+            lines.append(
+                f"{self.calls_retokenized} calls had no recorded token ids and were re-tokenized from text "
+                "(token_source='retokenized'; may drift from what the model sampled)"
+            )
         if self.logprobs_dropped:
             lines.append(f"{self.logprobs_dropped} calls had logprobs not matching their completion; logprobs dropped")
         if self.rewards_unassigned:
-            lines.append(f"{self.rewards_unassigned} call-level rewards were attached to calls that produced no "
-                         "transition (role not selected or call skipped) and were not used")
+            lines.append(
+                f"{self.rewards_unassigned} call-level rewards were attached to calls that produced no "
+                "transition (role not selected or call skipped) and were not used"
+            )
         if self.unmatched_roles:
             seen = sorted(role for role in self.roles_seen if role is not None)
             unnamed = self.roles_seen.get(None, 0)
-            lines.append(f"roles {self.unmatched_roles} matched no LLM call; roles seen: {seen or 'none'}"
-                         + (f" ({unnamed} calls had no role)" if unnamed else ""))
+            lines.append(
+                f"roles {self.unmatched_roles} matched no LLM call; roles seen: {seen or 'none'}"
+                + (f" ({unnamed} calls had no role)" if unnamed else "")
+            )
         if self.rollouts_seen and not self.transitions:
             lines.append(f"no transitions were produced from {self.rollouts_seen} rollouts")
         return lines
@@ -86,10 +99,17 @@ class Extraction:
     stats: ExtractionStats
 
 
-def extract_transitions(rollouts: Iterable[Rollout], roles: Sequence[str] | None = None,
-                        credit: str | CreditFunction = "identical", air: AirArgument = None,
-                        tokenizer: Tokenizer | None = None, *, failed: FailedPolicy = "if_rewarded",
-                        missing_reward: float | None = None, include_emitted: bool = True) -> Extraction:
+def extract_transitions(
+    rollouts: Iterable[Rollout],
+    roles: Sequence[str] | None = None,
+    credit: str | CreditFunction = "identical",
+    air: AirArgument = None,
+    tokenizer: Tokenizer | None = None,
+    *,
+    failed: FailedPolicy = "if_rewarded",
+    missing_reward: float | None = None,
+    include_emitted: bool = True,
+) -> Extraction:
     """Transitions of ``rollouts`` with full statistics; see the module docstring for the rules.
 
     ``roles``: role names or globs to train; None uses each rollout's ``trainable_roles`` (from
@@ -113,8 +133,9 @@ def extract_transitions(rollouts: Iterable[Rollout], roles: Sequence[str] | None
         if not isinstance(rollout, Rollout):
             raise TypeError(f"transitions() expects Rollout records, got {type(rollout).__name__}: {rollout!r:.80}")
         if rollout.rollout_id in seen_ids:
-            raise ValueError(f"rollout {rollout.rollout_id!r} was given twice; each rollout must appear once (it would "
-                             "weigh double)")
+            raise ValueError(
+                f"rollout {rollout.rollout_id!r} was given twice; each rollout must appear once (it would weigh double)"
+            )
         seen_ids.add(rollout.rollout_id)
         stats.rollouts_seen += 1
         usable = _usable_rollout(rollout, failed, missing_reward, stats)
@@ -131,16 +152,31 @@ def extract_transitions(rollouts: Iterable[Rollout], roles: Sequence[str] | None
     return Extraction(found, stats)
 
 
-def transitions(rollouts: Iterable[Rollout], roles: Sequence[str] | None = None,
-                credit: str | CreditFunction = "identical", air: AirArgument = None, tokenizer: Tokenizer | None = None,
-                *, failed: FailedPolicy = "if_rewarded", missing_reward: float | None = None,
-                include_emitted: bool = True) -> list[Transition]:
+def transitions(
+    rollouts: Iterable[Rollout],
+    roles: Sequence[str] | None = None,
+    credit: str | CreditFunction = "identical",
+    air: AirArgument = None,
+    tokenizer: Tokenizer | None = None,
+    *,
+    failed: FailedPolicy = "if_rewarded",
+    missing_reward: float | None = None,
+    include_emitted: bool = True,
+) -> list[Transition]:
     """Training transitions of ``rollouts`` after credit assignment and AIR (``agl.transitions``).
 
     Same arguments as :func:`extract_transitions`; every skip or fallback is logged as a warning.
     """
-    extraction = extract_transitions(rollouts, roles, credit, air, tokenizer, failed=failed,
-                                     missing_reward=missing_reward, include_emitted=include_emitted)
+    extraction = extract_transitions(
+        rollouts,
+        roles,
+        credit,
+        air,
+        tokenizer,
+        failed=failed,
+        missing_reward=missing_reward,
+        include_emitted=include_emitted,
+    )
     for line in extraction.stats.problems():
         logger.warning("agl.transitions: %s", line)
     return extraction.transitions
@@ -150,17 +186,22 @@ def _check_roles(roles: Sequence[str] | None) -> list[str] | None:
     if roles is None:
         return None
     if isinstance(roles, str):
-        raise ValueError(f"transitions(roles=...): roles must be a list of role names or globs, got the string "
-                         f"{roles!r}; use [{roles!r}]")
+        raise ValueError(
+            f"transitions(roles=...): roles must be a list of role names or globs, got the string "
+            f"{roles!r}; use [{roles!r}]"
+        )
     patterns = list(roles)
     if not patterns or not all(isinstance(pattern, str) and pattern for pattern in patterns):
-        raise ValueError("transitions(roles=...): roles must be a non-empty list of role names or globs (or None for "
-                         f"all), got {roles!r}")
+        raise ValueError(
+            "transitions(roles=...): roles must be a non-empty list of role names or globs (or None for "
+            f"all), got {roles!r}"
+        )
     return patterns
 
 
-def _usable_rollout(rollout: Rollout, failed: FailedPolicy, missing_reward: float | None, stats: ExtractionStats
-                    ) -> Rollout | None:
+def _usable_rollout(
+    rollout: Rollout, failed: FailedPolicy, missing_reward: float | None, stats: ExtractionStats
+) -> Rollout | None:
     """The rollout to extract from (with a substituted final reward when needed), or None with the reason counted."""
     status = rollout.status
     if status in _FAILED_STATUSES:
@@ -182,8 +223,9 @@ def _usable_rollout(rollout: Rollout, failed: FailedPolicy, missing_reward: floa
     return rollout.model_copy(update={"final_reward": missing_reward})
 
 
-def _call_tokens(call: Call, tokenizer: Tokenizer | None, stats: ExtractionStats
-                 ) -> tuple[list[int], list[int], str | None] | None:
+def _call_tokens(
+    call: Call, tokenizer: Tokenizer | None, stats: ExtractionStats
+) -> tuple[list[int], list[int], str | None] | None:
     """Prompt ids, completion ids and token source of a call, or None with the reason counted."""
     prompt, completion, source = call.prompt_token_ids, call.completion_token_ids, call.token_source
     if prompt is None or completion is None:
@@ -205,9 +247,15 @@ def _call_tokens(call: Call, tokenizer: Tokenizer | None, stats: ExtractionStats
     return prompt, completion, source
 
 
-def _rollout_transitions(rollout: Rollout, patterns: Sequence[str] | None, credit: CreditFunction, rules: AIR | None,
-                         tokenizer: Tokenizer | None, include_emitted: bool, stats: ExtractionStats
-                         ) -> list[Transition]:
+def _rollout_transitions(
+    rollout: Rollout,
+    patterns: Sequence[str] | None,
+    credit: CreditFunction,
+    rules: AIR | None,
+    tokenizer: Tokenizer | None,
+    include_emitted: bool,
+    stats: ExtractionStats,
+) -> list[Transition]:
     llm_calls, merged = merge_duplicates(rollout.llm_calls)
     stats.duplicates_merged += merged
     calls: list[Call] = []
@@ -237,12 +285,24 @@ def _rollout_transitions(rollout: Rollout, patterns: Sequence[str] | None, credi
         reward = value + intermediate.get(call.call_id, (0.0, 0))[0]
         check_finite(reward, f"reward of call {call.call_id!r} in rollout {rollout.rollout_id!r}")
         # Fields come from validated records; model_construct skips re-validating long token lists.
-        made.append(Transition.model_construct(
-            rollout_id=rollout.rollout_id, task_id=rollout.task_id, index=index, call_id=call.call_id, role=call.role,
-            group_id=rollout.group_id if rollout.group_id is not None else rollout.task_id, prompt_token_ids=prompt,
-            completion_token_ids=completion, completion_logprobs=logprobs, token_source=source, reward=reward,
-            advantage=None, weight=1.0, model_version=call.metadata.get("model_version") or rollout.model_version,
-        ))
+        made.append(
+            Transition.model_construct(
+                rollout_id=rollout.rollout_id,
+                task_id=rollout.task_id,
+                index=index,
+                call_id=call.call_id,
+                role=call.role,
+                group_id=rollout.group_id if rollout.group_id is not None else rollout.task_id,
+                prompt_token_ids=prompt,
+                completion_token_ids=completion,
+                completion_logprobs=logprobs,
+                token_source=source,
+                reward=reward,
+                advantage=None,
+                weight=1.0,
+                model_version=call.metadata.get("model_version") or rollout.model_version,
+            )
+        )
     return made
 
 

@@ -28,14 +28,24 @@ def add_server_dashboard(app: FastAPI, runtime: Runtime, dependencies: Sequence[
 
     def settings() -> dict[str, Any]:
         upstream = runtime.upstream
-        return {**dataclasses.asdict(runtime.settings), "upstream": upstream and upstream.url,
-                "model_name": upstream and upstream.model_name, "token_required": bool(runtime.token)}
+        return {
+            **dataclasses.asdict(runtime.settings),
+            "upstream": upstream and upstream.url,
+            "model_name": upstream and upstream.model_name,
+            "token_required": bool(runtime.token),
+        }
 
     add_dashboard(app, path, metrics, dependencies=dependencies, settings=settings)
 
 
-def add_dashboard(app: FastAPI, store_path: str | Path | None, metrics_path: Path | None, *,
-                  dependencies: Sequence[Any] = (), settings: Callable[[], dict[str, Any]] = dict) -> None:
+def add_dashboard(
+    app: FastAPI,
+    store_path: str | Path | None,
+    metrics_path: Path | None,
+    *,
+    dependencies: Sequence[Any] = (),
+    settings: Callable[[], dict[str, Any]] = dict,
+) -> None:
     """Serve the dashboard on ``app`` over the store file at ``store_path`` and ``metrics_path`` (either may be
     missing: the pages say so). The page itself carries no data; its API requires ``dependencies`` (the auth)."""
     reader = None
@@ -61,11 +71,18 @@ def dashboard_app(run_dir: str | Path, token: str | None = None) -> FastAPI:
     run = Path(run_dir)
     store, metrics = (run, run.parent / "metrics.jsonl") if run.is_file() else (run / "store.db", run / "metrics.jsonl")
     if not (store.is_file() or metrics.is_file()):
-        raise FileNotFoundError(f"{run_dir}: neither a store (store.db) nor metrics.jsonl there; is it a run directory?")
+        raise FileNotFoundError(
+            f"{run_dir}: neither a store (store.db) nor metrics.jsonl there; is it a run directory?"
+        )
     app = FastAPI(title="Agent Lightning dashboard")
     add_error_handlers(app)
-    add_dashboard(app, store, metrics, dependencies=[Depends(bearer_token(token))] if token else [],
-                  settings=lambda: {"run": str(run.resolve()), "read_only": True})
+    add_dashboard(
+        app,
+        store,
+        metrics,
+        dependencies=[Depends(bearer_token(token))] if token else [],
+        settings=lambda: {"run": str(run.resolve()), "read_only": True},
+    )
     return app
 
 
@@ -74,7 +91,7 @@ def read_metrics(path: Path | None, since: int = 0) -> tuple[int, list[dict[str,
     stays cheap). A last line the run is still writing waits for the next read."""
     text = path.read_text(encoding="utf-8") if path is not None and path.is_file() else ""
     lines = [line for line in text[: text.rfind("\n") + 1].splitlines() if line.strip()]
-    return len(lines), [json.loads(line) for line in lines[max(0, since):]]
+    return len(lines), [json.loads(line) for line in lines[max(0, since) :]]
 
 
 def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callable[[], dict[str, Any]]) -> APIRouter:
@@ -82,15 +99,22 @@ def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callab
 
     def store() -> StoreReader:
         if reader is None:
-            raise HTTPException(404, "this run has no store file (rollouts are kept only with a server's SQLite "
-                                "store: agl.train(use_server=True), agl server --store FILE)")
+            raise HTTPException(
+                404,
+                "this run has no store file (rollouts are kept only with a server's SQLite "
+                "store: agl.train(use_server=True), agl server --store FILE)",
+            )
         return reader
 
     # Plain functions: FastAPI runs them on its thread pool, so a query never holds up the server's event loop.
     @routes.get("/overview")
     def overview() -> dict[str, Any]:
-        return {"settings": settings(), "store": reader and str(reader.path), "metrics": str(metrics_path),
-                **(reader.overview() if reader else {})}
+        return {
+            "settings": settings(),
+            "store": reader and str(reader.path),
+            "metrics": str(metrics_path),
+            **(reader.overview() if reader else {}),
+        }
 
     @routes.get("/batches")
     def batches() -> list[dict[str, Any]]:
@@ -114,8 +138,12 @@ def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callab
         return store().rollout(rollout_id)
 
     @routes.get("/tasks")
-    def tasks(sort: Literal["task", "rollouts", "reward", "last"] = "last", desc: bool = True, limit: int = 50,
-              offset: int = 0) -> dict[str, Any]:
+    def tasks(
+        sort: Literal["task", "rollouts", "reward", "last"] = "last",
+        desc: bool = True,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> dict[str, Any]:
         return store().tasks(sort=sort, descending=desc, limit=max(1, min(limit, 500)), offset=max(0, offset))
 
     @routes.get("/tasks/{task_id:path}")

@@ -19,8 +19,13 @@ from agentlightning.server._states import InvalidTransition
 from agentlightning.server.store import Conflict, NotFound, StoreError, StoreUnavailable
 
 
-def openai_error(status: int, message: str, code: str | int, kind: str = "invalid_request_error",
-                 headers: dict[str, str] | None = None) -> JSONResponse:
+def openai_error(
+    status: int,
+    message: str,
+    code: str | int,
+    kind: str = "invalid_request_error",
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     """An error answer in the OpenAI format."""
     error = {"message": message, "type": kind, "param": None, "code": code}
     return JSONResponse({"error": error}, status_code=status, headers=headers)
@@ -53,8 +58,10 @@ def add_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         body = getattr(request.scope.get("route"), "body_field", None)
         model = getattr(body.field_info.annotation, "__name__", "request") if body is not None else "request"
-        problems = "; ".join(f"{'.'.join(str(part) for part in error['loc'][1:]) or 'body'}: {error['msg']}"
-                             for error in exc.errors()[:5])
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'][1:]) or 'body'}: {error['msg']}"
+            for error in exc.errors()[:5]
+        )
         return JSONResponse({"detail": f"invalid {model} for {request.url.path}: {problems}"}, 422)
 
     app.add_exception_handler(OpenAIError, openai_format)
@@ -74,8 +81,10 @@ def check_bind(host: str, token: str | None) -> None:
     with contextlib.suppress(ValueError):
         if ipaddress.ip_address(host).is_loopback:
             return
-    raise AuthError(f"refusing to listen on {host!r} without a token: anyone who can reach it could read your data and "
-                    "use your model. Pass --token (or set AGL_SERVER_TOKEN), or bind to 127.0.0.1.")
+    raise AuthError(
+        f"refusing to listen on {host!r} without a token: anyone who can reach it could read your data and "
+        "use your model. Pass --token (or set AGL_SERVER_TOKEN), or bind to 127.0.0.1."
+    )
 
 
 def bearer_token(token: str) -> Callable[[Request], None]:
@@ -85,8 +94,12 @@ def bearer_token(token: str) -> Callable[[Request], None]:
     def check(request: Request) -> None:
         supplied = request.headers.get("authorization")
         if supplied is None:
-            raise OpenAIError(401, "missing bearer token: send 'Authorization: Bearer <token>' (agl client --token, "
-                              "or AGL_SERVER_TOKEN)", "authentication_error", {"www-authenticate": "Bearer"})
+            raise OpenAIError(
+                401,
+                "missing bearer token: send 'Authorization: Bearer <token>' (agl client --token, or AGL_SERVER_TOKEN)",
+                "authentication_error",
+                {"www-authenticate": "Bearer"},
+            )
         if not hmac.compare_digest(supplied.encode(), expected):
             raise OpenAIError(403, "invalid bearer token", "authentication_error", {"www-authenticate": "Bearer"})
 
@@ -114,9 +127,13 @@ class BodyLimitMiddleware:
             if size > self.max_bytes:
                 while message.get("more_body", False):
                     message = await receive()
-                raise OpenAIError(413, f"request body of {size}+ bytes is larger than the server's limit of "
-                                  f"{self.max_bytes} bytes (agl server --max-body-mb)", "invalid_request_error",
-                                  {"connection": "close"})
+                raise OpenAIError(
+                    413,
+                    f"request body of {size}+ bytes is larger than the server's limit of "
+                    f"{self.max_bytes} bytes (agl server --max-body-mb)",
+                    "invalid_request_error",
+                    {"connection": "close"},
+                )
             return message
 
         await self.app(scope, limited, send)

@@ -32,23 +32,44 @@ class LightningServer:
             rollouts = server.wait(ids)
     """
 
-    def __init__(self, store_path: str | Path = "agl-store.db", upstream_url: str | None = None,
-                 host: str = "127.0.0.1", port: int = 0, token: str | None = None, *, model_name: str | None = None,
-                 model_version: str | None = None, upstream_api_key: str | None = None, logprobs: bool = False,
-                 settings: Settings | None = None, public_url: str | None = None, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        store_path: str | Path = "agl-store.db",
+        upstream_url: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        token: str | None = None,
+        *,
+        model_name: str | None = None,
+        model_version: str | None = None,
+        upstream_api_key: str | None = None,
+        logprobs: bool = False,
+        settings: Settings | None = None,
+        public_url: str | None = None,
+        store: Store | None = None,
+    ) -> None:
         check_bind(host, token)
         self.host = host
         self._public_url = public_url
         settings = settings or Settings()
-        store = store or SQLiteStore(store_path, requeue_delay=settings.requeue_delay,
-                                     requeue_delay_max=settings.requeue_delay_max)
+        store = store or SQLiteStore(
+            store_path, requeue_delay=settings.requeue_delay, requeue_delay_max=settings.requeue_delay_max
+        )
         self.runtime = Runtime(store=store, settings=settings, token=token)
         self._defaults = Upstream(url="", api_key=upstream_api_key, logprobs=logprobs)  # before any set_upstream
         if upstream_url is not None:
             self.set_upstream(upstream_url, model_name, model_version, api_key=upstream_api_key, logprobs=logprobs)
         self._http = BackgroundServer(
-            create_app(self.runtime), host, port, name="LightningServer", lifespan="on", timeout_graceful_shutdown=3,
-            backlog=4096, timeout_keep_alive=75, proxy_headers=False, server_header=False,
+            create_app(self.runtime),
+            host,
+            port,
+            name="LightningServer",
+            lifespan="on",
+            timeout_graceful_shutdown=3,
+            backlog=4096,
+            timeout_keep_alive=75,
+            proxy_headers=False,
+            server_header=False,
         )
 
     @property
@@ -84,10 +105,17 @@ class LightningServer:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def set_upstream(self, url: str, model_name: str | None = None, model_version: str | None = None, *,
-                     api_key: str | None = None, logprobs: bool | None = None,
-                     sampling_overrides: dict[str, Any] | None = None,
-                     routes: Sequence[Route] | None = None) -> ModelVersion:
+    def set_upstream(
+        self,
+        url: str,
+        model_name: str | None = None,
+        model_version: str | None = None,
+        *,
+        api_key: str | None = None,
+        logprobs: bool | None = None,
+        sampling_overrides: dict[str, Any] | None = None,
+        routes: Sequence[Route] | None = None,
+    ) -> ModelVersion:
         """Forward the proxy to ``url`` serving ``model_name``; calls recorded from now on carry ``model_version``
         (default: ``model_name``). ``logprobs=True`` asks for sampling logprobs on every call; ``sampling_overrides``
         (e.g. ``{"temperature": 1.0}``) replace those fields of every forwarded request; ``routes`` serve some roles
@@ -98,7 +126,9 @@ class LightningServer:
         current = self.runtime.upstream or self._defaults
         version = model_version or model_name or "unversioned"
         self.runtime.upstream = Upstream(
-            url=url.rstrip("/"), model_name=model_name, model_version=version,
+            url=url.rstrip("/"),
+            model_name=model_name,
+            model_version=version,
             api_key=api_key if api_key is not None else current.api_key,
             logprobs=logprobs if logprobs is not None else current.logprobs,
             sampling_overrides=dict(current.sampling_overrides if sampling_overrides is None else sampling_overrides),
@@ -120,12 +150,20 @@ class LightningServer:
         """Store tasks and return the dataset id (content-derived unless given; re-adding is a no-op)."""
         return self.store.add_dataset(records, dataset_id=dataset_id, name=name).dataset_id
 
-    def enqueue(self, tasks_or_dataset_id: str | Sequence[Any], group_size: int = 1, group_id: str | None = None, *,
-                timeout: float | None = None, max_attempts: int | None = None) -> list[str]:
+    def enqueue(
+        self,
+        tasks_or_dataset_id: str | Sequence[Any],
+        group_size: int = 1,
+        group_id: str | None = None,
+        *,
+        timeout: float | None = None,
+        max_attempts: int | None = None,
+    ) -> list[str]:
         """Queue ``group_size`` rollouts for each task (a dataset id, or task payloads). Rollouts of one task share
         the group id ``f"{group_id}:{task_id}"`` (``group_id`` defaults to a fresh id)."""
-        return self.runtime.enqueue(tasks_or_dataset_id, group_size=group_size, group_id=group_id, timeout=timeout,
-                                    max_attempts=max_attempts)
+        return self.runtime.enqueue(
+            tasks_or_dataset_id, group_size=group_size, group_id=group_id, timeout=timeout, max_attempts=max_attempts
+        )
 
     def wait(self, rollout_ids: Sequence[str], timeout: float | None = None) -> list[Rollout]:
         """Block until every rollout finished; returns them in the given order with calls joined. Raises
@@ -139,8 +177,10 @@ class LightningServer:
             if not pending:
                 break
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"{len(pending)} of {len(ids)} rollouts unfinished after {timeout} s, "
-                                   f"e.g. {sorted(pending)[:3]}; counts: {self.store.counts()}")
+                raise TimeoutError(
+                    f"{len(pending)} of {len(ids)} rollouts unfinished after {timeout} s, "
+                    f"e.g. {sorted(pending)[:3]}; counts: {self.store.counts()}"
+                )
             time.sleep(delay)
             delay = min(delay * 1.5, 0.2)
         return [self.store.get_rollout(rollout_id) for rollout_id in ids]  # type: ignore[misc]

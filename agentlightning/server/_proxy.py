@@ -38,8 +38,10 @@ LARGE = 1 << 20  # bytes of an answer recorded on a thread: its SQLite write lea
 
 def upstream_client(timeout: float) -> httpx.AsyncClient:
     """The proxy's pooled upstream client (environment proxies honoured, as httpx does by default)."""
-    return httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0),
-                             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256))
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout, connect=10.0),
+        limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+    )
 
 
 class Proxy:
@@ -55,16 +57,24 @@ class Proxy:
             url_role, _, path = path.removeprefix("roles/").partition("/")
         endpoint = ENDPOINTS.get(path)
         if endpoint is None:
-            return openai_error(404, f"unknown endpoint /v1/{path}: the proxy serves chat/completions, completions "
-                                     "and responses", "unknown_endpoint")
+            return openai_error(
+                404,
+                f"unknown endpoint /v1/{path}: the proxy serves chat/completions, completions and responses",
+                "unknown_endpoint",
+            )
         state = self.runtime.store.rollout_state(rollout_id)
         if state is None or state[0] != "running":
             return _not_serving(rollout_id, state)
         attempt = state[1]
         upstream = self.runtime.upstream
         if upstream is None:
-            return openai_error(503, "no upstream model is configured on the server (agl server --upstream URL, "
-                                     "or LightningServer.set_upstream)", "no_upstream", "server_error")
+            return openai_error(
+                503,
+                "no upstream model is configured on the server (agl server --upstream URL, "
+                "or LightningServer.set_upstream)",
+                "no_upstream",
+                "server_error",
+            )
         try:
             body = json.loads(await request.body())
         except ValueError as exc:
@@ -74,8 +84,14 @@ class Proxy:
         role = url_role or request.headers.get(ROLE_HEADER)
         role = role or (body["model"] if upstream.route(body.get("model")) else None)
         route = upstream.route(role)  # an agent that cannot be instrumented may name its role in its URL or model
-        call = {**request_fields(endpoint, body), "call_id": new_id("call"), "rollout_id": rollout_id, "role": role,
-                "status": "ok", "start_time": time.time()}
+        call = {
+            **request_fields(endpoint, body),
+            "call_id": new_id("call"),
+            "rollout_id": rollout_id,
+            "role": role,
+            "status": "ok",
+            "start_time": time.time(),
+        }
         call["metadata"].update(endpoint=endpoint, captured_by="proxy")
         version = route.model_version if route is not None else upstream.model_version
         if version is not None:
@@ -85,8 +101,12 @@ class Proxy:
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
-        sent = client.build_request("POST", f"{upstream.url.rstrip('/')}/{path}", headers=headers,
-                                    content=json.dumps(_upstream_body(body, endpoint, upstream, route)).encode())
+        sent = client.build_request(
+            "POST",
+            f"{upstream.url.rstrip('/')}/{path}",
+            headers=headers,
+            content=json.dumps(_upstream_body(body, endpoint, upstream, route)).encode(),
+        )
         stream = bool(body.get("stream"))
         response, tries = await self._send(client, sent, stream, call, attempt)
         if isinstance(response, JSONResponse):  # the upstream could not be reached
@@ -94,8 +114,11 @@ class Proxy:
         call["metadata"]["upstream_tries"] = tries
         media_type = response.headers.get("content-type")
         if stream and response.status_code < 400:
-            return StreamingResponse(self._pass_through(response, call, attempt), response.status_code,
-                                     media_type=media_type or "text/event-stream")
+            return StreamingResponse(
+                self._pass_through(response, call, attempt),
+                response.status_code,
+                media_type=media_type or "text/event-stream",
+            )
         call["end_time"] = time.time()  # read whole by _send; recorded before the agent gets it
         if len(response.content) > LARGE:
             await asyncio.to_thread(self._record_answer, call, attempt, response.status_code, response.content)
@@ -124,8 +147,10 @@ class Proxy:
                     await response.aread()
             except httpx.TimeoutException as exc:
                 if not isinstance(exc, httpx.ConnectTimeout):
-                    message = (f"upstream {request.url} did not answer within {settings.upstream_timeout} s "
-                               f"({type(exc).__name__})")
+                    message = (
+                        f"upstream {request.url} did not answer within {settings.upstream_timeout} s "
+                        f"({type(exc).__name__})"
+                    )
                     return self._failed(call, attempt, 504, message, "upstream_timeout"), tries
                 failure: Exception = exc
             except httpx.TransportError as exc:
@@ -134,13 +159,16 @@ class Proxy:
                 if response.status_code not in RETRY_STATUSES:
                     return response, tries
                 await response.aclose()  # read whole already: its content stays
-                if not await self._backoff(tries, deadline, response.headers.get("retry-after"), endpoint,
-                                           str(response.status_code)):
+                if not await self._backoff(
+                    tries, deadline, response.headers.get("retry-after"), endpoint, str(response.status_code)
+                ):
                     return response, tries  # the upstream's last answer, unchanged
                 continue
             if not await self._backoff(tries, deadline, None, endpoint, type(failure).__name__):
-                message = (f"upstream {request.url} unreachable for {settings.upstream_retry_window:g} s ({tries} "
-                           f"tries): {type(failure).__name__}: {failure}")
+                message = (
+                    f"upstream {request.url} unreachable for {settings.upstream_retry_window:g} s ({tries} "
+                    f"tries): {type(failure).__name__}: {failure}"
+                )
                 return self._failed(call, attempt, 502, message, "upstream_unreachable"), tries
 
     async def _pass_through(self, response: httpx.Response, call: CallRecord, attempt: int) -> AsyncIterator[bytes]:
@@ -242,14 +270,23 @@ def router(runtime: Runtime) -> APIRouter:
 def _not_serving(rollout_id: str, state: tuple[str, int] | None) -> JSONResponse:
     """404 for an unknown rollout, 409 for one that is not running."""
     if state is None:
-        return openai_error(404, f"unknown rollout {rollout_id!r}: this is not the LLM endpoint of any rollout on "
-                                 "this server (use the llm.base_url given with the rollout)", "rollout_not_found")
-    return openai_error(409, f"rollout {rollout_id!r} is {state[0]}, not running: its LLM endpoint only serves the "
-                             "attempt that holds its lease", f"rollout_{state[0]}")
+        return openai_error(
+            404,
+            f"unknown rollout {rollout_id!r}: this is not the LLM endpoint of any rollout on "
+            "this server (use the llm.base_url given with the rollout)",
+            "rollout_not_found",
+        )
+    return openai_error(
+        409,
+        f"rollout {rollout_id!r} is {state[0]}, not running: its LLM endpoint only serves the "
+        "attempt that holds its lease",
+        f"rollout_{state[0]}",
+    )
 
 
-def _upstream_body(body: dict[str, Any], endpoint: str, upstream: Upstream, route: Route | None = None
-                   ) -> dict[str, Any]:
+def _upstream_body(
+    body: dict[str, Any], endpoint: str, upstream: Upstream, route: Route | None = None
+) -> dict[str, Any]:
     """The request as sent upstream: served model name (the role's route's), token ids requested, sampling
     overrides, logprobs when training wants them."""
     payload = dict(body)

@@ -30,8 +30,11 @@ def parse_upload(raw: bytes, content_type: str) -> DatasetUpload:
         try:
             return DatasetUpload.model_validate_json(raw)
         except ValidationError as exc:
-            raise HTTPException(400, 'dataset body must be {"records": [...], "dataset_id"?: str, "name"?: str}: '
-                                f"{'.'.join(map(str, exc.errors()[0]['loc']))}: {exc.errors()[0]['msg']}") from None
+            raise HTTPException(
+                400,
+                'dataset body must be {"records": [...], "dataset_id"?: str, "name"?: str}: '
+                f"{'.'.join(map(str, exc.errors()[0]['loc']))}: {exc.errors()[0]['msg']}",
+            ) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -106,17 +109,32 @@ def rollouts_router(runtime: Runtime) -> APIRouter:
     def enqueue(body: EnqueueRequest) -> dict[str, list[str]]:  # on a thread: a large enqueue takes a while
         if (body.dataset_id is None) == (body.tasks is None):
             raise HTTPException(422, "give exactly one of dataset_id or tasks")
-        ids = runtime.enqueue(body.dataset_id if body.tasks is None else body.tasks, group_size=body.group_size,
-                              group_id=body.group_id, timeout=body.timeout, max_attempts=body.max_attempts)
+        ids = runtime.enqueue(
+            body.dataset_id if body.tasks is None else body.tasks,
+            group_size=body.group_size,
+            group_id=body.group_id,
+            timeout=body.timeout,
+            max_attempts=body.max_attempts,
+        )
         return {"rollout_ids": ids}
 
     @routes.get("")
     async def list_rollouts(
-        status: str | None = None, task_id: str | None = None, group_id: str | None = None,
-        dataset_id: str | None = None, limit: int = 100, offset: int = 0,
+        status: str | None = None,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        dataset_id: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
     ) -> list[RolloutSummary]:
-        return store.list_rollouts(status=status, task_id=task_id, group_id=group_id, dataset_id=dataset_id,
-                                   limit=max(1, min(limit, 10_000)), offset=max(0, offset))
+        return store.list_rollouts(
+            status=status,
+            task_id=task_id,
+            group_id=group_id,
+            dataset_id=dataset_id,
+            limit=max(1, min(limit, 10_000)),
+            offset=max(0, offset),
+        )
 
     @routes.get("/{rollout_id}")
     async def show(rollout_id: str) -> Response:
@@ -149,8 +167,14 @@ def health_router(runtime: Runtime) -> APIRouter:
     @routes.get("/health")
     async def health() -> JSONResponse:  # 503 while the store cannot take writes
         problem = runtime.store.health()
-        return JSONResponse({"status": "unhealthy" if problem else "ok", "store": problem or "ok",
-                             "stop_requested": runtime.stop_requested}, 503 if problem else 200)
+        return JSONResponse(
+            {
+                "status": "unhealthy" if problem else "ok",
+                "store": problem or "ok",
+                "stop_requested": runtime.stop_requested,
+            },
+            503 if problem else 200,
+        )
 
     return routes
 

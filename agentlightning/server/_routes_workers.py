@@ -66,9 +66,12 @@ def router(runtime: Runtime) -> APIRouter:
             return None
         metrics.inc("agl_rollouts_leased_total")
         upstream = runtime.upstream
-        lease.llm = LLM(base_url=f"{runtime.public_url or ''}/rollouts/{lease.rollout_id}/v1",
-                        model=(upstream.model_name if upstream and upstream.model_name else "default"),
-                        api_key=runtime.token or "EMPTY", model_version=upstream.model_version if upstream else None)
+        lease.llm = LLM(
+            base_url=f"{runtime.public_url or ''}/rollouts/{lease.rollout_id}/v1",
+            model=(upstream.model_name if upstream and upstream.model_name else "default"),
+            api_key=runtime.token or "EMPTY",
+            model_version=upstream.model_version if upstream else None,
+        )
         return lease
 
     @routes.post("/workers/{worker_id}/dequeue")
@@ -101,8 +104,9 @@ def router(runtime: Runtime) -> APIRouter:
         resent = previous is not None and previous[0] == reported  # the answer to the first upload was lost
         lease = None
         if take_next and not resent and not runtime.stop_requested:
-            outcome, lease = store.complete_and_dequeue(rollout_id, body.attempt, worker_id, body.rollout,
-                                                        settings.lease_seconds)
+            outcome, lease = store.complete_and_dequeue(
+                rollout_id, body.attempt, worker_id, body.rollout, settings.lease_seconds
+            )
             lease = leased(lease)
         else:
             outcome = store.complete(rollout_id, body.attempt, worker_id, body.rollout)

@@ -101,8 +101,15 @@ class Runtime:
             self._work.set()
             self._work = asyncio.Event()
 
-    def enqueue(self, tasks_or_dataset: str | Sequence[Any], *, group_size: int = 1, group_id: str | None = None,
-                timeout: float | None = None, max_attempts: int | None = None) -> list[str]:
+    def enqueue(
+        self,
+        tasks_or_dataset: str | Sequence[Any],
+        *,
+        group_size: int = 1,
+        group_id: str | None = None,
+        timeout: float | None = None,
+        max_attempts: int | None = None,
+    ) -> list[str]:
         """Queue ``group_size`` rollouts per task (a dataset id or a list of task payloads) and wake workers."""
         dataset_id = None
         if isinstance(tasks_or_dataset, str):
@@ -111,7 +118,10 @@ class Runtime:
         else:
             tasks = [Task(task_id=task_id_for(p, "task", i), payload=p) for i, p in enumerate(tasks_or_dataset)]
         ids = self.store.enqueue(
-            tasks, group_size=group_size, group_id=group_id, dataset_id=dataset_id,
+            tasks,
+            group_size=group_size,
+            group_id=group_id,
+            dataset_id=dataset_id,
             timeout=timeout if timeout is not None else self.settings.rollout_timeout,
             max_attempts=max_attempts if max_attempts is not None else self.settings.max_attempts,
         )
@@ -136,4 +146,3 @@ class Runtime:
         with self._attach_cond:
             self._attach_cond.wait_for(lambda: bool(self.attached), timeout)
             return self.attached[0] if self.attached else None
-

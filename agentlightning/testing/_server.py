@@ -27,8 +27,14 @@ logger = logging.getLogger(__name__)
 
 Handler = Callable[[MockRequest], "MockReply | str"]
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                429: "rate_limit_exceeded", 500: "server_error", 503: "service_unavailable"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    429: "rate_limit_exceeded",
+    500: "server_error",
+    503: "service_unavailable",
+}
 # path under /v1 -> the body, the stream's events and their framing (Responses, Messages: named events, no [DONE])
 _PAYLOADS: dict[str, tuple[Callable[[Reply], Any], Callable[[Reply], Iterator[dict[str, Any]]], dict[str, bool]]] = {
     "chat/completions": (payloads.chat_completion, payloads.chat_chunks, {}),
@@ -56,9 +62,16 @@ class MockLLMServer:
     request had ``"return_token_ids": true``.
     """
 
-    def __init__(self, handler: Handler | None = None, replies: Iterable[MockReply | str] | None = None, *,
-                 token_ids: bool = False, models: Sequence[str] = ("mock-model",), host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+    def __init__(
+        self,
+        handler: Handler | None = None,
+        replies: Iterable[MockReply | str] | None = None,
+        *,
+        token_ids: bool = False,
+        models: Sequence[str] = ("mock-model",),
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
         if handler is not None and replies is not None:
             raise ValueError("MockLLMServer: give either handler= or replies=, not both")
         self.tokenizer = MockTokenizer()
@@ -115,8 +128,9 @@ class MockLLMServer:
         """Start listening (returns once the server accepts connections)."""
         if self._http is None:
             self._stopping = asyncio.Event()
-            self._http = BackgroundServer(self._app(), self.host, self.port, name="MockLLMServer",
-                                          timeout_graceful_shutdown=2).start()
+            self._http = BackgroundServer(
+                self._app(), self.host, self.port, name="MockLLMServer", timeout_graceful_shutdown=2
+            ).start()
             self.port = self._http.port
         return self
 
@@ -138,13 +152,23 @@ class MockLLMServer:
         self.stop()
 
     def _app(self) -> Starlette:
-        return Starlette(routes=[*(Route(f"/v1/{path}", self._serve, methods=["POST"]) for path in _PAYLOADS),
-                                 Route("/v1/models", self._models, methods=["GET"])])
+        return Starlette(
+            routes=[
+                *(Route(f"/v1/{path}", self._serve, methods=["POST"]) for path in _PAYLOADS),
+                Route("/v1/models", self._models, methods=["GET"]),
+            ]
+        )
 
     async def _models(self, _request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": model, "object": "model", "created": 0, "owned_by": "agentlightning-mock"} for model in self.models
-        ]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": model, "object": "model", "created": 0, "owned_by": "agentlightning-mock"}
+                    for model in self.models
+                ],
+            }
+        )
 
     async def _serve(self, http_request: Request) -> Response:
         try:
@@ -179,8 +203,11 @@ class MockLLMServer:
     def _next_scripted(self, index: int) -> MockReply:
         assert self._script is not None
         if self._script_position >= len(self._script):
-            return MockReply(status=500, error_message=f"MockLLMServer: no scripted reply left for request #{index} "
-                             f"({len(self._script)} replies were scripted)")
+            return MockReply(
+                status=500,
+                error_message=f"MockLLMServer: no scripted reply left for request #{index} "
+                f"({len(self._script)} replies were scripted)",
+            )
         self._script_position += 1
         return self._script[self._script_position - 1]
 
@@ -192,14 +219,25 @@ class MockLLMServer:
         ids = tokenizer.encode(reply.completion_text())
         logprobs, top = None, body.get("top_logprobs")
         if body.get("logprobs"):  # chat: true; legacy completions: a count > 0
-            logprobs = payloads.token_logprobs([tokenizer.token_text(i) for i in ids],
-                                               [tokenizer.logprob(i) for i in ids], top if isinstance(top, int) else 0)
-        choice = Choice(content=content, tool_calls=reply.openai_tool_calls() if chat else [],
-                        finish_reason=reply.resolved_finish_reason(), token_ids=ids, logprobs=logprobs,
-                        pieces=[(piece, len(tokenizer.encode(piece))) for piece in payloads.text_pieces(content or "")])
-        answer = Reply(model=request.model or self.models[0], choices=[choice] * int(body.get("n") or 1),
-                       prompt_token_ids=tokenizer.encode(prompt),
-                       token_ids=self.token_ids or bool(body.get("return_token_ids")))
+            logprobs = payloads.token_logprobs(
+                [tokenizer.token_text(i) for i in ids],
+                [tokenizer.logprob(i) for i in ids],
+                top if isinstance(top, int) else 0,
+            )
+        choice = Choice(
+            content=content,
+            tool_calls=reply.openai_tool_calls() if chat else [],
+            finish_reason=reply.resolved_finish_reason(),
+            token_ids=ids,
+            logprobs=logprobs,
+            pieces=[(piece, len(tokenizer.encode(piece))) for piece in payloads.text_pieces(content or "")],
+        )
+        answer = Reply(
+            model=request.model or self.models[0],
+            choices=[choice] * int(body.get("n") or 1),
+            prompt_token_ids=tokenizer.encode(prompt),
+            token_ids=self.token_ids or bool(body.get("return_token_ids")),
+        )
         whole, events, framing = _PAYLOADS[request.path.removeprefix("/v1/")]
         if not body.get("stream"):
             return JSONResponse(whole(answer))

@@ -79,7 +79,9 @@ _LOADERS: dict[str, Callable[[Path, str], list[dict[str, Any]]]] = {
 }
 
 
-def load_tasks(data_dir: Path, split: str, sources: Sequence[str] = ("gsm8k", "svamp", "calcx_sample")) -> list[dict[str, Any]]:
+def load_tasks(
+    data_dir: Path, split: str, sources: Sequence[str] = ("gsm8k", "svamp", "calcx_sample")
+) -> list[dict[str, Any]]:
     """Tasks of ``split`` ('train' or 'test') from ``sources``; every gold answer is checked to be scorable.
 
     Split: GSM8K train/test files; SVAMP rows 0-699 train, 700-999 test; AQuA dev/test; the 10 Calc-X sample rows

@@ -1,6 +1,6 @@
 """Score any OpenAI-compatible endpoint on the held-out math problems (GSM8K test, SVAMP rows 700-999).
 
-    python -m examples.calc_x.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-1.5B-Instruct
+python -m examples.calc_x.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-1.5B-Instruct
 """
 
 from __future__ import annotations

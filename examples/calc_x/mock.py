@@ -48,7 +48,9 @@ def mock_handler(tasks: Sequence[dict[str, Any]]) -> Callable[[MockRequest], Moc
                 return MockReply(content=f"Adding it all up gives {number}.\n### ANSWER: {number} ###")
             expression = f"{gold} * 1" if kind == "right" and _is_number(gold) else "two plus three"
             call_id = f"call_{kind}_{uuid.uuid4().hex[:8]}"
-            return MockReply(tool_calls=[MockToolCall(name="calculator", arguments={"expression": expression}, id=call_id)])
+            return MockReply(
+                tool_calls=[MockToolCall(name="calculator", arguments={"expression": expression}, id=call_id)]
+            )
         if str(tool_messages[0].get("tool_call_id", "")).startswith("call_right_"):
             return MockReply(content=f"The calculator confirms it.\n### ANSWER: {gold} ###")
         return MockReply(content=f"The calculator failed, so I guess.\n### ANSWER: {WRONG_ANSWER} ###")

@@ -50,5 +50,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = training_plan(arguments)
     return run_recipe(arguments, plan, mock_handler, plan["dataset"][-3:] + plan["val_dataset"][:3], group_size=3)
 
+
 if __name__ == "__main__":
     sys.exit(cli(main))

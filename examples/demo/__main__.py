@@ -39,49 +39,84 @@ def print_steps(history: list[dict], target: float) -> None:
     print(f"\nset-up and the held-out evaluation before training: {start:.0f} s")
     for row in history[1:]:
         seconds = f"{row['step_seconds']:5.1f} s" if "step_seconds" in row else "skipped"  # no reward variance
-        line = (f"step {row['step']:>2}  {seconds}  "
-                f"elapsed {row['elapsed_seconds'] - start:5.0f} s  train reward {row.get('reward', 0):.2f}")
+        line = (
+            f"step {row['step']:>2}  {seconds}  "
+            f"elapsed {row['elapsed_seconds'] - start:5.0f} s  train reward {row.get('reward', 0):.2f}"
+        )
         if "val/accuracy" in row:
             line += f"  held-out accuracy {row['val/accuracy']:.3f} (evaluated in {row.get('val_seconds', 0):.0f} s)"
         print(line)
     reached = time_to_accuracy(history, target)
-    print(f"held-out accuracy >= {target}: " + (f"step {reached[0]}, training wall time {reached[1] / 60:.2f} min "
-          f"({reached[2] / 60:.2f} min with the evaluations)" if reached else "not reached"))
+    print(
+        f"held-out accuracy >= {target}: "
+        + (
+            f"step {reached[0]}, training wall time {reached[1] / 60:.2f} min "
+            f"({reached[2] / 60:.2f} min with the evaluations)"
+            if reached
+            else "not reached"
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.demo", description=(DEMO_DOC or "").split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=16, help="training steps (default 16)")
-    parser.add_argument("--tasks-per-step", type=int, default=6,
-                        help="problems per step (default 6: two of each kind, see --shuffle-tasks)")
+    parser.add_argument(
+        "--tasks-per-step",
+        type=int,
+        default=6,
+        help="problems per step (default 6: two of each kind, see --shuffle-tasks)",
+    )
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--val-size", type=int, default=24, help="held-out problems")
     parser.add_argument("--val-every", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=3e-4)
-    parser.add_argument("--algorithm", default="dr_grpo",
-                        help="advantage estimator (agl.train's algorithm=; default dr_grpo: a group's advantages are "
-                             "not divided by its std, so a 0.1-vs-0 format difference weighs less than a right answer)")
-    parser.add_argument("--temperature", type=float, default=0.5,
-                        help="sampling temperature of training rollouts (default 0.5: the untrained model makes more "
-                             "right calculator calls than at 0.7, so the first steps have a signal; docs/training.md)")
-    parser.add_argument("--shuffle-tasks", action="store_true",
-                        help="draw each step's problems at random (default: in an order that cycles through the three "
-                             "kinds of problem, so every step sees each kind)")
-    parser.add_argument("--dynamic-sampling", type=int, default=None,
-                        help="tasks a step may add to replace groups whose rewards all tie (DAPO's dynamic sampling; "
-                             "default: --tasks-per-step when asynchronous, else 0)")
-    parser.add_argument("--max-staleness", type=int, default=0,
-                        help="asynchronous training: the next K steps' rollouts run while a step trains (default 0)")
+    parser.add_argument(
+        "--algorithm",
+        default="dr_grpo",
+        help="advantage estimator (agl.train's algorithm=; default dr_grpo: a group's advantages are "
+        "not divided by its std, so a 0.1-vs-0 format difference weighs less than a right answer)",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.5,
+        help="sampling temperature of training rollouts (default 0.5: the untrained model makes more "
+        "right calculator calls than at 0.7, so the first steps have a signal; docs/training.md)",
+    )
+    parser.add_argument(
+        "--shuffle-tasks",
+        action="store_true",
+        help="draw each step's problems at random (default: in an order that cycles through the three "
+        "kinds of problem, so every step sees each kind)",
+    )
+    parser.add_argument(
+        "--dynamic-sampling",
+        type=int,
+        default=None,
+        help="tasks a step may add to replace groups whose rewards all tie (DAPO's dynamic sampling; "
+        "default: --tasks-per-step when asynchronous, else 0)",
+    )
+    parser.add_argument(
+        "--max-staleness",
+        type=int,
+        default=0,
+        help="asynchronous training: the next K steps' rollouts run while a step trains (default 0)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--nworkers", type=int, default=32,
-                        help="agents running at once (threads, or worker processes with --server)")
+    parser.add_argument(
+        "--nworkers", type=int, default=32, help="agents running at once (threads, or worker processes with --server)"
+    )
     parser.add_argument("--model", default="smollm2", help="'smollm2' (bundled GGUF), a local path or a hub name")
     parser.add_argument("--output-dir", default="runs/demo")
     parser.add_argument("--target", type=float, default=0.9, help="held-out accuracy to stop at, timed")
     parser.add_argument("--all-steps", action="store_true", help="keep training after reaching --target")
-    parser.add_argument("--server", action="store_true",
-                        help="run the agents in worker processes through a Lightning Server and its proxy "
-                             "(default: threads of this process calling the backend directly, cheaper on 2 cores)")
+    parser.add_argument(
+        "--server",
+        action="store_true",
+        help="run the agents in worker processes through a Lightning Server and its proxy "
+        "(default: threads of this process calling the backend directly, cheaper on 2 cores)",
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -91,18 +126,35 @@ def main(argv: list[str] | None = None) -> int:
     import agentlightning as agl
 
     train_set, held_out = split_problems(400, args.val_size, args.seed)
-    print(f"Agent Lightning demo: {len(train_set)} training problems, {len(held_out)} held-out; "
-          f"{args.steps} {args.algorithm} steps of {args.tasks_per_step} tasks x {args.group_size} rollouts",
-          flush=True)
+    print(
+        f"Agent Lightning demo: {len(train_set)} training problems, {len(held_out)} held-out; "
+        f"{args.steps} {args.algorithm} steps of {args.tasks_per_step} tasks x {args.group_size} rollouts",
+        flush=True,
+    )
     started = time.perf_counter()
     result = agl.train(
-        calculator_agent, train_set, model=args.model, group_size=args.group_size, tasks_per_step=args.tasks_per_step,
-        max_steps=args.steps, shuffle_dataset=args.shuffle_tasks, algorithm=args.algorithm,
-        learning_rate=args.learning_rate, lora={"r": 16, "lora_alpha": 32},
-        dynamic_sampling=args.dynamic_sampling, max_staleness=args.max_staleness,
-        stop_accuracy=None if args.all_steps else args.target, temperature=args.temperature,
-        micro_batch_size=16, max_completion_length=40, val_dataset=held_out, val_every=args.val_every,
-        output_dir=Path(args.output_dir), use_server=args.server, nworkers=args.nworkers, seed=args.seed,
+        calculator_agent,
+        train_set,
+        model=args.model,
+        group_size=args.group_size,
+        tasks_per_step=args.tasks_per_step,
+        max_steps=args.steps,
+        shuffle_dataset=args.shuffle_tasks,
+        algorithm=args.algorithm,
+        learning_rate=args.learning_rate,
+        lora={"r": 16, "lora_alpha": 32},
+        dynamic_sampling=args.dynamic_sampling,
+        max_staleness=args.max_staleness,
+        stop_accuracy=None if args.all_steps else args.target,
+        temperature=args.temperature,
+        micro_batch_size=16,
+        max_completion_length=40,
+        val_dataset=held_out,
+        val_every=args.val_every,
+        output_dir=Path(args.output_dir),
+        use_server=args.server,
+        nworkers=args.nworkers,
+        seed=args.seed,
         save_model=False,
     )
     minutes = (time.perf_counter() - started) / 60

@@ -24,17 +24,29 @@ import openai
 
 import agentlightning as agl
 
-CALCULATOR_TOOL = {"type": "function", "function": {
-    "name": "calculator", "description": "Compute an arithmetic expression",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-}}
+CALCULATOR_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Compute an arithmetic expression",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
 SYSTEM_PROMPT = "Use the calculator."
 # One solved example in the conversation: small models copy the format of earlier assistant turns.
 EXAMPLE = [
     {"role": "user", "content": "Ana has 3 pens and gets 2 more. How many pens does Ana have now?"},
-    {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_example", "type": "function",
-         "function": {"name": "calculator", "arguments": '{"expression": "3 + 2"}'}}]},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {
+                "id": "call_example",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "3 + 2"}'},
+            }
+        ],
+    },
 ]
 
 _NAMES = ["Tom", "Ana", "Sam", "Mia", "Leo", "Eva", "Max", "Zoe"]
@@ -78,6 +90,7 @@ def interleave_kinds(problems: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def calculate(expression: str) -> float:
     """Evaluate ``+ - * /`` arithmetic on numbers safely; raises ValueError on anything else."""
+
     def walk(node: ast.AST) -> float:
         if isinstance(node, ast.Expression):
             return walk(node.body)
@@ -119,8 +132,13 @@ def calculator_agent(task: dict[str, Any], llm: agl.LLM) -> float:
     """Ask the model, run its calculator call, score the result."""
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=1, timeout=300)
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, *EXAMPLE, {"role": "user", "content": task["question"]}]
-    reply = client.chat.completions.create(model=llm.model, messages=messages, tools=[CALCULATOR_TOOL], max_tokens=40,
-                                           temperature=llm.sampling_parameters.get("temperature", 0.7))
+    reply = client.chat.completions.create(
+        model=llm.model,
+        messages=messages,
+        tools=[CALCULATOR_TOOL],
+        max_tokens=40,
+        temperature=llm.sampling_parameters.get("temperature", 0.7),
+    )
     message = reply.choices[0].message
     for call in message.tool_calls or []:
         if call.function.name != "calculator":

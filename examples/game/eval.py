@@ -1,6 +1,6 @@
 """Score any OpenAI-compatible endpoint on held-out number games (a seed never used for training).
 
-    python -m examples.game.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-0.5B-Instruct
+python -m examples.game.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-0.5B-Instruct
 """
 
 from __future__ import annotations

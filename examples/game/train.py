@@ -61,7 +61,9 @@ def game_reward(game: NumberGame, task: dict[str, Any]) -> float:
 def agent_run(task: dict[str, Any], llm: agl.LLM) -> float:
     """One game: the existing agent, pointed at the rollout's endpoint, against a host holding the task's secret."""
     if not task["low"] <= task["secret"] <= task["high"]:
-        raise ValueError(f"task {task.get('task_id')!r}: secret {task['secret']} outside [{task['low']}, {task['high']}]")
+        raise ValueError(
+            f"task {task.get('task_id')!r}: secret {task['secret']} outside [{task['low']}, {task['high']}]"
+        )
     game = NumberGame(secret=task["secret"], low=task["low"], high=task["high"], max_guesses=task["max_guesses"])
     client = OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=1)
     GuessingAgent(client, llm.model).play(game)
@@ -115,13 +117,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         rollouts = dry_run(make_tasks(4, arguments.seed))
         for rollout in rollouts:
             guesses = sum(1 for call in rollout.calls if call.kind == "llm")
-            print(f"{rollout.task_id:<16} {rollout.status:<10} reward {rollout.final_reward}  LLM calls {guesses}  "
-                  f"token ids from {sorted({str(c.token_source) for c in rollout.calls})}")
+            print(
+                f"{rollout.task_id:<16} {rollout.status:<10} reward {rollout.final_reward}  LLM calls {guesses}  "
+                f"token ids from {sorted({str(c.token_source) for c in rollout.calls})}"
+            )
         won = sum(1 for r in rollouts if r.final_reward == 1.0)
         print(f"dry run: {len(rollouts)} rollouts through the server, {won} won")
         return 0
-    agl.Client(arguments.server_url).train(agent_run, dataset=make_tasks(arguments.games, arguments.seed),
-                                           nworkers=arguments.nworkers)
+    agl.Client(arguments.server_url).train(
+        agent_run, dataset=make_tasks(arguments.games, arguments.seed), nworkers=arguments.nworkers
+    )
     return 0
 
 

@@ -66,18 +66,35 @@ def planner_caller_agent(task: dict[str, Any], llm: agl.LLM) -> float:
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=1, timeout=300)
     temperature = llm.sampling_parameters.get("temperature", 0.7)
     with agl.role("planner"):
-        plan = client.chat.completions.create(
-            model=llm.model, messages=[*PLANNER_PROMPT, {"role": "user", "content": task["question"]}],
-            max_tokens=16, temperature=temperature,
-        ).choices[0].message.content or ""
+        plan = (
+            client.chat.completions.create(
+                model=llm.model,
+                messages=[*PLANNER_PROMPT, {"role": "user", "content": task["question"]}],
+                max_tokens=16,
+                temperature=temperature,
+            )
+            .choices[0]
+            .message.content
+            or ""
+        )
     found = _EXPRESSION.search(plan)
     question = f"{task['question']}\nPlan: {found.group(0) if found else plan.strip()}"
     with agl.role("caller"):
-        message = client.chat.completions.create(
-            model=llm.model, messages=[{"role": "system", "content": SYSTEM_PROMPT}, *CALLER_EXAMPLE,
-                                       {"role": "user", "content": question}],
-            tools=[CALCULATOR_TOOL], max_tokens=40, temperature=temperature,
-        ).choices[0].message
+        message = (
+            client.chat.completions.create(
+                model=llm.model,
+                messages=[
+                    {"role": "system", "content": SYSTEM_PROMPT},
+                    *CALLER_EXAMPLE,
+                    {"role": "user", "content": question},
+                ],
+                tools=[CALCULATOR_TOOL],
+                max_tokens=40,
+                temperature=temperature,
+            )
+            .choices[0]
+            .message
+        )
     for call in message.tool_calls or []:
         if call.function.name == "calculator":
             try:
@@ -85,8 +102,9 @@ def planner_caller_agent(task: dict[str, Any], llm: agl.LLM) -> float:
                 value = calculate(expression)
             except (ValueError, KeyError, TypeError):
                 return score(task, used_tool=True, value=None, well_formed=False)
-            return score(task, used_tool=True, value=value,
-                         well_formed=uses_problem_numbers(expression, task["question"]))
+            return score(
+                task, used_tool=True, value=value, well_formed=uses_problem_numbers(expression, task["question"])
+            )
     numbers = re.findall(r"-?\d+(?:\.\d+)?", message.content or "")
     return score(task, used_tool=False, value=float(numbers[-1]) if numbers else None, well_formed=False)
 
@@ -121,11 +139,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     lora = {"r": 16, "lora_alpha": 32}
     result = agl.train(
-        planner_caller_agent, train_set, model=args.model, val_dataset=held_out, val_every=args.val_every,
-        policies={"planner": agl.Policy(lora=lora), "caller": agl.Policy(lora=lora)}, credit=credit,
-        group_size=args.group_size, tasks_per_step=args.tasks_per_step, max_steps=args.steps,
-        learning_rate=args.learning_rate, temperature=0.7, micro_batch_size=16, max_completion_length=40,
-        output_dir=Path(args.output_dir), use_server=False, nworkers=args.nworkers, seed=args.seed, save_model=False,
+        planner_caller_agent,
+        train_set,
+        model=args.model,
+        val_dataset=held_out,
+        val_every=args.val_every,
+        policies={"planner": agl.Policy(lora=lora), "caller": agl.Policy(lora=lora)},
+        credit=credit,
+        group_size=args.group_size,
+        tasks_per_step=args.tasks_per_step,
+        max_steps=args.steps,
+        learning_rate=args.learning_rate,
+        temperature=0.7,
+        micro_batch_size=16,
+        max_completion_length=40,
+        output_dir=Path(args.output_dir),
+        use_server=False,
+        nworkers=args.nworkers,
+        seed=args.seed,
+        save_model=False,
         rollout_timeout=args.rollout_timeout,
     )
     before, after = result.initial_validation or {}, result.final_validation or {}

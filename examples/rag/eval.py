@@ -1,6 +1,6 @@
 """Score any OpenAI-compatible endpoint on the held-out MuSiQue dev questions (reward 0.9 x F1 + 0.1 x format).
 
-    python -m examples.rag.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-3B-Instruct
+python -m examples.rag.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-3B-Instruct
 """
 
 from __future__ import annotations

@@ -40,7 +40,9 @@ def mock_handler(tasks: Sequence[dict[str, Any]]) -> Callable[[MockRequest], Moc
             with lock:
                 kind = outcome(question, episodes[question])
                 episodes[question] += 1
-            call = MockToolCall(name="retrieve", arguments={"query": question}, id=f"call_{kind}_{uuid.uuid4().hex[:8]}")
+            call = MockToolCall(
+                name="retrieve", arguments={"query": question}, id=f"call_{kind}_{uuid.uuid4().hex[:8]}"
+            )
             return MockReply(tool_calls=[call])
         kind = str(tool_messages[0].get("tool_call_id", "")).split("_")[1]
         gold = answers.get(question, "unknown")

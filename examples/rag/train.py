@@ -1,7 +1,7 @@
 """Train the RAG agent (OpenAI Agents SDK) with GRPO on MuSiQue/HotpotQA, or check the whole path on CPU.
 
-    python -m examples.rag.train --dry-run                               # CPU, a mock model, a few seconds
-    python -m examples.rag.train --model Qwen/Qwen2.5-3B-Instruct        # GPU, see README.md
+python -m examples.rag.train --dry-run                               # CPU, a mock model, a few seconds
+python -m examples.rag.train --model Qwen/Qwen2.5-3B-Instruct        # GPU, see README.md
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=arguments.log_level.upper())
     plan = training_plan(arguments)
     return run_recipe(arguments, plan, mock_handler, plan["dataset"][:2] + plan["val_dataset"][:2], group_size=3)
+
 
 if __name__ == "__main__":
     sys.exit(cli(main))

@@ -1,6 +1,6 @@
 """Score any OpenAI-compatible endpoint on the Spider validation databases (unseen in training).
 
-    python -m examples.spider.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-Coder-1.5B-Instruct
+python -m examples.spider.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-Coder-1.5B-Instruct
 """
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from agentlightning.testing import MockReply, MockRequest, MockTokenizer
-from agentlightning.testing import render_chat_prompt
+from agentlightning.testing import MockReply, MockRequest, MockTokenizer, render_chat_prompt
 from agentlightning.types import Call, Rollout
 
 Rule = Callable[[MockRequest], MockReply]

@@ -12,9 +12,25 @@ import agentlightning as agl
 
 
 def _curl(url: str, api_key: str, body: dict) -> str:
-    return subprocess.run(["curl", "-sSfN", "-X", "POST", url, "-H", "Content-Type: application/json",
-                           "-H", f"Authorization: Bearer {api_key}", "-d", json.dumps(body)],
-                          capture_output=True, text=True, check=True, timeout=30).stdout
+    return subprocess.run(
+        [
+            "curl",
+            "-sSfN",
+            "-X",
+            "POST",
+            url,
+            "-H",
+            "Content-Type: application/json",
+            "-H",
+            f"Authorization: Bearer {api_key}",
+            "-d",
+            json.dumps(body),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
 
 
 @agl.rollout
@@ -22,8 +38,11 @@ def curl_agent(task: dict, llm: agl.LLM) -> float:
     """Two chat calls, one streamed, as an OpenAI-compatible server's docs show them with curl."""
     body = {"model": llm.model, "messages": [{"role": "user", "content": task["question"]}]}
     answer = json.loads(_curl(f"{llm.base_url}/chat/completions", llm.api_key, body))
-    events = [line for line in _curl(f"{llm.base_url}/chat/completions", llm.api_key, {**body, "stream": True})
-              .splitlines() if line.startswith("data:")]
+    events = [
+        line
+        for line in _curl(f"{llm.base_url}/chat/completions", llm.api_key, {**body, "stream": True}).splitlines()
+        if line.startswith("data:")
+    ]
     return float(task["question"] in answer["choices"][0]["message"]["content"] and len(events) > 1)
 
 
@@ -33,7 +52,8 @@ def httpx_agent(task: dict, llm: agl.LLM) -> float:
     body = {"model": llm.model, "messages": [{"role": "user", "content": task["question"]}]}
     headers = {"Authorization": f"Bearer {llm.api_key}"}
     answer = httpx.post(f"{llm.base_url}/chat/completions", json=body, headers=headers, timeout=30).json()
-    with httpx.stream("POST", f"{llm.base_url}/chat/completions", json={**body, "stream": True}, headers=headers,
-                      timeout=30) as response:
+    with httpx.stream(
+        "POST", f"{llm.base_url}/chat/completions", json={**body, "stream": True}, headers=headers, timeout=30
+    ) as response:
         events = [line for line in response.iter_lines() if line.startswith("data:")]
     return float(task["question"] in answer["choices"][0]["message"]["content"] and len(events) > 1)

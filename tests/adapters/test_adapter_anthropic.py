@@ -11,9 +11,11 @@ from adapter_support import timeline
 import agentlightning as agl
 from agentlightning.testing import MockReply, MockRequest, MockToolCall
 
-WEATHER_TOOL = {"name": "get_weather", "description": "Get the current weather in a given location",
-                "input_schema": {"type": "object", "properties": {"location": {"type": "string"}},
-                                 "required": ["location"]}}
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Get the current weather in a given location",
+    "input_schema": {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]},
+}
 
 
 def weather_model(request: MockRequest) -> MockReply:
@@ -39,13 +41,19 @@ def weather_agent(task: dict, llm: agl.LLM) -> float:
         response = client.messages.create(model=llm.model, max_tokens=1024, tools=[WEATHER_TOOL], messages=messages)
         while response.stop_reason == "tool_use":
             tool_use = next(block for block in response.content if block.type == "tool_use")
-            messages += [{"role": "assistant", "content": response.content},
-                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id,
-                                                       "content": get_weather(**tool_use.input)}]}]
-            response = client.messages.create(model=llm.model, max_tokens=1024, tools=[WEATHER_TOOL],
-                                              messages=messages)
-    with client.messages.stream(model=llm.model, max_tokens=1024, system="You tell stories.",
-                                messages=[{"role": "user", "content": "a cat"}]) as stream:
+            messages += [
+                {"role": "assistant", "content": response.content},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": tool_use.id, "content": get_weather(**tool_use.input)}
+                    ],
+                },
+            ]
+            response = client.messages.create(model=llm.model, max_tokens=1024, tools=[WEATHER_TOOL], messages=messages)
+    with client.messages.stream(
+        model=llm.model, max_tokens=1024, system="You tell stories.", messages=[{"role": "user", "content": "a cat"}]
+    ) as stream:
         story = "".join(stream.text_stream)
     try:
         client.messages.create(model=llm.model, max_tokens=10, messages=[{"role": "user", "content": "please fail"}])
@@ -58,18 +66,25 @@ def test_tool_use_loop_and_stream_helper_are_captured(serve) -> None:
     server, model = serve(weather_model)
     (rollout,) = agl.run(weather_agent, [{"id": 1, "question": "What is the weather in Paris?"}], llm=server.llm())
     assert rollout.status == "succeeded" and rollout.final_reward == 1.0, rollout.error
-    assert timeline(rollout) == [("llm", "forecaster", "ok"), ("llm", "forecaster", "ok"), ("llm", None, "ok"),
-                                 ("llm", None, "error")]
+    assert timeline(rollout) == [
+        ("llm", "forecaster", "ok"),
+        ("llm", "forecaster", "ok"),
+        ("llm", None, "ok"),
+        ("llm", None, "error"),
+    ]
     assert len(rollout.llm_calls) == 4 and len(server.requests) == 4 + 2  # the client retried the 429 twice
     asked, answered, story, failed = rollout.llm_calls
     assert asked.metadata["api"] == "messages" and asked.metadata["endpoint"] == server.url
     assert asked.tools == [WEATHER_TOOL] and asked.metadata["sampling"] == {"max_tokens": 1024}
     (tool_call,) = asked.output["tool_calls"]
     assert asked.output["finish_reason"] == "tool_use" and tool_call["function"] == {
-        "name": "get_weather", "arguments": '{"location": "Paris"}'}
+        "name": "get_weather",
+        "arguments": '{"location": "Paris"}',
+    }
     assert answered.input[-2:] == [
         {"role": "assistant", "content": "Let me check.", "tool_calls": [tool_call]},
-        {"role": "tool", "tool_call_id": tool_call["id"], "content": "sunny"}]
+        {"role": "tool", "tool_call_id": tool_call["id"], "content": "sunny"},
+    ]
     assert answered.output["content"] == "It is sunny in Paris." and answered.output["finish_reason"] == "end_turn"
     assert story.metadata["stream"] is True and story.input[0] == {"role": "system", "content": "You tell stories."}
     assert story.output["content"] == "A long story about a cat, told slowly"
@@ -89,8 +104,7 @@ async def test_async_client_streams_are_captured_and_a_stream_left_early_is_reco
         client = anthropic.AsyncAnthropic(base_url=llm.base_url.removesuffix("/v1"), api_key=llm.api_key)
         question = [{"role": "user", "content": "a dog"}]
         text = []
-        async for event in await client.messages.create(model=llm.model, max_tokens=64, messages=question,
-                                                        stream=True):
+        async for event in await client.messages.create(model=llm.model, max_tokens=64, messages=question, stream=True):
             if event.type == "content_block_delta":
                 text.append(event.delta.text)
         async with client.messages.stream(model=llm.model, max_tokens=64, messages=question) as stream:

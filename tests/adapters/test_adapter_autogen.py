@@ -338,9 +338,15 @@ def ledger(satisfied: bool, next_speaker: str) -> str:
     def entry(answer: object) -> dict:
         return {"reason": "because", "answer": answer}
 
-    return json.dumps({"is_request_satisfied": entry(satisfied), "is_in_loop": entry(False),
-                       "is_progress_being_made": entry(True), "next_speaker": entry(next_speaker),
-                       "instruction_or_question": entry(f"{next_speaker}, your turn")})
+    return json.dumps(
+        {
+            "is_request_satisfied": entry(satisfied),
+            "is_in_loop": entry(False),
+            "is_progress_being_made": entry(True),
+            "next_speaker": entry(next_speaker),
+            "instruction_or_question": entry(f"{next_speaker}, your turn"),
+        }
+    )
 
 
 def magentic_rule(request: MockRequest) -> MockReply:
@@ -377,16 +383,18 @@ class Poet(BaseChatAgent):
 
     async def on_messages(self, messages: Sequence[BaseChatMessage], cancellation_token: CancellationToken) -> Response:
         history = [UserMessage(content=m.to_model_text(), source=m.source) for m in messages]
-        result = await self._model_client.create([SystemMessage(content="You are the poet."), *history],
-                                                 cancellation_token=cancellation_token)
+        result = await self._model_client.create(
+            [SystemMessage(content="You are the poet."), *history], cancellation_token=cancellation_token
+        )
         return Response(chat_message=TextMessage(content=str(result.content), source=self.name))
 
     async def on_reset(self, cancellation_token: CancellationToken) -> None:
         pass
 
 
-MAGENTIC = ["MagenticOneOrchestrator"] * 3 + ["coder", "MagenticOneOrchestrator", "poet"] + [
-    "MagenticOneOrchestrator"] * 2
+MAGENTIC = (
+    ["MagenticOneOrchestrator"] * 3 + ["coder", "MagenticOneOrchestrator", "poet"] + ["MagenticOneOrchestrator"] * 2
+)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["run", "run_stream"])
@@ -433,8 +441,12 @@ async def test_custom_agent_used_alone_is_named(serve) -> None:
 def mcp_rule(request: MockRequest) -> MockReply:
     if request.messages[-1]["role"] == "tool":
         return MockReply(content="2 + 3 = 5; 1 / 0 is undefined")
-    return MockReply(tool_calls=[MockToolCall(name="add", arguments={"a": 2, "b": 3}),
-                                 MockToolCall(name="divide", arguments={"a": 1, "b": 0})])
+    return MockReply(
+        tool_calls=[
+            MockToolCall(name="add", arguments={"a": 2, "b": 3}),
+            MockToolCall(name="divide", arguments={"a": 1, "b": 0}),
+        ]
+    )
 
 
 async def test_mcp_workbench_tools_recorded_with_status(serve) -> None:
@@ -442,21 +454,27 @@ async def test_mcp_workbench_tools_recorded_with_status(serve) -> None:
     from autogen_ext.tools.mcp import McpWorkbench, StdioServerParams
 
     server, model = serve(mcp_rule)
-    params = StdioServerParams(command=sys.executable, args=[str(Path(__file__).with_name("mcp_calculator.py"))],
-                               read_timeout_seconds=30)
+    params = StdioServerParams(
+        command=sys.executable, args=[str(Path(__file__).with_name("mcp_calculator.py"))], read_timeout_seconds=30
+    )
 
     @agl.rollout(roles=["mathematician"])
     async def agent(task: dict, llm: agl.LLM) -> float:
         async with McpWorkbench(server_params=params) as workbench:
-            mathematician = AssistantAgent("mathematician", model_client=model_client(llm), workbench=workbench,
-                                           reflect_on_tool_use=True)
+            mathematician = AssistantAgent(
+                "mathematician", model_client=model_client(llm), workbench=workbench, reflect_on_tool_use=True
+            )
             result = await mathematician.run(task=task["question"])
         return float("= 5" in result.messages[-1].content)
 
     (rollout,) = await agl.arun(agent, [{"id": 1, "question": "2+3 and 1/0?"}], llm=server.llm())
     assert rollout.final_reward == 1.0, rollout.error
-    assert timeline(rollout) == [("llm", "mathematician", "ok"), ("tool", "mathematician:add", "ok"),
-                                 ("tool", "mathematician:divide", "error"), ("llm", "mathematician", "ok")]
+    assert timeline(rollout) == [
+        ("llm", "mathematician", "ok"),
+        ("tool", "mathematician:add", "ok"),
+        ("tool", "mathematician:divide", "error"),
+        ("llm", "mathematician", "ok"),
+    ]
     assert len(rollout.llm_calls) == len(server.requests) == 2
     add_call, divide_call = (call for call in rollout.calls if call.kind == "tool")
     assert add_call.input == {"a": 2, "b": 3} and add_call.output == "5"

@@ -4,7 +4,8 @@ server: every LLM call is named by the agent making it (not by the agent factory
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, TypedDict
+from collections.abc import Callable
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from adapter_support import timeline
@@ -49,8 +50,9 @@ def team_rule(request: MockRequest) -> MockReply:
     system, last = system_text(request), request.messages[-1]
     if "math" in system:
         if last["role"] == "tool":
-            return MockReply(content="math says " + " | ".join(m["content"] for m in request.messages
-                                                                if m["role"] == "tool"))
+            return MockReply(
+                content="math says " + " | ".join(m["content"] for m in request.messages if m["role"] == "tool")
+            )
         return MockReply(tool_calls=[MockToolCall("add", {"a": 2, "b": 3}), MockToolCall("divide", {"a": 1, "b": 0})])
     if "research" in system:
         return MockReply(content="research says hello")
@@ -71,10 +73,15 @@ def build_agent(factory: Factory, model: Any, tools: list, name: str | None, pro
     return create_react_agent(model, tools, prompt=prompt, name=name)
 
 
-FACTORIES = pytest.mark.parametrize("factory", [create_react_agent, create_agent],
-                                    ids=["create_react_agent", "create_agent"])
-MATH = [("llm", "math_agent", "ok"), ("tool", "math_agent:add", "ok"), ("tool", "math_agent:divide", "error"),
-        ("llm", "math_agent", "ok")]
+FACTORIES = pytest.mark.parametrize(
+    "factory", [create_react_agent, create_agent], ids=["create_react_agent", "create_agent"]
+)
+MATH = [
+    ("llm", "math_agent", "ok"),
+    ("tool", "math_agent:add", "ok"),
+    ("tool", "math_agent:divide", "error"),
+    ("llm", "math_agent", "ok"),
+]
 
 
 def shape(rollout: agl.Rollout) -> list[tuple[str, str | None, str]]:
@@ -133,7 +140,9 @@ async def test_sub_agents_async_and_streamed(serve, factory: Factory) -> None:
 
     @agl.rollout
     async def team(task: dict, llm: agl.LLM) -> float:
-        math_agent = build_agent(factory, chat(llm, streaming=True), [add, divide], "math_agent", "You are a math agent.")
+        math_agent = build_agent(
+            factory, chat(llm, streaming=True), [add, divide], "math_agent", "You are a math agent."
+        )
         research_agent = build_agent(factory, chat(llm), [], "research_agent", "You are a research agent.")
         graph = StateGraph(MessagesState)
         graph.add_node(math_agent)
@@ -169,9 +178,12 @@ def test_explicit_roles_always_win(serve, factory: Factory) -> None:
 
     (rollout,) = agl.run(team, [{"id": 1}], llm=server.llm())
     assert shape(rollout) == [
-        ("llm", "mathematician", "ok"), ("tool", "mathematician:add", "ok"),
-        ("tool", "mathematician:divide", "error"), ("llm", "mathematician", "ok"),
-        ("llm", "researcher", "ok"), ("llm", "judge", "ok"),
+        ("llm", "mathematician", "ok"),
+        ("tool", "mathematician:add", "ok"),
+        ("tool", "mathematician:divide", "error"),
+        ("llm", "mathematician", "ok"),
+        ("llm", "researcher", "ok"),
+        ("llm", "judge", "ok"),
     ]
     assert rollout.diagnostics == []
     check_calls(rollout, server, model)
@@ -204,8 +216,12 @@ def test_supervisor_calling_sub_agents_as_tools(serve, factory: Factory) -> None
         return float(state["messages"][-1].content.startswith("final: math says 5"))
 
     (rollout,) = agl.run(team, [{"id": 1, "question": "2+3?"}], llm=server.llm())
-    assert shape(rollout) == [("llm", "supervisor", "ok"), ("tool", "supervisor:ask_math_agent", "ok"), *MATH,
-                                 ("llm", "supervisor", "ok")]
+    assert shape(rollout) == [
+        ("llm", "supervisor", "ok"),
+        ("tool", "supervisor:ask_math_agent", "ok"),
+        *MATH,
+        ("llm", "supervisor", "ok"),
+    ]
     assert rollout.final_reward == 1.0
     check_calls(rollout, server, model)
     assert [t.role for t in agl.transitions([rollout], roles=["supervisor"])] == ["supervisor", "supervisor"]
@@ -249,8 +265,12 @@ def test_send_fan_out_and_nodes_running_unnamed_agents(serve) -> None:
         return float(len(state["notes"]) == 5)
 
     (rollout,) = agl.run(network, [{"id": 1}], llm=server.llm())
-    roles = [("llm", "mathematician", "ok"), ("tool", "mathematician:add", "ok"),
-             ("tool", "mathematician:divide", "error"), ("llm", "mathematician", "ok")]
+    roles = [
+        ("llm", "mathematician", "ok"),
+        ("tool", "mathematician:add", "ok"),
+        ("tool", "mathematician:divide", "error"),
+        ("llm", "mathematician", "ok"),
+    ]
     assert shape(rollout) == [("llm", "researcher", "ok"), *roles, *[("llm", "writer", "ok")] * 3]
     assert rollout.final_reward == 1.0
     check_calls(rollout, server, model)
@@ -259,6 +279,7 @@ def test_send_fan_out_and_nodes_running_unnamed_agents(serve) -> None:
 @FACTORIES
 def test_swarm_handoffs_between_agents(serve, factory: Factory) -> None:
     """The docs' handoff tool: an agent hands the conversation to another node of the parent graph with a Command."""
+
     def rule(request: MockRequest) -> MockReply:
         if "alice" in system_text(request):
             return MockReply(tool_calls=[MockToolCall("transfer_to_bob", {})])
@@ -296,11 +317,17 @@ def test_a_lone_unnamed_agent_is_named_by_its_node_and_its_tools_follow(serve, f
 
     @agl.rollout
     def agent(task: dict, llm: agl.LLM) -> float:
-        build_agent(factory, chat(llm), [add, divide], None, "You are a math agent.").invoke({"messages": [("user", "go")]})
+        build_agent(factory, chat(llm), [add, divide], None, "You are a math agent.").invoke(
+            {"messages": [("user", "go")]}
+        )
         return 1.0
 
     (rollout,) = agl.run(agent, [{"id": 1}], llm=server.llm())
     node = "agent" if factory is create_react_agent else "model"
-    assert shape(rollout) == [("llm", node, "ok"), ("tool", f"{node}:add", "ok"), ("tool", f"{node}:divide", "error"),
-                              ("llm", node, "ok")]
+    assert shape(rollout) == [
+        ("llm", node, "ok"),
+        ("tool", f"{node}:add", "ok"),
+        ("tool", f"{node}:divide", "error"),
+        ("llm", node, "ok"),
+    ]
     check_calls(rollout, server, model)

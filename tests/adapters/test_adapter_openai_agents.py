@@ -229,8 +229,11 @@ def test_install_twice_and_uninstall(serve) -> None:
     try:
         agl.uninstrument("openai_agents")
         assert not adapter.is_installed()
-        assert not any(isinstance(getattr(cls, name), wrapt.FunctionWrapper)
-                       for cls in (SpanImpl, NoOpSpan) for name in ("start", "finish", "set_error"))
+        assert not any(
+            isinstance(getattr(cls, name), wrapt.FunctionWrapper)
+            for cls in (SpanImpl, NoOpSpan)
+            for name in ("start", "finish", "set_error")
+        )
         rollout = agent.execute({}, server.llm())
         assert [call.role for call in rollout.calls] == [None, None, None]
     finally:
@@ -271,8 +274,11 @@ async def test_tracing_disabled_keeps_roles_and_tools(serve, tracing_off: None, 
             set_default_openai_api("chat_completions")
             triage = agents_for(llm.model)
         elif setup == "agent_model":  # custom_example_agent.py
-            triage = agents_for(OpenAIChatCompletionsModel(
-                model=llm.model, openai_client=AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key)))
+            triage = agents_for(
+                OpenAIChatCompletionsModel(
+                    model=llm.model, openai_client=AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key)
+                )
+            )
         else:  # custom_example_provider.py, or tracing disabled for one run only
             triage = agents_for(llm.model)
             run_config = RunConfig(model_provider=MockProvider(llm), tracing_disabled=setup == "run_config")
@@ -299,8 +305,12 @@ def test_tracing_disabled_streamed_sync_and_agent_as_tool(serve, tracing_off: No
         def orchestrator() -> Agent:  # a client per event loop
             chat = model_for(llm, "chat")
             translator = Agent(name="translator", instructions="You translate to French.", model=chat)
-            return Agent(name="orchestrator", instructions="You orchestrate.", model=chat,
-                         tools=[translator.as_tool(tool_name="translate", tool_description="Translate.")])
+            return Agent(
+                name="orchestrator",
+                instructions="You orchestrate.",
+                model=chat,
+                tools=[translator.as_tool(tool_name="translate", tool_description="Translate.")],
+            )
 
         async def streamed() -> str:
             result = Runner.run_streamed(orchestrator(), task["text"])
@@ -312,8 +322,12 @@ def test_tracing_disabled_streamed_sync_and_agent_as_tool(serve, tracing_off: No
         return float("bonjour" in first and "bonjour" in asyncio.run(streamed()))
 
     rollout = agent.execute({"text": "hello"}, server.llm())
-    one_run = [("llm", "orchestrator", "ok"), ("tool", "orchestrator:translate", "ok"), ("llm", "translator", "ok"),
-               ("llm", "orchestrator", "ok")]
+    one_run = [
+        ("llm", "orchestrator", "ok"),
+        ("tool", "orchestrator:translate", "ok"),
+        ("llm", "translator", "ok"),
+        ("llm", "orchestrator", "ok"),
+    ]
     assert timeline(rollout) == one_run * 2
     assert rollout.final_reward == 1.0
     for call in rollout.llm_calls:
@@ -331,8 +345,11 @@ async def test_mcp_tools_recorded_with_status(serve, request: pytest.FixtureRequ
     @agl.rollout(roles=["math"])
     async def agent(task: dict, llm: agl.LLM) -> float:
         chat = model_for(llm, "chat")
-        async with MCPServerStdio(name="calculator", params={"command": sys.executable, "args": [str(calculator)]},
-                                  client_session_timeout_seconds=30) as mcp_server:
+        async with MCPServerStdio(
+            name="calculator",
+            params={"command": sys.executable, "args": [str(calculator)]},
+            client_session_timeout_seconds=30,
+        ) as mcp_server:
             math = Agent(name="math", instructions="You do math.", mcp_servers=[mcp_server], model=chat)
             triage = Agent(name="triage", instructions="You triage questions.", handoffs=[math], model=chat)
             result = await Runner.run(triage, task["question"])

@@ -127,8 +127,9 @@ def test_thread_pool_fan_out_is_captured(serve) -> None:
             answers = list(pool.map(solve, task["questions"]))
         return float(all(ANSWER in text for text in answers))
 
-    rollouts = agl.run(agent, [{"id": 1, "questions": questions}, {"id": 2, "questions": questions}], llm=server.llm(),
-                       n_workers=2)
+    rollouts = agl.run(
+        agent, [{"id": 1, "questions": questions}, {"id": 2, "questions": questions}], llm=server.llm(), n_workers=2
+    )
     assert len(server.requests) == 16
     for rollout in rollouts:
         assert timeline(rollout) == [("llm", "solver", "ok")] * 8
@@ -148,8 +149,14 @@ async def test_loop_executor_fan_out_is_captured(serve) -> None:
         client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(max_workers=2) as pool:
-            await asyncio.gather(*(loop.run_in_executor(pool, lambda t=t: client.chat.completions.create(
-                model=llm.model, messages=question(t))) for t in ("a", "b")))
+            await asyncio.gather(
+                *(
+                    loop.run_in_executor(
+                        pool, lambda t=t: client.chat.completions.create(model=llm.model, messages=question(t))
+                    )
+                    for t in ("a", "b")
+                )
+            )
         return 1.0
 
     rollout = await agent.aexecute({}, server.llm())
@@ -167,8 +174,10 @@ def test_calls_that_escape_the_rollout_are_reported_even_when_others_were_captur
         with agl.role("writer"):
             client.chat.completions.create(model=llm.model, messages=question("captured"))
         client.chat.completions.create(model=llm.model, messages=question("no role"))
-        thread = threading.Thread(target=client.chat.completions.create,  # a bare thread: a fresh context
-                                  kwargs={"model": llm.model, "messages": question("lost")})
+        thread = threading.Thread(
+            target=client.chat.completions.create,  # a bare thread: a fresh context
+            kwargs={"model": llm.model, "messages": question("lost")},
+        )
         thread.start()
         thread.join()
         return 1.0
@@ -204,8 +213,7 @@ def test_raw_http_agent_trains_through_the_server_proxy(tmp_path, name: str) -> 
             assert len(alone.llm_calls) == 2 and not alone.diagnostics, alone.diagnostics
         with LightningServer(tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model") as server:
             ids = server.enqueue([{"id": f"t{i}", "question": f"question {i}"} for i in range(2)])
-            pool = start_workers(agent, server.url, nworkers=1,
-                                 spool_dir=str(tmp_path / "spool"))
+            pool = start_workers(agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"))
             try:
                 rollouts = server.wait(ids, timeout=60)
             finally:
@@ -215,7 +223,9 @@ def test_raw_http_agent_trains_through_the_server_proxy(tmp_path, name: str) -> 
     for rollout in rollouts:
         assert rollout.status == "succeeded" and rollout.final_reward == 1.0
         assert [(call.metadata.get("stream", False), call.token_source) for call in rollout.llm_calls] == [
-            (False, "server"), (True, "server")]
+            (False, "server"),
+            (True, "server"),
+        ]
         for call in rollout.llm_calls:
             assert call.output["content"] == f"echo: {rollout.task['question']}"
             assert call.completion_token_ids == upstream.tokenizer.encode(call.output["content"])
@@ -257,12 +267,17 @@ def test_raw_httpx_agent_is_captured(serve) -> None:
                         text += [c["delta"].get("content") or "" for c in json.loads(line[6:])["choices"]]
             failed = client.post("/chat/completions", json={**body, "messages": question("please fail")})
             client.post("/responses", json={"model": llm.model, "input": "summarise"}).raise_for_status()
-        return float(ANSWER in plan["choices"][0]["message"]["content"] and ANSWER in "".join(text)
-                     and failed.status_code == 400)
+        return float(
+            ANSWER in plan["choices"][0]["message"]["content"] and ANSWER in "".join(text) and failed.status_code == 400
+        )
 
     (rollout,) = agl.run(agent, [{"id": 1, "question": "plan it"}], llm=server.llm())
-    assert timeline(rollout) == [("llm", "planner", "ok"), ("llm", None, "ok"), ("llm", None, "error"),
-                                 ("llm", None, "ok")]
+    assert timeline(rollout) == [
+        ("llm", "planner", "ok"),
+        ("llm", None, "ok"),
+        ("llm", None, "error"),
+        ("llm", None, "ok"),
+    ]
     assert rollout.final_reward == 1.0
     assert len(rollout.llm_calls) == len(server.requests) == 4
     plan, streamed, failed, summary = rollout.llm_calls

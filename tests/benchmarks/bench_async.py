@@ -57,8 +57,17 @@ def slow_calculator_agent(task: dict[str, Any], llm: agl.LLM) -> float:
     return reward
 
 
-def run_one(seed: int, staleness: int, steps: int, tasks_per_step: int, group_size: int, val_size: int,
-            dynamic_sampling: int, threads: int, output_dir: Path) -> dict[str, Any]:
+def run_one(
+    seed: int,
+    staleness: int,
+    steps: int,
+    tasks_per_step: int,
+    group_size: int,
+    val_size: int,
+    dynamic_sampling: int,
+    threads: int,
+    output_dir: Path,
+) -> dict[str, Any]:
     torch.set_num_threads(threads)
     train_set, held_out = split_problems(200, val_size, seed)
     if os.environ.get("AGL_BENCH_MODEL") == "tiny":
@@ -70,29 +79,55 @@ def run_one(seed: int, staleness: int, steps: int, tasks_per_step: int, group_si
         model_options = {"model": "smollm2"}
     loaded, started = round(os.getloadavg()[0], 2), time.perf_counter()
     result = agl.train(
-        slow_calculator_agent, train_set, **model_options, group_size=group_size, tasks_per_step=tasks_per_step,
-        max_steps=steps, learning_rate=3e-4, lora={"r": 16, "lora_alpha": 32}, temperature=0.7, micro_batch_size=8,
-        max_completion_length=40, val_dataset=held_out, val_every=0, output_dir=output_dir, use_server=False,
-        nworkers=(2 * tasks_per_step + dynamic_sampling) * group_size, seed=seed, save_model=False, progress=False,
-        max_staleness=staleness, dynamic_sampling=dynamic_sampling,  # the same cap in both modes
+        slow_calculator_agent,
+        train_set,
+        **model_options,
+        group_size=group_size,
+        tasks_per_step=tasks_per_step,
+        max_steps=steps,
+        learning_rate=3e-4,
+        lora={"r": 16, "lora_alpha": 32},
+        temperature=0.7,
+        micro_batch_size=8,
+        max_completion_length=40,
+        val_dataset=held_out,
+        val_every=0,
+        output_dir=output_dir,
+        use_server=False,
+        nworkers=(2 * tasks_per_step + dynamic_sampling) * group_size,
+        seed=seed,
+        save_model=False,
+        progress=False,
+        max_staleness=staleness,
+        dynamic_sampling=dynamic_sampling,  # the same cap in both modes
         rollout_timeout=None,  # a loaded machine makes rollouts slow, not wrong
     )
     rows = [row for row in result.history if row.get("step", 0) > 0]
     step_seconds = [row["step_seconds"] if "step_seconds" in row else row["rollout_seconds"] for row in rows]
-    updated = [seconds for index, (row, seconds) in enumerate(zip(rows, step_seconds, strict=True))
-               if index > 0 and not row.get("skipped_update")]
+    updated = [
+        seconds
+        for index, (row, seconds) in enumerate(zip(rows, step_seconds, strict=True))
+        if index > 0 and not row.get("skipped_update")
+    ]
     before, after = result.initial_validation or {}, result.final_validation or {}
     return {
-        "seed": seed, "max_staleness": staleness, "threads": threads,
+        "seed": seed,
+        "max_staleness": staleness,
+        "threads": threads,
         "updates": sum(1 for row in rows if not row.get("skipped_update")),
-        "steady_seconds": statistics.median(updated or step_seconds), "total_seconds": sum(step_seconds),
-        "step_seconds": [round(value, 2) for value in step_seconds], "wall_seconds": time.perf_counter() - started,
-        "update_seconds": statistics.fmean([row["train/update_seconds"] for row in rows
-                                            if "train/update_seconds" in row] or [0.0]),
+        "steady_seconds": statistics.median(updated or step_seconds),
+        "total_seconds": sum(step_seconds),
+        "step_seconds": [round(value, 2) for value in step_seconds],
+        "wall_seconds": time.perf_counter() - started,
+        "update_seconds": statistics.fmean(
+            [row["train/update_seconds"] for row in rows if "train/update_seconds" in row] or [0.0]
+        ),
         "pause_seconds": sum(row.get("async/pause_seconds", 0.0) for row in rows),
         "load_average": [loaded, round(os.getloadavg()[0], 2)],
-        "reward_before": before.get("reward"), "reward_after": after.get("reward"),
-        "accuracy_before": before.get("accuracy"), "accuracy_after": after.get("accuracy"),
+        "reward_before": before.get("reward"),
+        "reward_after": after.get("reward"),
+        "accuracy_before": before.get("accuracy"),
+        "accuracy_after": after.get("accuracy"),
         "staleness_mean": statistics.fmean(row.get("async/staleness_mean", 0.0) for row in rows),
         "staleness_max": max(row.get("async/staleness_max", 0.0) for row in rows),
         "dropped_stale": sum(row.get("async/dropped_stale", 0.0) for row in rows),
@@ -110,12 +145,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks-per-step", type=int, default=2)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--val-size", type=int, default=8)
-    parser.add_argument("--dynamic-sampling", type=int, default=4,
-                        help="tasks a step may sample to replace groups whose rewards all tie, in both modes (0: "
-                             "such a step skips its update)")
+    parser.add_argument(
+        "--dynamic-sampling",
+        type=int,
+        default=4,
+        help="tasks a step may sample to replace groups whose rewards all tie, in both modes (0: "
+        "such a step skips its update)",
+    )
     parser.add_argument("--sync-threads", type=int, default=1, help="torch threads of the synchronous runs")
-    parser.add_argument("--async-threads", type=int, default=1,
-                        help="torch threads of the asynchronous runs (generation and update run at once)")
+    parser.add_argument(
+        "--async-threads",
+        type=int,
+        default=1,
+        help="torch threads of the asynchronous runs (generation and update run at once)",
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -127,27 +170,41 @@ def main(argv: list[str] | None = None) -> int:
             pair = {}
             for staleness in (0, 1) if turn % 2 == 0 else (1, 0):
                 threads = args.async_threads if staleness else args.sync_threads
-                pair[staleness] = run_one(seed, staleness, args.steps, args.tasks_per_step, args.group_size,
-                                          args.val_size, args.dynamic_sampling, threads,
-                                          Path(scratch) / f"{seed}-{staleness}")
+                pair[staleness] = run_one(
+                    seed,
+                    staleness,
+                    args.steps,
+                    args.tasks_per_step,
+                    args.group_size,
+                    args.val_size,
+                    args.dynamic_sampling,
+                    threads,
+                    Path(scratch) / f"{seed}-{staleness}",
+                )
                 print(json.dumps(pair[staleness]), flush=True)
             results.append((pair[0], pair[1]))
-    print(f"\n{'seed':>4} {'mode':>5} {'threads':>7} {'steady s':>8} {'total s':>7} {'updates':>7} {'rollouts':>8} "
-          f"{'update s':>8} "
-          f"{'held-out reward (acc) before -> after':>37} {'lag':>7} {'dropped':>7} {'wait s trainer/sampler':>22}")
+    print(
+        f"\n{'seed':>4} {'mode':>5} {'threads':>7} {'steady s':>8} {'total s':>7} {'updates':>7} {'rollouts':>8} "
+        f"{'update s':>8} "
+        f"{'held-out reward (acc) before -> after':>37} {'lag':>7} {'dropped':>7} {'wait s trainer/sampler':>22}"
+    )
     for pair in results:
         for run in pair:
-            print(f"{run['seed']:>4} {'async' if run['max_staleness'] else 'sync':>5} {run['threads']:>7} "
-                  f"{run['steady_seconds']:>8.1f} {run['total_seconds']:>7.0f} {run['updates']:>7} "
-                  f"{run['rollouts_per_step']:>8.1f} {run['update_seconds']:>8.1f} "
-                  f"{run['reward_before']:>14.3f} ({run['accuracy_before']:.2f}) -> "
-                  f"{run['reward_after']:.3f} ({run['accuracy_after']:.2f}) {run['staleness_mean']:>3.2f}/"
-                  f"{run['staleness_max']:.0f} {run['dropped_stale']:>7.0f} "
-                  f"{run['trainer_wait']:>14.0f}/{run['sampler_wait']:<7.0f}")
+            print(
+                f"{run['seed']:>4} {'async' if run['max_staleness'] else 'sync':>5} {run['threads']:>7} "
+                f"{run['steady_seconds']:>8.1f} {run['total_seconds']:>7.0f} {run['updates']:>7} "
+                f"{run['rollouts_per_step']:>8.1f} {run['update_seconds']:>8.1f} "
+                f"{run['reward_before']:>14.3f} ({run['accuracy_before']:.2f}) -> "
+                f"{run['reward_after']:.3f} ({run['accuracy_after']:.2f}) {run['staleness_mean']:>3.2f}/"
+                f"{run['staleness_max']:.0f} {run['dropped_stale']:>7.0f} "
+                f"{run['trainer_wait']:>14.0f}/{run['sampler_wait']:<7.0f}"
+            )
     for name in ("steady", "total"):
         ratios = [sync[f"{name}_seconds"] / asyn[f"{name}_seconds"] for sync, asyn in results]
-        print(f"sync / async, {name} wall time per step: {statistics.fmean(ratios):.2f}x "
-              f"(per seed {[round(ratio, 2) for ratio in ratios]})")
+        print(
+            f"sync / async, {name} wall time per step: {statistics.fmean(ratios):.2f}x "
+            f"(per seed {[round(ratio, 2) for ratio in ratios]})"
+        )
     loads = [load for pair in results for run in pair for load in run["load_average"]]
     print(f"load average (1 min) around the runs: {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
     if args.json:

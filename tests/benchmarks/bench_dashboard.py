@@ -77,26 +77,51 @@ def build_store(path: Path, n_rollouts: int, seed: int = 0) -> None:
         seq = []
         for k in range(6):
             tool = k in (1, 3)
-            seq.append(Call(
-                rollout_id=rollout_id, sequence=k, kind="tool" if tool else "llm", role=ROLES[k % 3],
-                name="search" if tool else "policy", start_time=start + k, end_time=start + k + 0.5,
-                input={"query": "x"} if tool else [{"role": "user", "content": f"step {k} of {task_id}"}],
-                output="result" if tool else {"role": "assistant", "content": f"answer {k}"},
-                prompt_token_ids=None if tool else list(range(40)), completion_token_ids=None if tool else [1] * 12,
-                token_source=None if tool else "server", metadata={"model_version": version}))
+            seq.append(
+                Call(
+                    rollout_id=rollout_id,
+                    sequence=k,
+                    kind="tool" if tool else "llm",
+                    role=ROLES[k % 3],
+                    name="search" if tool else "policy",
+                    start_time=start + k,
+                    end_time=start + k + 0.5,
+                    input={"query": "x"} if tool else [{"role": "user", "content": f"step {k} of {task_id}"}],
+                    output="result" if tool else {"role": "assistant", "content": f"answer {k}"},
+                    prompt_token_ids=None if tool else list(range(40)),
+                    completion_token_ids=None if tool else [1] * 12,
+                    token_source=None if tool else "server",
+                    metadata={"model_version": version},
+                )
+            )
         calls += [(rollout_id, c.sequence, c.call_id, c.kind, c.role, c.model_dump_json()) for c in seq]
         error = ErrorInfo(type="ValueError", message="bad", traceback="Traceback ...") if failed else None
         final = Reward(value=reward, source="final") if reward is not None else None
         rewards += [(rollout_id, 0, final.value, None, "final", final.model_dump_json())] if final else []
-        record = Rollout(rollout_id=rollout_id, task_id=task_id, task=json.loads(task), group_id=group_id,
-                         attempt=attempt, status="failed" if failed else "succeeded", final_reward=reward,
-                         error=error, model_version=version)
-        updates.append((record.status, attempt, start, start + 6, reward, version, record.model_dump_json(), rollout_id))
-        attempts += [(rollout_id, n, "w1", record.status if n == attempt else "failed", start, start + 6, None, "[]")
-                     for n in range(1, attempt + 1)]
+        record = Rollout(
+            rollout_id=rollout_id,
+            task_id=task_id,
+            task=json.loads(task),
+            group_id=group_id,
+            attempt=attempt,
+            status="failed" if failed else "succeeded",
+            final_reward=reward,
+            error=error,
+            model_version=version,
+        )
+        updates.append(
+            (record.status, attempt, start, start + 6, reward, version, record.model_dump_json(), rollout_id)
+        )
+        attempts += [
+            (rollout_id, n, "w1", record.status if n == attempt else "failed", start, start + 6, None, "[]")
+            for n in range(1, attempt + 1)
+        ]
     with store._lock, store._transaction():
-        db.executemany("UPDATE rollouts SET status=?, attempt=?, started=?, ended=?, final_reward=?, model_version=?, "
-                       "n_calls=6, record=? WHERE rollout_id=?", updates)
+        db.executemany(
+            "UPDATE rollouts SET status=?, attempt=?, started=?, ended=?, final_reward=?, model_version=?, "
+            "n_calls=6, record=? WHERE rollout_id=?",
+            updates,
+        )
         db.executemany("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?)", calls)
         db.executemany("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?)", rewards)
         db.executemany("INSERT INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", attempts)
@@ -123,12 +148,21 @@ def browser_times(browser, url: str) -> dict[str, float]:
 
     rows = "#rollouts tbody tr[data-rollout]"
     changes = {
-        "failed only": (lambda: browser.find_element("name", "failed").click(),
-                        "#rollouts tbody tr[data-rollout] .badge.failed", lambda found: len(found) == 50),
-        "status=timeout (none)": (lambda: Select(browser.find_element("name", "status")).select_by_value("timeout"),
-                                  "#rollouts tbody td.empty", bool),
-        "sort by reward": (lambda: browser.find_element("css selector", 'th[data-sort="reward"]').click(),
-                           'th.sorted[data-sort="reward"]', bool),
+        "failed only": (
+            lambda: browser.find_element("name", "failed").click(),
+            "#rollouts tbody tr[data-rollout] .badge.failed",
+            lambda found: len(found) == 50,
+        ),
+        "status=timeout (none)": (
+            lambda: Select(browser.find_element("name", "status")).select_by_value("timeout"),
+            "#rollouts tbody td.empty",
+            bool,
+        ),
+        "sort by reward": (
+            lambda: browser.find_element("css selector", 'th[data-sort="reward"]').click(),
+            'th.sorted[data-sort="reward"]',
+            bool,
+        ),
     }
     samples: dict[str, list[float]] = {"first paint": []} | {name: [] for name in changes}
     for round_ in range(5):
@@ -151,8 +185,11 @@ def run(big: int = 100_000, small: int = 1_000) -> dict[str, dict[str, float]]:
             path = Path(tmp) / f"store-{n}.db"
             started = time.perf_counter()
             build_store(path, n)
-            print(f"built a store of {n} rollouts x 6 calls in {time.perf_counter() - started:.1f} s "
-                  f"({path.stat().st_size / 2**20:.0f} MiB)", flush=True)
+            print(
+                f"built a store of {n} rollouts x 6 calls in {time.perf_counter() - started:.1f} s "
+                f"({path.stat().st_size / 2**20:.0f} MiB)",
+                flush=True,
+            )
             with LightningServer(path) as server:
                 one = server.store.list_rollouts(limit=1, offset=n // 2)[0].rollout_id
                 results[f"api {n}"] = api_times(server.url, n, one)

@@ -33,8 +33,9 @@ def ratio(value: float, baseline: float) -> str:
     return f"x{value / baseline:.2f}" if baseline else "(baseline 0)"
 
 
-def measure(temperature: float, problems: list[dict[str, Any]], samples: int, group_size: int,
-            backend: Any) -> dict[str, Any]:
+def measure(
+    temperature: float, problems: list[dict[str, Any]], samples: int, group_size: int, backend: Any
+) -> dict[str, Any]:
     """Rewards of ``samples`` rollouts per problem at ``temperature``: shares per kind and the tied-group share."""
     import agentlightning as agl
     from examples.demo.task import calculator_agent
@@ -42,8 +43,9 @@ def measure(temperature: float, problems: list[dict[str, Any]], samples: int, gr
     backend.sampling_overrides = {"temperature": temperature}
     tasks = [{**problem, "id": f"{problem['id']}-{index}"} for problem in problems for index in range(samples)]
     started = time.perf_counter()
-    rollouts = agl.run(calculator_agent, tasks, llm=agl.LLM(base_url=backend.base_url, model="smollm2"),
-                       n_workers=32, timeout=600)
+    rollouts = agl.run(
+        calculator_agent, tasks, llm=agl.LLM(base_url=backend.base_url, model="smollm2"), n_workers=32, timeout=600
+    )
     seconds = time.perf_counter() - started
     by_problem: dict[str, list[float]] = collections.defaultdict(list)
     shares: dict[str, collections.Counter[float]] = collections.defaultdict(collections.Counter)
@@ -57,17 +59,23 @@ def measure(temperature: float, problems: list[dict[str, Any]], samples: int, gr
             groups += 1
             tied += len(set(rewards[start : start + group_size])) == 1
     right = sum(counter[1.0] for counter in shares.values()) / len(tasks)
-    return {"shares": {kind: {reward: counter[reward] / sum(counter.values()) for reward in REWARDS}
-                       for kind, counter in shares.items()},
-            "right": right, "tied": tied / groups if groups else float("nan"), "seconds": seconds}
+    return {
+        "shares": {
+            kind: {reward: counter[reward] / sum(counter.values()) for reward in REWARDS}
+            for kind, counter in shares.items()
+        },
+        "right": right,
+        "tied": tied / groups if groups else float("nan"),
+        "seconds": seconds,
+    }
 
 
 def bench(temperatures: list[float], problems: int = 12, samples: int = 16, group_size: int = 4) -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-
     from agentlightning.trainers.hf_backend import HFBackendServer
     from agentlightning.trainers.models import load_model
+
     from examples.demo.task import make_problems
 
     torch.manual_seed(0)
@@ -76,17 +84,24 @@ def bench(temperatures: list[float], problems: int = 12, samples: int = 16, grou
     with HFBackendServer(model, tokenizer, model_name="smollm2", default_max_tokens=40) as backend:
         results = {t: measure(t, held_out, samples, group_size, backend) for t in temperatures}
     base = results[temperatures[0]]
-    lines = [f"{len(held_out)} held-out problems x {samples} rollouts per temperature; share of rollouts by reward "
-             f"(1.0 right call / 0.3 right text / 0.1 wrong call / 0 other), per kind; x = against T={temperatures[0]}"]
+    lines = [
+        f"{len(held_out)} held-out problems x {samples} rollouts per temperature; share of rollouts by reward "
+        f"(1.0 right call / 0.3 right text / 0.1 wrong call / 0 other), per kind; x = against T={temperatures[0]}"
+    ]
     for temperature, result in results.items():
         for kind in sorted(result["shares"]):
             share = result["shares"][kind]
             base_right = base["shares"].get(kind, {}).get(1.0, 0.0)
-            lines.append(f"T={temperature:<4} {kind}  " + " / ".join(f"{share[r]:.2f}" for r in REWARDS)
-                         + f"   right calls {ratio(share[1.0], base_right)}")
-        lines.append(f"T={temperature:<4} all kinds: right calls {result['right']:.3f} "
-                     f"({ratio(result['right'], base['right'])}), groups of {group_size} whose rewards all tie "
-                     f"{result['tied']:.2f} ({ratio(result['tied'], base['tied'])}); {result['seconds']:.0f} s")
+            lines.append(
+                f"T={temperature:<4} {kind}  "
+                + " / ".join(f"{share[r]:.2f}" for r in REWARDS)
+                + f"   right calls {ratio(share[1.0], base_right)}"
+            )
+        lines.append(
+            f"T={temperature:<4} all kinds: right calls {result['right']:.3f} "
+            f"({ratio(result['right'], base['right'])}), groups of {group_size} whose rewards all tie "
+            f"{result['tied']:.2f} ({ratio(result['tied'], base['tied'])}); {result['seconds']:.0f} s"
+        )
     return "\n".join(lines)
 
 

@@ -43,11 +43,20 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 BASELINE = "7ca1f29"  # the demo at examples/demo with 4 tasks x 4 rollouts a step
-PHASES = ["rollout prefill", "rollout decode", "rollout other", "update forward", "update backward",
-          "update optimizer", "update other", "step other"]
+PHASES = [
+    "rollout prefill",
+    "rollout decode",
+    "rollout other",
+    "update forward",
+    "update backward",
+    "update optimizer",
+    "update other",
+    "step other",
+]
 
 
 # -- the child: one demo run with phase timers ----------------------------------------------------------------
+
 
 def _matmul_rate() -> float:
     import torch
@@ -113,8 +122,10 @@ def child(steps: int, seed: int, output_dir: str, demo_args: list[str]) -> dict[
         model.base_model.register_forward_hook(post, with_kwargs=True)
         config = model.config
         embedding = model.get_input_embeddings().weight.numel()
-        info.update(non_embedding=sum(p.numel() for p in model.parameters()) - embedding,
-                    logit_flops=2 * config.hidden_size * config.vocab_size)
+        info.update(
+            non_embedding=sum(p.numel() for p in model.parameters()) - embedding,
+            logit_flops=2 * config.hidden_size * config.vocab_size,
+        )
         return model, tokenizer
 
     models.load_model = load_model
@@ -125,15 +136,25 @@ def child(steps: int, seed: int, output_dir: str, demo_args: list[str]) -> dict[
 
     def timed_submit(self: Any, prompt_ids: list[int], *args: Any, **kwargs: Any) -> Any:
         submitted, future = time.perf_counter(), submit(self, prompt_ids, *args, **kwargs)
-        future.add_done_callback(lambda done: requests.append(
-            (submitted, list(prompt_ids), 0 if done.exception() else len(done.result().token_ids))))
+        future.add_done_callback(
+            lambda done: requests.append(
+                (submitted, list(prompt_ids), 0 if done.exception() else len(done.result().token_ids))
+            )
+        )
         return future
 
     def window(label: str, started: float) -> None:
         ended = time.perf_counter()
         mine = [(prompt, completion) for at, prompt, completion in requests if started <= at <= ended]
-        windows.append({"label": label, "start": started, "end": ended, "prompts": [p for p, _ in mine],
-                        "completions": [c for _, c in mine]})
+        windows.append(
+            {
+                "label": label,
+                "start": started,
+                "end": ended,
+                "prompts": [p for p, _ in mine],
+                "completions": [c for _, c in mine],
+            }
+        )
 
     run = LocalRollouts.run
 
@@ -164,8 +185,9 @@ def child(steps: int, seed: int, output_dir: str, demo_args: list[str]) -> dict[
     info["matmul_flops"] = _matmul_rate()
     info["source"] = str(Path(models.__file__).resolve().parent)
     started = time.perf_counter()
-    main(["--steps", str(steps), "--seed", str(seed), "--output-dir", output_dir, "--val-every", str(steps),
-          *demo_args])
+    main(
+        ["--steps", str(steps), "--seed", str(seed), "--output-dir", output_dir, "--val-every", str(steps), *demo_args]
+    )
     info["wall"] = time.perf_counter() - started
     info["matmul_flops"] = min(info["matmul_flops"], _matmul_rate())
     rows = [json.loads(line) for line in (Path(output_dir) / "metrics.jsonl").read_text().splitlines()]
@@ -173,6 +195,7 @@ def child(steps: int, seed: int, output_dir: str, demo_args: list[str]) -> dict[
 
 
 # -- analysis ---------------------------------------------------------------------------------------------------
+
 
 def _intervals(events: list[tuple[float, str, int]]) -> list[tuple[str, float, float, int]]:
     """(kind, start, end, tokens) for forwards, backwards and optimizer steps."""
@@ -210,8 +233,10 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
         shared = _shared(window["prompts"])
         prefill_tokens = shared + sum(len(p) - shared for p in window["prompts"])
         decoded = sum(window["completions"])
-        limits = {"prefill": (prefill_tokens * per_token + len(window["prompts"]) * logit) / rate,
-                  "decode": decoded * (per_token + logit) / rate}
+        limits = {
+            "prefill": (prefill_tokens * per_token + len(window["prompts"]) * logit) / rate,
+            "decode": decoded * (per_token + logit) / rate,
+        }
         prefill = _within(spans, window["start"], window["end"], "prefill")
         decode = _within(spans, window["start"], window["end"], "decode")
         phases = {"prefill": prefill, "decode": decode, "other": window["end"] - window["start"] - prefill - decode}
@@ -234,36 +259,55 @@ def analyse(result: dict[str, Any]) -> dict[str, Any]:
         tokens = shared + row["batch/prompt_tokens"] - batch_rows * shared + row["batch/completion_tokens"]
         forward_limit = (tokens * per_token + row["batch/completion_tokens"] * logit) / rate
         seconds = {
-            "rollout prefill": entry["phases"]["prefill"], "rollout decode": entry["phases"]["decode"],
-            "rollout other": entry["phases"]["other"], "update forward": forward, "update backward": backward,
-            "update optimizer": optimizer, "update other": update - forward - backward - optimizer,
+            "rollout prefill": entry["phases"]["prefill"],
+            "rollout decode": entry["phases"]["decode"],
+            "rollout other": entry["phases"]["other"],
+            "update forward": forward,
+            "update backward": backward,
+            "update optimizer": optimizer,
+            "update other": update - forward - backward - optimizer,
             "step other": row["step_seconds"] - row["rollout_seconds"] - update,
         }
-        limits = {"rollout prefill": entry["limits"]["prefill"], "rollout decode": entry["limits"]["decode"],
-                  "update forward": forward_limit, "update backward": forward_limit}
+        limits = {
+            "rollout prefill": entry["limits"]["prefill"],
+            "rollout decode": entry["limits"]["decode"],
+            "update forward": forward_limit,
+            "update backward": forward_limit,
+        }
         per_step.append({"seconds": seconds, "limits": limits, "total": row["step_seconds"]})
     measured = per_step[1:] or per_step
     median = {phase: statistics.median(s["seconds"][phase] for s in measured) for phase in PHASES}
     limit = {phase: statistics.median(s["limits"].get(phase, 0.0) for s in measured) for phase in PHASES}
     validation = validations[-1] if validations else None
     return {
-        "step": statistics.median(s["total"] for s in measured), "phases": median, "limits": limit,
-        "validation": None if validation is None else {
-            "seconds": sum(validation["phases"].values()), "phases": validation["phases"],
-            "limit": sum(validation["limits"].values())},
-        "matmul_gflops": rate / 1e9, "wall": info["wall"], "steps": len(rows),
+        "step": statistics.median(s["total"] for s in measured),
+        "phases": median,
+        "limits": limit,
+        "validation": None
+        if validation is None
+        else {
+            "seconds": sum(validation["phases"].values()),
+            "phases": validation["phases"],
+            "limit": sum(validation["limits"].values()),
+        },
+        "matmul_gflops": rate / 1e9,
+        "wall": info["wall"],
+        "steps": len(rows),
     }
 
 
 # -- the parent: baseline and current side by side --------------------------------------------------------------
 
+
 def _baseline_tree(revision: str, directory: Path) -> Path:
     directory.mkdir()
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-tree", "--name-only", revision],
-                            check=True, capture_output=True, text=True).stdout.split()
+    listed = subprocess.run(
+        ["git", "-C", str(REPO), "ls-tree", "--name-only", revision], check=True, capture_output=True, text=True
+    ).stdout.split()
     paths = [path for path in ("agentlightning", "adapters", "trainers", "examples") if path in listed]
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", revision, *paths],
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", revision, *paths], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(directory)], input=archive, check=True)
     (directory / "agentlightning" / "trainers").symlink_to(directory / "trainers")
     (directory / "agentlightning" / "adapters").symlink_to(directory / "adapters")
@@ -274,17 +318,36 @@ def _run_child(pythonpath: Path, steps: int, seed: int, workdir: Path, demo_args
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     env["PYTHONPATH"] = str(pythonpath)  # its agentlightning (before the editable install's) and its examples
     out = workdir / "result.json"
-    subprocess.run([sys.executable, __file__, "--child", "--steps", str(steps), "--seed", str(seed),
-                    "--output-dir", str(workdir / "run"), "--json", str(out), f"--demo-args={demo_args}"],
-                   env=env, check=True, cwd=workdir, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            "--steps",
+            str(steps),
+            "--seed",
+            str(seed),
+            "--output-dir",
+            str(workdir / "run"),
+            "--json",
+            str(out),
+            f"--demo-args={demo_args}",
+        ],
+        env=env,
+        check=True,
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+    )
     return json.loads(out.read_text())
 
 
 def _report(results: dict[str, list[dict[str, Any]]]) -> str:
     sides = {side: [analyse(r) for r in runs] for side, runs in results.items()}
     med = lambda side, get: statistics.median(get(a) for a in sides[side])  # noqa: E731
-    lines = [f"{'phase (s per step)':22} {'baseline':>9} {'limit':>7} {'x limit':>8} | {'current':>9} {'limit':>7} "
-             f"{'x limit':>8} | {'cur/base':>8}"]
+    lines = [
+        f"{'phase (s per step)':22} {'baseline':>9} {'limit':>7} {'x limit':>8} | {'current':>9} {'limit':>7} "
+        f"{'x limit':>8} | {'cur/base':>8}"
+    ]
     for phase in PHASES + ["step total"]:
         cells = []
         for side in ("baseline", "current"):
@@ -293,15 +356,19 @@ def _report(results: dict[str, list[dict[str, Any]]]) -> str:
             cells.append((seconds, limit))
         (b, bl), (c, cl) = cells
         ratio = lambda s, lim: f"{s / lim:8.2f}" if lim > 0 else f"{'-':>8}"  # noqa: E731
-        lines.append(f"{phase:22} {b:9.2f} {bl:7.2f} {ratio(b, bl)} | {c:9.2f} {cl:7.2f} {ratio(c, cl)} | "
-                     f"{(c / b if b else float('nan')):8.2f}")
+        lines.append(
+            f"{phase:22} {b:9.2f} {bl:7.2f} {ratio(b, bl)} | {c:9.2f} {cl:7.2f} {ratio(c, cl)} | "
+            f"{(c / b if b else float('nan')):8.2f}"
+        )
     for side in ("baseline", "current"):
         val = [a["validation"] for a in sides[side] if a["validation"]]
         if val:
             seconds, limit = statistics.median(v["seconds"] for v in val), statistics.median(v["limit"] for v in val)
             lines.append(f"validation pass ({side}): {seconds:.2f} s, limit {limit:.2f} s, x{seconds / limit:.2f}")
-        lines.append(f"{side}: matmul {med(side, lambda a: a['matmul_gflops']):.0f} GFLOP/s, "
-                     f"run wall {med(side, lambda a: a['wall']):.0f} s, code from {results[side][0]['info']['source']}")
+        lines.append(
+            f"{side}: matmul {med(side, lambda a: a['matmul_gflops']):.0f} GFLOP/s, "
+            f"run wall {med(side, lambda a: a['wall']):.0f} s, code from {results[side][0]['info']['source']}"
+        )
     return "\n".join(lines)
 
 
@@ -327,8 +394,9 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--baseline", default=BASELINE)
-    parser.add_argument("--demo-args", default="",
-                        help="more options for both sides' demo, e.g. '--tasks-per-step 4 --group-size 8'")
+    parser.add_argument(
+        "--demo-args", default="", help="more options for both sides' demo, e.g. '--tasks-per-step 4 --group-size 8'"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--output-dir", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)

@@ -35,11 +35,13 @@ from agentlightning.server import LightningServer, Settings  # noqa: E402
 from agentlightning.testing import MockLLMServer  # noqa: E402
 
 
-def _measure(directory: Path, upstream: str, workers: int, rollouts: int,
-             start: Callable[[str], Any]) -> tuple[float, float]:
+def _measure(
+    directory: Path, upstream: str, workers: int, rollouts: int, start: Callable[[str], Any]
+) -> tuple[float, float]:
     """(seconds from start to the first N rollouts done, rollouts/s of the timed batch)."""
-    with LightningServer(directory / "store.db", upstream_url=upstream, model_name="mock-model",
-                         settings=Settings(rollout_timeout=120.0)) as server:
+    with LightningServer(
+        directory / "store.db", upstream_url=upstream, model_name="mock-model", settings=Settings(rollout_timeout=120.0)
+    ) as server:
         began = time.perf_counter()
         pool = start(server.url)
         try:
@@ -72,27 +74,45 @@ def main(argv: Sequence[str] | None = None) -> int:
             (base / name).mkdir()
 
         def run_local(name: str) -> tuple[float, float]:
-            return _measure(base / name, mock.base_url, args.workers, args.rollouts,
-                            lambda url: start_workers(ray_agents.chat_agent, url, args.workers, **quiet))
+            return _measure(
+                base / name,
+                mock.base_url,
+                args.workers,
+                args.rollouts,
+                lambda url: start_workers(ray_agents.chat_agent, url, args.workers, **quiet),
+            )
 
         before = run_local("local-1")
         began = time.perf_counter()
-        ray.init(address="local", num_cpus=args.workers, include_dashboard=False, logging_level=logging.WARNING,
-                 runtime_env={"working_dir": str(AGENTS)})
+        ray.init(
+            address="local",
+            num_cpus=args.workers,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            runtime_env={"working_dir": str(AGENTS)},
+        )
         cluster = time.perf_counter() - began
         try:
-            on_ray = _measure(base / "ray", mock.base_url, args.workers, args.rollouts,
-                              lambda url: agl.RayWorkers(num_workers=args.workers).start(ray_agents.chat_agent, url,
-                                                                                           **quiet))
+            on_ray = _measure(
+                base / "ray",
+                mock.base_url,
+                args.workers,
+                args.rollouts,
+                lambda url: agl.RayWorkers(num_workers=args.workers).start(ray_agents.chat_agent, url, **quiet),
+            )
         finally:
             ray.shutdown()
         after = run_local("local-2")
     local = ((before[0] + after[0]) / 2, (before[1] + after[1]) / 2)
     print(f"\n{args.rollouts} rollouts (1 chat call each), {args.workers} workers")
-    print(f"local worker processes: {local[1]:7.1f} rollouts/s  (before and after Ray: {before[1]:.1f}, "
-          f"{after[1]:.1f}; start to first rollouts {local[0]:.1f} s)")
-    print(f"Ray actors:             {on_ray[1]:7.1f} rollouts/s  (start to first rollouts {on_ray[0]:.1f} s, "
-          f"plus {cluster:.1f} s for the local cluster)")
+    print(
+        f"local worker processes: {local[1]:7.1f} rollouts/s  (before and after Ray: {before[1]:.1f}, "
+        f"{after[1]:.1f}; start to first rollouts {local[0]:.1f} s)"
+    )
+    print(
+        f"Ray actors:             {on_ray[1]:7.1f} rollouts/s  (start to first rollouts {on_ray[0]:.1f} s, "
+        f"plus {cluster:.1f} s for the local cluster)"
+    )
     print(f"Ray / local: {on_ray[1] / local[1]:.2f}x rollouts/s")
     return 0
 

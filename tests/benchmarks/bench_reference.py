@@ -32,14 +32,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from bench_server import CALLS, MOCK_SCRIPT, _free_port, _wait_healthy, measure_throughput
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_PYTHON = ROOT / ".venv-ref" / "bin" / "python"
 DRIVER = Path(__file__).with_name("reference_store_driver.py")
-CREATE_HINT = ("make bench-reference-venv   (a venv with agentlightning==0.3.0 and OpenTelemetry 1.44.0, "
-               "see the Makefile; ~800 MB, no torch)")
+CREATE_HINT = (
+    "make bench-reference-venv   (a venv with agentlightning==0.3.0 and OpenTelemetry 1.44.0, "
+    "see the Makefile; ~800 MB, no torch)"
+)
 
 
 def measure_ours(mock_url: str, mock_pid: int, workers: int, rollouts: int, calls: int) -> dict[str, Any]:
@@ -49,8 +50,24 @@ def measure_ours(mock_url: str, mock_pid: int, workers: int, rollouts: int, call
     server_url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="agl-bench-ref-") as tmp:
         server = subprocess.Popen(
-            [sys.executable, "-m", "agentlightning._cli", "server", "--port", str(port), "--store", f"{tmp}/bench.db",
-             "--upstream", mock_url, "--model-name", "mock-model", "--log-level", "WARNING"], env=env)
+            [
+                sys.executable,
+                "-m",
+                "agentlightning._cli",
+                "server",
+                "--port",
+                str(port),
+                "--store",
+                f"{tmp}/bench.db",
+                "--upstream",
+                mock_url,
+                "--model-name",
+                "mock-model",
+                "--log-level",
+                "WARNING",
+            ],
+            env=env,
+        )
         try:
             _wait_healthy(server_url)
             rate, failed, cpu_ms = measure_throughput(server_url, workers, rollouts, calls, server.pid, mock_pid)
@@ -63,13 +80,26 @@ def measure_ours(mock_url: str, mock_pid: int, workers: int, rollouts: int, call
 def measure_reference(mock_url: str, mock_pid: int, workers: int, rollouts: int, calls: int) -> dict[str, Any]:
     """Run ``reference_store_driver.py`` under the reference venv and return its JSON figures."""
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    command = [str(REFERENCE_PYTHON), str(DRIVER), "--upstream", mock_url, "--upstream-pid", str(mock_pid),
-               "--workers", str(workers), "--rollouts", str(rollouts), "--calls", str(calls)]
+    command = [
+        str(REFERENCE_PYTHON),
+        str(DRIVER),
+        "--upstream",
+        mock_url,
+        "--upstream-pid",
+        str(mock_pid),
+        "--workers",
+        str(workers),
+        "--rollouts",
+        str(rollouts),
+        "--calls",
+        str(calls),
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
-        raise RuntimeError(f"reference driver failed (exit {result.returncode}): {' '.join(command)}\n"
-                           f"{result.stderr[-3000:]}")
+        raise RuntimeError(
+            f"reference driver failed (exit {result.returncode}): {' '.join(command)}\n{result.stderr[-3000:]}"
+        )
     return json.loads(lines[-1])
 
 
@@ -81,7 +111,9 @@ def _cpu_line(cpu: dict[str, float]) -> str:
 def run(workers: int = 4, rollouts: int = 200, calls: int = CALLS, repeat: int = 1) -> list[dict[str, Any]]:
     """Measure ours and the reference ``repeat`` times each (alternating) against one mock upstream; print both."""
     have_reference = REFERENCE_PYTHON.exists()
-    mock = subprocess.Popen([sys.executable, "-c", MOCK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    mock = subprocess.Popen(
+        [sys.executable, "-c", MOCK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     mock_url = mock.stdout.readline().strip()  # type: ignore[union-attr]
     rounds: list[dict[str, Any]] = []
     try:
@@ -93,28 +125,38 @@ def run(workers: int = 4, rollouts: int = 200, calls: int = CALLS, repeat: int =
     finally:
         mock.stdin.close()  # type: ignore[union-attr]
         mock.wait(20)
-    print(f"\nOurs vs agentlightning==0.3.0 ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}): "
-          f"{workers} workers, {rollouts} rollouts x {calls} LLM calls, same mock upstream")
+    print(
+        f"\nOurs vs agentlightning==0.3.0 ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}): "
+        f"{workers} workers, {rollouts} rollouts x {calls} LLM calls, same mock upstream"
+    )
     for index, figures in enumerate(rounds, 1):
         ours = figures["ours"]
-        print(f"  round {index}: ours (agl server, SQLite, via proxy) {ours['rollouts_per_s']:.1f} rollouts/s, "
-              f"failed {ours['failed']}")
+        print(
+            f"  round {index}: ours (agl server, SQLite, via proxy) {ours['rollouts_per_s']:.1f} rollouts/s, "
+            f"failed {ours['failed']}"
+        )
         print(f"           CPU ms/rollout: {_cpu_line(ours['cpu_ms'])}")
         reference = figures.get("reference")
         if reference is None:
             continue
-        print(f"           0.3.0 (in-memory store over HTTP, direct calls) {reference['rollouts_per_s']:.1f} "
-              f"rollouts/s, failed {reference['failed']} | ratio ours/0.3.0 "
-              f"{ours['rollouts_per_s'] / reference['rollouts_per_s']:.2f}x")
-        print(f"           CPU ms/rollout: {_cpu_line(reference['cpu_ms'])} | ratio 0.3.0/ours "
-              f"{sum(reference['cpu_ms'].values()) / sum(ours['cpu_ms'].values()):.2f}x")
+        print(
+            f"           0.3.0 (in-memory store over HTTP, direct calls) {reference['rollouts_per_s']:.1f} "
+            f"rollouts/s, failed {reference['failed']} | ratio ours/0.3.0 "
+            f"{ours['rollouts_per_s'] / reference['rollouts_per_s']:.2f}x"
+        )
+        print(
+            f"           CPU ms/rollout: {_cpu_line(reference['cpu_ms'])} | ratio 0.3.0/ours "
+            f"{sum(reference['cpu_ms'].values()) / sum(ours['cpu_ms'].values()):.2f}x"
+        )
     if not have_reference:
         print(f"  reference half skipped: {REFERENCE_PYTHON} not found; create it with\n    {CREATE_HINT}")
     elif len(rounds) > 1:  # each round's two halves ran minutes apart: the median is the steadier comparison
         rates = [f["ours"]["rollouts_per_s"] / f["reference"]["rollouts_per_s"] for f in rounds]
         cpu = [sum(f["reference"]["cpu_ms"].values()) / sum(f["ours"]["cpu_ms"].values()) for f in rounds]
-        print(f"  median of {len(rounds)} rounds: ours/0.3.0 rollouts/s {statistics.median(rates):.2f}x "
-              f"(min {min(rates):.2f}x) | 0.3.0/ours CPU per rollout {statistics.median(cpu):.2f}x (min {min(cpu):.2f}x)")
+        print(
+            f"  median of {len(rounds)} rounds: ours/0.3.0 rollouts/s {statistics.median(rates):.2f}x "
+            f"(min {min(rates):.2f}x) | 0.3.0/ours CPU per rollout {statistics.median(cpu):.2f}x (min {min(cpu):.2f}x)"
+        )
     return rounds
 
 

@@ -57,8 +57,14 @@ def make_rollouts(seed: int = 0) -> list[Rollout]:
                 )
             )
         rollouts.append(
-            Rollout(rollout_id=f"r{number}", task_id=task, group_id=task, status="succeeded", calls=calls,
-                    final_reward=float(rng.random() < 0.5))
+            Rollout(
+                rollout_id=f"r{number}",
+                task_id=task,
+                group_id=task,
+                status="succeeded",
+                calls=calls,
+                final_reward=float(rng.random() < 0.5),
+            )
         )
     return rollouts
 

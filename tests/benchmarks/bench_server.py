@@ -65,8 +65,9 @@ def _chat(client: str, llm: agl.LLM, messages: list[dict[str, Any]], sdk: openai
         reply = sdk.chat.completions.create(model=llm.model, messages=messages, max_tokens=16)  # type: ignore[arg-type]
         return reply.choices[0].message.content or ""
     payload = {"model": llm.model, "messages": messages, "max_tokens": 16}
-    response = _http().post(f"{llm.base_url}/chat/completions", json=payload,
-                            headers={"authorization": f"Bearer {llm.api_key}"})
+    response = _http().post(
+        f"{llm.base_url}/chat/completions", json=payload, headers={"authorization": f"Bearer {llm.api_key}"}
+    )
     response.raise_for_status()
     return response.json()["choices"][0]["message"]["content"] or ""
 
@@ -76,8 +77,11 @@ def run_agent(task: dict, llm: agl.LLM) -> float:
 
     ``task["client"]`` is the agent's HTTP client: the real ``openai`` client or plain httpx."""
     client = task.get("client", "openai")
-    sdk = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, http_client=_http(), max_retries=0) \
-        if client == "openai" else None
+    sdk = (
+        openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, http_client=_http(), max_retries=0)
+        if client == "openai"
+        else None
+    )
     messages: list[dict[str, Any]] = []
     good = 0
     for turn in range(task["calls"]):
@@ -119,11 +123,17 @@ def _wait_healthy(url: str, timeout: float = 60.0) -> None:
 
 def measure_latency(http: httpx.Client, mock_url: str, server_url: str, samples: int) -> tuple[float, float]:
     """Median seconds of a chat call direct vs proxied (interleaved)."""
-    [rid] = http.post(f"{server_url}/rollouts", json={"tasks": [{"q": "latency"}], "timeout": 3600}).json()["rollout_ids"]
+    [rid] = http.post(f"{server_url}/rollouts", json={"tasks": [{"q": "latency"}], "timeout": 3600}).json()[
+        "rollout_ids"
+    ]
     lease = http.post(f"{server_url}/workers/bench-latency/dequeue").json()["lease"]
     assert lease["rollout_id"] == rid
-    body = {"model": "mock-model", "messages": [{"role": "user", "content": "how long does this take?"}],
-            "max_tokens": 16, "return_token_ids": True}
+    body = {
+        "model": "mock-model",
+        "messages": [{"role": "user", "content": "how long does this take?"}],
+        "max_tokens": 16,
+        "return_token_ids": True,
+    }
     direct_url = f"{mock_url}/chat/completions"
     proxy_url = f"{server_url}/rollouts/{rid}/v1/chat/completions"
     direct: list[float] = []
@@ -213,8 +223,10 @@ def measure_direct(
         start = time.perf_counter()
         assert sum(pool.map(_direct_worker, chunks)) == rollouts
         rate = rollouts / (time.perf_counter() - start)
-        cpu_ms = {"workers": (cpu_seconds(pids) - before["workers"]) * 1000 / rollouts,
-                  "upstream": (cpu_seconds([mock_pid]) - before["upstream"]) * 1000 / rollouts}
+        cpu_ms = {
+            "workers": (cpu_seconds(pids) - before["workers"]) * 1000 / rollouts,
+            "upstream": (cpu_seconds([mock_pid]) - before["upstream"]) * 1000 / rollouts,
+        }
         return rate, cpu_ms
 
 
@@ -223,14 +235,32 @@ def run(
 ) -> dict[str, float]:
     """Run both measurements and print a report; returns the figures."""
     env = {**os.environ, "PYTHONPATH": f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    mock = subprocess.Popen([sys.executable, "-c", MOCK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    mock = subprocess.Popen(
+        [sys.executable, "-c", MOCK_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     mock_url = mock.stdout.readline().strip()  # type: ignore[union-attr]
     port = _free_port()
     server_url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="agl-bench-") as tmp:
         server = subprocess.Popen(
-            [sys.executable, "-m", "agentlightning._cli", "server", "--port", str(port), "--store", f"{tmp}/bench.db",
-             "--upstream", mock_url, "--model-name", "mock-model", "--log-level", "WARNING"], env=env)
+            [
+                sys.executable,
+                "-m",
+                "agentlightning._cli",
+                "server",
+                "--port",
+                str(port),
+                "--store",
+                f"{tmp}/bench.db",
+                "--upstream",
+                mock_url,
+                "--model-name",
+                "mock-model",
+                "--log-level",
+                "WARNING",
+            ],
+            env=env,
+        )
         try:
             _wait_healthy(server_url)
             with httpx.Client(timeout=30) as http:
@@ -243,20 +273,35 @@ def run(
             mock.stdin.close()  # type: ignore[union-attr]
             mock.wait(20)
     added_ms = (proxied_s - direct_s) * 1000
-    print(f"\nLightning Server benchmark ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}): "
-          f"{workers} workers, {rollouts} rollouts x {calls} LLM calls, agent calls via {client}")
-    print(f"  proxy latency  direct median {direct_s * 1000:.2f} ms | proxied median {proxied_s * 1000:.2f} ms | "
-          f"added {added_ms:.2f} ms (target < 2 ms) | ratio proxied/direct {proxied_s / direct_s:.2f}x")
-    print(f"  throughput     through server {rate:.1f} rollouts/s = {rate * calls:.0f} proxied calls/s "
-          f"(target >= 150 rollouts/s) | direct to upstream {direct_rate:.1f} rollouts/s | "
-          f"ratio server/direct {rate / direct_rate:.2f}x | failed {failed}")
-    print(f"  CPU ms/rollout through server: server {cpu['server']:.1f} | workers {cpu['workers']:.1f} | upstream "
-          f"{cpu['upstream']:.1f} || direct: workers {direct_cpu['workers']:.1f} | upstream {direct_cpu['upstream']:.1f}")
+    print(
+        f"\nLightning Server benchmark ({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}): "
+        f"{workers} workers, {rollouts} rollouts x {calls} LLM calls, agent calls via {client}"
+    )
+    print(
+        f"  proxy latency  direct median {direct_s * 1000:.2f} ms | proxied median {proxied_s * 1000:.2f} ms | "
+        f"added {added_ms:.2f} ms (target < 2 ms) | ratio proxied/direct {proxied_s / direct_s:.2f}x"
+    )
+    print(
+        f"  throughput     through server {rate:.1f} rollouts/s = {rate * calls:.0f} proxied calls/s "
+        f"(target >= 150 rollouts/s) | direct to upstream {direct_rate:.1f} rollouts/s | "
+        f"ratio server/direct {rate / direct_rate:.2f}x | failed {failed}"
+    )
+    print(
+        f"  CPU ms/rollout through server: server {cpu['server']:.1f} | workers {cpu['workers']:.1f} | upstream "
+        f"{cpu['upstream']:.1f} || direct: workers {direct_cpu['workers']:.1f} | upstream {direct_cpu['upstream']:.1f}"
+    )
     total = sum(cpu.values())
-    print(f"  => at {os.cpu_count()} idle cores the server path would sustain ~{os.cpu_count() * 1000 / total:.0f} "
-          f"rollouts/s (CPU-bound estimate), the server process alone ~{1000 / cpu['server']:.0f} rollouts/s")
-    return {"added_ms": added_ms, "rollouts_per_s": rate, "direct_rollouts_per_s": direct_rate, "failed": failed,
-            **{f"cpu_ms_{name}": value for name, value in cpu.items()}}
+    print(
+        f"  => at {os.cpu_count()} idle cores the server path would sustain ~{os.cpu_count() * 1000 / total:.0f} "
+        f"rollouts/s (CPU-bound estimate), the server process alone ~{1000 / cpu['server']:.0f} rollouts/s"
+    )
+    return {
+        "added_ms": added_ms,
+        "rollouts_per_s": rate,
+        "direct_rollouts_per_s": direct_rate,
+        "failed": failed,
+        **{f"cpu_ms_{name}": value for name, value in cpu.items()},
+    }
 
 
 def test_bench_server() -> None:
@@ -270,7 +315,11 @@ if __name__ == "__main__":
     parser.add_argument("--rollouts", type=int, default=600)
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--samples", type=int, default=300)
-    parser.add_argument("--agent-client", choices=("openai", "httpx"), default="openai",
-                        help="the agent's HTTP client: the openai SDK (several ms of CPU a call) or plain httpx (~1 ms)")
+    parser.add_argument(
+        "--agent-client",
+        choices=("openai", "httpx"),
+        default="openai",
+        help="the agent's HTTP client: the openai SDK (several ms of CPU a call) or plain httpx (~1 ms)",
+    )
     options = parser.parse_args()
     run(options.workers, options.rollouts, options.calls, options.samples, options.agent_client)

@@ -53,12 +53,12 @@ def _config(output_dir: str, **extra):
 
 
 def bench_training_step() -> dict[str, float]:
+    from agentlightning.trainers.batch import pack
+    from agentlightning.trainers.grpo import LightningGRPOTrainer
     from datasets import Dataset
     from trl import GRPOTrainer
 
     from agentlightning.rl.advantages import compute_advantages
-    from agentlightning.trainers.batch import pack
-    from agentlightning.trainers.grpo import LightningGRPOTrainer
     from agentlightning.types import Transition
 
     model, tokenizer = _model()
@@ -88,16 +88,26 @@ def bench_training_step() -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
         plain = GRPOTrainer(
-            model=plain_model, reward_funcs=fixed_reward, train_dataset=dataset, processing_class=tokenizer,
-            rollout_func=rollout_func, callbacks=[Timer()],
+            model=plain_model,
+            reward_funcs=fixed_reward,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            rollout_func=rollout_func,
+            callbacks=[Timer()],
             args=_config(tmp, num_generations=GROUP, shuffle_dataset=False),
         )
         plain.train()
 
     # -- ours: the same rows as a LightningRL batch ---------------------------------------------------------------
     transitions = [
-        Transition(rollout_id=f"r{i}", group_id=f"g{i // GROUP}", index=0, prompt_token_ids=prompts[i],
-                   completion_token_ids=completions[i], reward=rewards[i])
+        Transition(
+            rollout_id=f"r{i}",
+            group_id=f"g{i // GROUP}",
+            index=0,
+            prompt_token_ids=prompts[i],
+            completion_token_ids=completions[i],
+            reward=rewards[i],
+        )
         for i in range(ROWS)
     ]
     compute_advantages(transitions, "grpo")
@@ -116,7 +126,6 @@ def bench_training_step() -> dict[str, float]:
 
 def bench_backend(requests: int = 16, max_tokens: int = 32) -> dict[str, float]:
     import openai
-
     from agentlightning.trainers.hf_backend import HFBackendServer
 
     model, tokenizer = _model()
@@ -127,7 +136,11 @@ def bench_backend(requests: int = 16, max_tokens: int = 32) -> dict[str, float]:
 
         def ask(conversation):
             reply = client.chat.completions.create(
-                model="policy", messages=conversation, max_tokens=max_tokens, temperature=1.0, seed=1,
+                model="policy",
+                messages=conversation,
+                max_tokens=max_tokens,
+                temperature=1.0,
+                seed=1,
                 stop=None,
             ).model_dump()
             return len(reply["choices"][0]["token_ids"])

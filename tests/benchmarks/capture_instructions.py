@@ -26,10 +26,9 @@ def capture_work(calls: int, token_ids: bool) -> None:
     """Run the capture work of ``calls`` calls (after a warm-up), in rollouts of ``ROLLOUT_CALLS``."""
     sys.path.insert(0, str(Path(__file__).parent))
     import bench_capture
-
     import openai
-
     from agentlightning.adapters._stainless import ClientCall
+
     from agentlightning.capture._context import RolloutRecorder
 
     kwargs = {"model": "bench-model", "messages": bench_capture.MESSAGES, "temperature": 0.7, "max_tokens": 128}
@@ -50,10 +49,19 @@ def capture_work(calls: int, token_ids: bool) -> None:
 
 def instructions(calls: int, token_ids: bool) -> int:
     """Instructions of a whole process running ``capture_work(calls)``, under valgrind."""
-    command = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-               sys.executable, __file__, "--work", str(calls)] + (["--token-ids"] if token_ids else [])
-    result = subprocess.run(command, capture_output=True, text=True, check=True,
-                            env={**os.environ, "PYTHONHASHSEED": "0"})
+    command = [
+        "valgrind",
+        "--tool=cachegrind",
+        "--cache-sim=no",
+        "--cachegrind-out-file=/dev/null",
+        sys.executable,
+        __file__,
+        "--work",
+        str(calls),
+    ] + (["--token-ids"] if token_ids else [])
+    result = subprocess.run(
+        command, capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "0"}
+    )
     match = re.search(r"I\s+refs:\s+([\d,]+)", result.stderr)
     if match is None:
         raise RuntimeError(f"no instruction count in valgrind's output:\n{result.stderr[-2000:]}")

@@ -56,13 +56,25 @@ class Run:
         self.dir.mkdir(parents=True)
         self.store = self.dir / "store.db"
         self.upstream = FaultyUpstream()
-        self.server = AglServer(self.store, self.upstream.base_url, "--lease", "10", "--max-attempts", "3",
-                                *server_args).start()
+        self.server = AglServer(
+            self.store, self.upstream.base_url, "--lease", "10", "--max-attempts", "3", *server_args
+        ).start()
         dataset = self.server.http.post("/datasets", json={"records": tasks}).json()["dataset_id"]
         self.ids = self.server.http.post("/rollouts", json={"dataset_id": dataset}).json()["rollout_ids"]
         os.environ["AGL_SPOOL_DIR"] = str(self.dir / "spool")
-        self.client = agl("client", "--agent", "fault_agents:fault_agent", "--dataset-id", dataset, "--nworkers", "2",
-                          "--server-url", self.server.url, "--log-level", "ERROR")
+        self.client = agl(
+            "client",
+            "--agent",
+            "fault_agents:fault_agent",
+            "--dataset-id",
+            dataset,
+            "--nworkers",
+            "2",
+            "--server-url",
+            self.server.url,
+            "--log-level",
+            "ERROR",
+        )
         self.notes: list[str] = []
         self.deleted = ""  # the deleted-db scenario's account (its store file is gone)
         self.rss: list[tuple[float, float, float]] = []  # (seconds, server MB, largest worker MB)
@@ -100,22 +112,36 @@ class Run:
         if self.deleted:
             spooled = len(list((self.dir / "spool").glob("*.json")))
             self.notes.append(f"{self.deleted}; {spooled} results finished after it are kept in the client's spool")
-            return {"enqueued": len(self.ids), "succeeded": "-", "failed": "-", "lost": 0, "duplicated": "-",
-                    "call records lost": "-"}
+            return {
+                "enqueued": len(self.ids),
+                "succeeded": "-",
+                "failed": "-",
+                "lost": 0,
+                "duplicated": "-",
+                "call records lost": "-",
+            }
         db = sqlite3.connect(self.store)
         rows = dict(db.execute("SELECT rollout_id, status FROM rollouts").fetchall())
-        accepted = db.execute("SELECT rollout_id, COUNT(*) FROM attempts WHERE status='succeeded' GROUP BY rollout_id "
-                              "HAVING COUNT(*) > 1").fetchall()
-        doubled = db.execute("SELECT COUNT(*) FROM (SELECT body FROM proxy_calls GROUP BY json_extract(body, "
-                             "'$.call_id') HAVING COUNT(*) > 1)").fetchone()[0]
-        missing = db.execute("SELECT COUNT(*) FROM calls c JOIN rollouts r USING (rollout_id) WHERE r.status="
-                             "'succeeded' AND c.kind='llm' AND json_extract(c.body, '$.token_source') != 'server'"
-                             ).fetchone()[0]
+        accepted = db.execute(
+            "SELECT rollout_id, COUNT(*) FROM attempts WHERE status='succeeded' GROUP BY rollout_id HAVING COUNT(*) > 1"
+        ).fetchall()
+        doubled = db.execute(
+            "SELECT COUNT(*) FROM (SELECT body FROM proxy_calls GROUP BY json_extract(body, "
+            "'$.call_id') HAVING COUNT(*) > 1)"
+        ).fetchone()[0]
+        missing = db.execute(
+            "SELECT COUNT(*) FROM calls c JOIN rollouts r USING (rollout_id) WHERE r.status="
+            "'succeeded' AND c.kind='llm' AND json_extract(c.body, '$.token_source') != 'server'"
+        ).fetchone()[0]
         statuses = [rows.get(rid) for rid in self.ids]
-        return {"enqueued": len(self.ids), "succeeded": statuses.count("succeeded"),
-                "failed": sum(s in ("failed", "timeout") for s in statuses),
-                "lost": sum(s is None or s == "running" for s in statuses),
-                "duplicated": len(accepted) + doubled, "call records lost": missing}
+        return {
+            "enqueued": len(self.ids),
+            "succeeded": statuses.count("succeeded"),
+            "failed": sum(s in ("failed", "timeout") for s in statuses),
+            "lost": sum(s is None or s == "running" for s in statuses),
+            "duplicated": len(accepted) + doubled,
+            "call records lost": missing,
+        }
 
 
 def _tasks(n: int, head: list[dict] | None = None) -> list[dict]:
@@ -186,16 +212,19 @@ def scenario(run: Run, name: str) -> None:  # noqa: C901 - one branch per scenar
         time.sleep(8.0)
         health = server.http.get("/health").status_code
         refused = server.http.post("/rollouts", json={"tasks": [{"q": 1}]}).status_code
-        run.deleted = (f"{before} finished before the unlink (deleted with the file); after it: /health {health}, "
-                       f"enqueue {refused}, finished count stayed {run.finished()}")
+        run.deleted = (
+            f"{before} finished before the unlink (deleted with the file); after it: /health {health}, "
+            f"enqueue {refused}, finished count stayed {run.finished()}"
+        )
 
 
 SCENARIOS = {
     "baseline": {},
     "worker-kill-9-x5": {},
     "server-kill-9-x2": {},
-    "crash-at-head": {"head": [{"id": f"crash{i}", "question": f"c{i}", "mode": "exit" if i % 2 else "segfault"}
-                               for i in range(7)]},
+    "crash-at-head": {
+        "head": [{"id": f"crash{i}", "question": f"c{i}", "mode": "exit" if i % 2 else "segfault"} for i in range(7)]
+    },
     "upstream-down-8s": {},
     "upstream-down-30s": {},
     "http-500-burst-20pct": {},
@@ -230,8 +259,10 @@ def main() -> None:
             counts = run.close()
         if run.rss:
             peak = max(run.rss, key=lambda r: r[1])
-            run.notes.append(f"RSS server {run.rss[0][1]:.0f}->{run.rss[-1][1]:.0f} MB (peak {peak[1]:.0f}), worker "
-                             f"{run.rss[0][2]:.0f}->{run.rss[-1][2]:.0f} MB")
+            run.notes.append(
+                f"RSS server {run.rss[0][1]:.0f}->{run.rss[-1][1]:.0f} MB (peak {peak[1]:.0f}), worker "
+                f"{run.rss[0][2]:.0f}->{run.rss[-1][2]:.0f} MB"
+            )
         run.notes.append(f"{time.monotonic() - started:.0f} s")
         if not run.deleted and counts["enqueued"] > counts["succeeded"] + counts["failed"] + counts["lost"]:
             run.notes.append(f"unfinished (queued): {counts['enqueued'] - counts['succeeded'] - counts['failed']}")

@@ -44,11 +44,15 @@ from typing import Any
 
 REFERENCE_VERSION = "0.3.0"
 if version("agentlightning") != REFERENCE_VERSION:  # before importing it: our package has other modules
-    sys.exit(f"reference_store_driver.py needs agentlightning=={REFERENCE_VERSION} (the separate venv made by "
-             f"`make bench-reference-venv`), found {version('agentlightning')}: run it with .venv-ref/bin/python")
+    sys.exit(
+        f"reference_store_driver.py needs agentlightning=={REFERENCE_VERSION} (the separate venv made by "
+        f"`make bench-reference-venv`), found {version('agentlightning')}: run it with .venv-ref/bin/python"
+    )
 if tuple(int(part) for part in version("opentelemetry-exporter-otlp-proto-http").split(".")[:2]) >= (1, 45):
-    sys.exit("0.3.0's tracer cannot point opentelemetry-exporter-otlp-proto-http>=1.45 at its store (spans would go "
-             "to localhost:4318); install the 1.44.0 OpenTelemetry packages as `make bench-reference-venv` does")
+    sys.exit(
+        "0.3.0's tracer cannot point opentelemetry-exporter-otlp-proto-http>=1.45 at its store (spans would go "
+        "to localhost:4318); install the 1.44.0 OpenTelemetry packages as `make bench-reference-venv` does"
+    )
 # 0.3.0 imports litellm, which otherwise tries to download its model cost map on import (loopback only here).
 os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
 
@@ -61,8 +65,9 @@ from agentlightning.litagent import LitAgent
 from agentlightning.runner import LitAgentRunner
 from agentlightning.store.client_server import LightningStoreClient
 from agentlightning.tracer import OtelTracer
-from agentlightning.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout
 from opentelemetry import trace as trace_api
+
+from agentlightning.types import LLM, EnqueueRolloutRequest, NamedResources, Rollout
 
 POLL_INTERVAL = 0.02  # 0.3.0's runner default is 5 s: idle workers would miss most of a short benchmark
 UNFINISHED = ["queuing", "preparing", "running", "requeuing"]
@@ -90,8 +95,11 @@ def cpu_seconds(pids: list[int]) -> float:
 
 def _call_attributes(model: str, messages: list[dict[str, str]], reply: Any) -> dict[str, Any]:
     """What 0.3.0's tracing + LLM proxy record for one chat call: prompt, completion, usage and token ids."""
-    attributes: dict[str, Any] = {"gen_ai.request.model": model, "gen_ai.response.id": reply.id,
-                                  "gen_ai.response.model": reply.model}
+    attributes: dict[str, Any] = {
+        "gen_ai.request.model": model,
+        "gen_ai.response.id": reply.id,
+        "gen_ai.response.model": reply.model,
+    }
     for index, message in enumerate(messages):
         attributes[f"gen_ai.prompt.{index}.role"] = message["role"]
         attributes[f"gen_ai.prompt.{index}.content"] = message["content"]
@@ -124,7 +132,8 @@ class EchoAgent(LitAgent[dict]):
         client = self._clients.get(llm.endpoint)
         if client is None:
             client = self._clients[llm.endpoint] = openai.AsyncOpenAI(
-                base_url=llm.endpoint, api_key="none", max_retries=0)
+                base_url=llm.endpoint, api_key="none", max_retries=0
+            )
         tracer = trace_api.get_tracer(__name__)
         messages: list[dict[str, str]] = []
         good = 0
@@ -133,7 +142,8 @@ class EchoAgent(LitAgent[dict]):
             messages.append({"role": "user", "content": question})
             with tracer.start_as_current_span("openai.chat.completion") as span:
                 reply = await client.chat.completions.create(
-                    model=llm.model, messages=messages, max_tokens=16, extra_body={"return_token_ids": True})
+                    model=llm.model, messages=messages, max_tokens=16, extra_body={"return_token_ids": True}
+                )
                 span.set_attributes(_call_attributes(llm.model, messages, reply))
             answer = reply.choices[0].message.content or ""
             messages.append({"role": "assistant", "content": answer})
@@ -163,7 +173,8 @@ def worker_main(store_url: str, worker_id: int, stop: Event) -> None:
 async def _run_batch(store: LightningStoreClient, tasks: list[dict], resources_id: str) -> list[str]:
     """Enqueue ``tasks`` and return their rollout ids once none of them is left unfinished."""
     rollouts = await store.enqueue_many_rollouts(
-        [EnqueueRolloutRequest(input=task, mode="train", resources_id=resources_id) for task in tasks])
+        [EnqueueRolloutRequest(input=task, mode="train", resources_id=resources_id) for task in tasks]
+    )
     ids = [rollout.rollout_id for rollout in rollouts]
     deadline = time.monotonic() + BATCH_TIMEOUT
     while unfinished := (await store.query_rollouts(status_in=UNFINISHED, limit=1)).total:
@@ -205,10 +216,17 @@ async def _drive(store_url: str, args: argparse.Namespace, pids: dict[str, list[
         checks = await _check(store, ids, args.calls)
     finally:
         await store.close()
-    return {"reference": f"agentlightning=={REFERENCE_VERSION}",
-            "store": "InMemoryLightningStore via LightningStoreServer/LightningStoreClient",
-            "workers": args.workers, "rollouts": args.rollouts, "calls": args.calls,
-            "rollouts_per_s": args.rollouts / elapsed, "seconds": elapsed, "cpu_ms": cpu_ms, **checks}
+    return {
+        "reference": f"agentlightning=={REFERENCE_VERSION}",
+        "store": "InMemoryLightningStore via LightningStoreServer/LightningStoreClient",
+        "workers": args.workers,
+        "rollouts": args.rollouts,
+        "calls": args.calls,
+        "rollouts_per_s": args.rollouts / elapsed,
+        "seconds": elapsed,
+        "cpu_ms": cpu_ms,
+        **checks,
+    }
 
 
 def _wait_store(server: BaseProcess, url: str) -> None:
@@ -241,15 +259,17 @@ def main() -> None:
     argv = ["--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
     server = context.Process(target=store_cli.main, args=(argv,), name="reference-store", daemon=True)
     stop = context.Event()
-    workers = [context.Process(target=worker_main, args=(url, i, stop), daemon=True)
-               for i in range(args.workers)]
+    workers = [context.Process(target=worker_main, args=(url, i, stop), daemon=True) for i in range(args.workers)]
     server.start()
     try:
         _wait_store(server, url)
         for worker in workers:
             worker.start()
-        pids = {"server": [server.pid or 0], "workers": [worker.pid or 0 for worker in workers],
-                "upstream": [args.upstream_pid] if args.upstream_pid else []}
+        pids = {
+            "server": [server.pid or 0],
+            "workers": [worker.pid or 0 for worker in workers],
+            "upstream": [args.upstream_pid] if args.upstream_pid else [],
+        }
         figures = asyncio.run(_drive(url, args, pids))
     finally:
         stop.set()

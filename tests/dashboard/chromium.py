@@ -6,8 +6,10 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-INSTALL = ("install it with `apt-get install -y chromium chromium-driver` and `pip install selenium==4.51.0` "
-           "(`make browser` installs Chromium; the dev extra has selenium)")
+INSTALL = (
+    "install it with `apt-get install -y chromium chromium-driver` and `pip install selenium==4.51.0` "
+    "(`make browser` installs Chromium; the dev extra has selenium)"
+)
 
 
 def missing() -> str | None:
@@ -28,8 +30,14 @@ def start() -> Any:
 
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000",
-                     "--disable-gpu", "--no-first-run"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        "--disable-gpu",
+        "--no-first-run",
+    ):
         options.add_argument(argument)
     return webdriver.Chrome(options=options, service=Service(shutil.which("chromedriver")))
 
@@ -42,5 +50,4 @@ def wait_for(browser: Any, css: str, check: Any = bool, timeout: float = 10.0) -
     from selenium.webdriver.support.ui import WebDriverWait
 
     wait = WebDriverWait(browser, timeout, poll_frequency=0.01, ignored_exceptions=[StaleElementReferenceException])
-    return wait.until(
-        lambda driver: (found := driver.find_elements(By.CSS_SELECTOR, css)) and check(found) and found)
+    return wait.until(lambda driver: (found := driver.find_elements(By.CSS_SELECTOR, css)) and check(found) and found)

@@ -37,9 +37,19 @@ def write_metrics(path: Path, steps: range) -> None:
 
     writer = MetricsWriter(path.parent)
     for step in steps:
-        writer.write({"step": step, "model_version": f"v{step}", "reward": 0.1 * step, "accuracy": 0.05 * step,
-                      "train/kl": 0.01 * step, "rollouts": 8.0, "step_seconds": 2.0, "llm_calls": 16.0,
-                      "calls_on_version": 16.0 - step % 2})
+        writer.write(
+            {
+                "step": step,
+                "model_version": f"v{step}",
+                "reward": 0.1 * step,
+                "accuracy": 0.05 * step,
+                "train/kl": 0.01 * step,
+                "rollouts": 8.0,
+                "step_seconds": 2.0,
+                "llm_calls": 16.0,
+                "calls_on_version": 16.0 - step % 2,
+            }
+        )
     writer.close()
 
 
@@ -49,22 +59,37 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     1 crashed on both attempts, 4 crashed once then succeeded; plus 3 steps of metrics beside its store."""
     run_dir = tmp_path_factory.mktemp("run")
     settings = Settings(lease_seconds=10.0, rollout_timeout=60.0, max_attempts=2)
-    with MockLLMServer(handler=dash_agents.tool_rule, token_ids=True) as mock, LightningServer(
-        run_dir / "store.db", upstream_url=mock.base_url, model_name="mock-model", model_version="v1", token=TOKEN,
-        settings=settings,
-    ) as server:
-        ok = server.enqueue([{"id": f"t{i}", "question": f"q{i}", "mode": "ok", "score": i / 3} for i in range(2)],
-                            group_size=4, group_id="step1")
+    with (
+        MockLLMServer(handler=dash_agents.tool_rule, token_ids=True) as mock,
+        LightningServer(
+            run_dir / "store.db",
+            upstream_url=mock.base_url,
+            model_name="mock-model",
+            model_version="v1",
+            token=TOKEN,
+            settings=settings,
+        ) as server,
+    ):
+        ok = server.enqueue(
+            [{"id": f"t{i}", "question": f"q{i}", "mode": "ok", "score": i / 3} for i in range(2)],
+            group_size=4,
+            group_id="step1",
+        )
         crashed = server.enqueue([{"id": "bad", "question": "qbad", "mode": "crash", "score": 0}], group_id="step1")
-        pool = start_workers(dash_agents.tool_agent, server.url, nworkers=1, token=TOKEN,
-                             spool_dir=str(run_dir / "spool"))
+        pool = start_workers(
+            dash_agents.tool_agent, server.url, nworkers=1, token=TOKEN, spool_dir=str(run_dir / "spool")
+        )
         try:
             server.wait(ok + crashed, timeout=120)
             server.set_upstream(mock.base_url, "mock-model", "v2")
-            ok += server.enqueue([{"id": f"t{i}", "question": f"q{i}", "mode": "ok", "score": i / 3}
-                                  for i in range(2, 4)], group_size=4, group_id="step2")
-            flaky = server.enqueue([{"id": "flaky", "question": "qflaky", "mode": "flaky", "score": 1}],
-                                   group_size=4, group_id="step2")
+            ok += server.enqueue(
+                [{"id": f"t{i}", "question": f"q{i}", "mode": "ok", "score": i / 3} for i in range(2, 4)],
+                group_size=4,
+                group_id="step2",
+            )
+            flaky = server.enqueue(
+                [{"id": "flaky", "question": "qflaky", "mode": "flaky", "score": 1}], group_size=4, group_id="step2"
+            )
             server.wait(ok + flaky, timeout=120)
         finally:
             server.request_stop()

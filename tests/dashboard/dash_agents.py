@@ -34,8 +34,12 @@ def tool_rule(request: MockRequest) -> MockReply:
     """The mock model: asks for both tools, then answers with what they returned."""
     if request.messages[-1]["role"] == "tool":
         return MockReply(content="answer: " + " | ".join(m["content"] for m in request.messages if m["role"] == "tool"))
-    return MockReply(tool_calls=[MockToolCall(name="add", arguments={"a": 2, "b": 3}),
-                                 MockToolCall(name="lookup", arguments={"table": "users"})])
+    return MockReply(
+        tool_calls=[
+            MockToolCall(name="add", arguments={"a": 2, "b": 3}),
+            MockToolCall(name="lookup", arguments={"table": "users"}),
+        ]
+    )
 
 
 @agl.rollout

@@ -72,8 +72,11 @@ def test_run_page_draws_a_curve_per_metric_and_a_new_step_appears_live(browser, 
 def rows_for(browser, *query: str) -> list:
     """The table's rows once it shows the answer to a request with every one of ``query`` (and only then: a table
     drawn for an earlier state of the filters does not count)."""
-    table = wait_for(browser, "#rollouts", lambda found: all(
-        part in found[0].get_attribute("data-query").split("&") for part in query))[0]
+    table = wait_for(
+        browser,
+        "#rollouts",
+        lambda found: all(part in found[0].get_attribute("data-query").split("&") for part in query),
+    )[0]
     return table.find_elements("css selector", "tbody tr[data-rollout]")
 
 

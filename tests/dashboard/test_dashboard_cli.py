@@ -30,8 +30,9 @@ def test_the_api_refuses_without_the_token_and_answers_with_it(run: Run) -> None
     assert httpx.get(f"{api}/rollouts", headers={"Authorization": "Bearer nope"}).status_code == 403
     page = httpx.get(f"{run.server.url}/ui/")  # the page itself holds no data
     assert page.status_code == 200 and "dashboard.js" in page.text
-    body = httpx.get(f"{api}/rollouts", params={"limit": 5, "retried": True},
-                     headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    body = httpx.get(
+        f"{api}/rollouts", params={"limit": 5, "retried": True}, headers={"Authorization": f"Bearer {TOKEN}"}
+    ).json()
     assert body["total"] == 5 and len(body["rows"]) == 5 and not body["more"]
     refused = httpx.get(f"{api}/rollouts", params={"sort": "nonsense"}, headers={"Authorization": f"Bearer {TOKEN}"})
     assert refused.status_code == 422 and "sort: Input should be 'created'" in refused.json()["detail"]
@@ -40,8 +41,12 @@ def test_the_api_refuses_without_the_token_and_answers_with_it(run: Run) -> None
 def test_agl_dashboard_serves_a_run_directory_read_only(run: Run, browser, tmp_path: Path) -> None:
     port = free_port()
     before = (run.run_dir / "store.db").stat().st_mtime_ns
-    process = subprocess.Popen([sys.executable, "-m", "agentlightning._cli", "dashboard", str(run.run_dir),
-                                "--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "agentlightning._cli", "dashboard", str(run.run_dir), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30

@@ -13,8 +13,12 @@ from agentlightning.testing import MockLLMServer
 
 
 def test_a_running_rollouts_calls_appear_as_they_are_made(browser, tmp_path: Path) -> None:
-    with MockLLMServer() as mock, LightningServer(tmp_path / "store.db", upstream_url=mock.base_url,
-                                                  model_name="mock-model", model_version="v7") as server:
+    with (
+        MockLLMServer() as mock,
+        LightningServer(
+            tmp_path / "store.db", upstream_url=mock.base_url, model_name="mock-model", model_version="v7"
+        ) as server,
+    ):
         (rollout_id,) = server.enqueue([{"question": "live"}])
         lease = server.store.dequeue("w-live", 30.0)  # a worker holds it: running, no result yet
         assert lease is not None and lease.rollout_id == rollout_id

@@ -22,9 +22,22 @@ def test_a_training_runs_curves_rollouts_and_groups(browser, tmp_path: Path) -> 
 
     model, tokenizer = tiny_model(seed=1)
     tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(2)]
-    result = agl.train(reply_length_agent, tasks, model=model, tokenizer=tokenizer, group_size=4, tasks_per_step=2,
-                       max_steps=2, learning_rate=1e-2, micro_batch_size=4, max_completion_length=8,
-                       output_dir=tmp_path / "run", nworkers=1, progress=False, save_model=False)
+    result = agl.train(
+        reply_length_agent,
+        tasks,
+        model=model,
+        tokenizer=tokenizer,
+        group_size=4,
+        tasks_per_step=2,
+        max_steps=2,
+        learning_rate=1e-2,
+        micro_batch_size=4,
+        max_completion_length=8,
+        output_dir=tmp_path / "run",
+        nworkers=1,
+        progress=False,
+        save_model=False,
+    )
     server = BackgroundServer(dashboard_app(tmp_path / "run"), name="dashboard", timeout_graceful_shutdown=1).start()
     try:
         browser.get(f"{server.url}/ui/?training#/run")

@@ -78,13 +78,21 @@ def test_train_cli_dry_run_and_missing_data_dir(data_dir: Path, tmp_path: Path) 
     environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
     run = subprocess.run(
         [sys.executable, "-m", "examples.calc_x.train", "--dry-run"],
-        cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=120,
+        cwd=REPO_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stderr
     assert "transitions for training" in run.stdout and "dry run: 18 rollouts" in run.stdout
     missing = subprocess.run(
         [sys.executable, "-m", "examples.calc_x.train", "--dry-run", "--data-dir", str(tmp_path / "nowhere")],
-        cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=120,
+        cwd=REPO_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert missing.returncode != 0
     assert missing.stderr.startswith("error: 'calc_x/gsm8k/") and "not found under data directory" in missing.stderr

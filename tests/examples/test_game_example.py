@@ -58,8 +58,9 @@ def test_dry_run_through_server_and_client_workers() -> None:
 
 def test_bad_task_fails_its_rollout_clearly() -> None:
     with MockLLMServer(handler=handle) as server:
-        (rollout,) = agl.run(agent_run, [{"task_id": "bad", "low": 1, "high": 10, "secret": 50, "max_guesses": 3}],
-                             llm=server.llm())
+        (rollout,) = agl.run(
+            agent_run, [{"task_id": "bad", "low": 1, "high": 10, "secret": 50, "max_guesses": 3}], llm=server.llm()
+        )
     assert rollout.status == "failed" and "secret 50 outside [1, 10]" in rollout.error.message
 
 

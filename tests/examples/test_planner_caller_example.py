@@ -32,8 +32,9 @@ def test_roles_hand_off_and_credit_per_policy() -> None:
     with MockLLMServer(handler=handler) as server:
         rollouts = agl.run(planner_caller_agent, TASKS, llm=server.llm())
         caller_inputs = [request.last_user_text for request in server.requests if request.tools]
-    assert sorted(caller_inputs) == sorted(f"{task['question']}\nPlan: {expected}"
-                                           for task, expected in zip(TASKS, ["53 - 8", "20 * 7"], strict=True))
+    assert sorted(caller_inputs) == sorted(
+        f"{task['question']}\nPlan: {expected}" for task, expected in zip(TASKS, ["53 - 8", "20 * 7"], strict=True)
+    )
     by_task = {rollout.task["id"]: rollout for rollout in rollouts}
     assert by_task["t0"].final_reward == 1.0 and by_task["t1"].final_reward == 0.1  # right / well-formed but wrong
     for rollout in rollouts:

@@ -30,7 +30,11 @@ def test_dry_run_roles_tools_rewards(data_dir: Path) -> None:
     result = mock_dry_run(rag_agent, tasks, mock_handler(tasks), group_size=3)
     assert all(r.status == "succeeded" for r in result.rollouts)
     for rollout in result.rollouts:
-        assert [(c.kind, c.role) for c in rollout.calls] == [("llm", AGENT_NAME), ("tool", AGENT_NAME), ("llm", AGENT_NAME)]
+        assert [(c.kind, c.role) for c in rollout.calls] == [
+            ("llm", AGENT_NAME),
+            ("tool", AGENT_NAME),
+            ("llm", AGENT_NAME),
+        ]
         tool = rollout.calls[1]
         assert tool.name == "retrieve" and tool.status == "ok"
         assert tool.parent_call_id == rollout.calls[0].call_id
@@ -62,7 +66,10 @@ def test_unusable_gold_answer_fails_the_rollout_clearly(data_dir: Path) -> None:
 def test_eval_script(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     tasks = load_tasks(data_dir, "test")[:3]
     with MockLLMServer(handler=mock_handler(tasks)) as server:
-        assert rag_eval.main(["--base-url", server.base_url, "--model", "m", "--data-dir", str(data_dir), "--limit", "3"]) == 0
+        assert (
+            rag_eval.main(["--base-url", server.base_url, "--model", "m", "--data-dir", str(data_dir), "--limit", "3"])
+            == 0
+        )
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2].startswith("musique dev (m): 3 rollouts") and "failed rollouts 0" in lines[-2]
     assert lines[-1].startswith("answer F1 ")

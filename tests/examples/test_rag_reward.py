@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from examples.rag.reward import GoldAnswerError, extract_answer, f1_score, normalize_answer, score
 from examples.rag.retrieval import BM25Index, Passage, index_for
+from examples.rag.reward import GoldAnswerError, extract_answer, f1_score, normalize_answer, score
 
 
 @pytest.mark.parametrize(

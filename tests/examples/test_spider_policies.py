@@ -15,8 +15,9 @@ from examples.spider.train import POLICIES, parser, training_plan
 pytest.importorskip("peft")
 
 
-def test_dry_run_trains_writer_and_rewriter_as_two_adapters_with_the_checker_frozen(data_dir: Path,
-                                                                                     tmp_path: Path) -> None:
+def test_dry_run_trains_writer_and_rewriter_as_two_adapters_with_the_checker_frozen(
+    data_dir: Path, tmp_path: Path
+) -> None:
     plan = training_plan(parser().parse_args(["--data-dir", str(data_dir), "--dry-run", "--policies"]))
     tasks = plan["dataset"][:3]
     result = policy_dry_run(plan, mock_handler(tasks), tasks, POLICIES, tmp_path / "run", steps=1)

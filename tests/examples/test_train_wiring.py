@@ -9,10 +9,10 @@ import inspect
 from pathlib import Path
 
 import pytest
+from agentlightning.trainers.config import TrainConfig
 
 import agentlightning as agl
 from agentlightning.rl.air import ToolErrorRule
-from agentlightning.trainers.config import TrainConfig
 from examples.calc_x import train as calc_train
 from examples.rag import train as rag_train
 from examples.spider import train as spider_train

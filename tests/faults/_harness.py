@@ -33,8 +33,14 @@ def free_port() -> int:
 def agl(*args: str, preexec_fn: Callable[[], None] | None = None) -> subprocess.Popen:
     """``agl ARGS`` in its own session (so a test can signal the whole process group), output to a pipe."""
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen([sys.executable, "-m", "agentlightning._cli", *args], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=preexec_fn)
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentlightning._cli", *args],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=preexec_fn,
+    )
 
 
 class AglServer:
@@ -43,8 +49,20 @@ class AglServer:
     def __init__(self, store: Path, upstream: str, *extra: str, preexec_fn: Callable[[], None] | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.args = ["server", "--port", str(self.port), "--store", str(store), "--upstream", upstream,
-                     "--model-name", "mock-model", "--log-level", "WARNING", *extra]
+        self.args = [
+            "server",
+            "--port",
+            str(self.port),
+            "--store",
+            str(store),
+            "--upstream",
+            upstream,
+            "--model-name",
+            "mock-model",
+            "--log-level",
+            "WARNING",
+            *extra,
+        ]
         self.preexec_fn = preexec_fn
         self.http = httpx.Client(base_url=self.url, timeout=30)
         self.process: subprocess.Popen | None = None
@@ -134,9 +152,13 @@ class FaultyUpstream:
             self.arrivals.append((time.monotonic(), status or 200))
         if status is not None:
             headers = {"retry-after": self.retry_after} if self.retry_after else None
-            return JSONResponse({"error": {"message": f"injected HTTP {status}", "type": "server_error"}}, status,
-                                headers=headers)
+            return JSONResponse(
+                {"error": {"message": f"injected HTTP {status}", "type": "server_error"}}, status, headers=headers
+            )
         async with httpx.AsyncClient() as client:
-            answer = await client.post(f"{self.backend.base_url}/{request.path_params['path']}",
-                                       content=await request.body(), headers={"content-type": "application/json"})
+            answer = await client.post(
+                f"{self.backend.base_url}/{request.path_params['path']}",
+                content=await request.body(),
+                headers={"content-type": "application/json"},
+            )
         return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))

@@ -34,8 +34,9 @@ def fault_agent(task: dict, llm: agl.LLM) -> float:
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0, timeout=300)
     content = ""
     for index in range(task.get("calls", 1)):
-        reply = client.chat.completions.create(model=llm.model,
-                                               messages=[{"role": "user", "content": f"{task['question']} #{index}"}])
+        reply = client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": f"{task['question']} #{index}"}]
+        )
         content = reply.choices[0].message.content or ""
     mode = task.get("mode", "ok")
     if mode != "ok":

@@ -83,8 +83,10 @@ def test_non_finite_numbers_are_refused(server: LightningServer) -> None:
     [rid] = server.enqueue([{"q": 1}])
     http.post("/workers/w1/dequeue")
     for reward in (b"Infinity", b"NaN"):
-        body = b'{"attempt": 1, "worker_id": "w1", "rollout": {"rollout_id": "%s", "status": "succeeded", ' \
-               b'"final_reward": %s}}' % (rid.encode(), reward)
+        body = (
+            b'{"attempt": 1, "worker_id": "w1", "rollout": {"rollout_id": "%s", "status": "succeeded", '
+            b'"final_reward": %s}}' % (rid.encode(), reward)
+        )
         refused = http.post(f"/rollouts/{rid}/result", content=body, headers=as_json)
         assert refused.status_code == 422 and "final_reward must be a finite number" in refused.text
     assert server.store.rollout_state(rid) == ("running", 1)
@@ -103,8 +105,11 @@ def test_a_large_prompt_does_not_stall_other_requests(tmp_path: Path) -> None:
     """A 4 MB prompt (4 million ids from the mock's byte tokenizer) goes through the proxy while /health and
     heartbeats are probed: the server keeps answering through the upload, the upstream's work and the download."""
     port = free_port()
-    upstream = subprocess.Popen([sys.executable, "-m", "agentlightning.testing", "--port", str(port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    upstream = subprocess.Popen(
+        [sys.executable, "-m", "agentlightning.testing", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         with AglServer(tmp_path / "s.db", f"http://127.0.0.1:{port}/v1") as server:
             wait_for(lambda: _up(f"http://127.0.0.1:{port}/v1/models"), 30, "the mock upstream")

@@ -30,8 +30,9 @@ def mock() -> Iterator[MockLLMServer]:
 
 
 def _lease(server: AglServer, worker: str = "w1") -> dict:
-    return wait_for(lambda: server.http.post(f"/workers/{worker}/dequeue", params={"wait": 2}).json()["lease"], 30,
-                    "a lease")
+    return wait_for(
+        lambda: server.http.post(f"/workers/{worker}/dequeue", params={"wait": 2}).json()["lease"], 30, "a lease"
+    )
 
 
 def _chat(base_url: str, text: str, stream: bool) -> str:
@@ -73,8 +74,9 @@ def _set_file_size_limit(pid: int, limit: int) -> None:
     resource.prlimit(pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
 
 
-def test_full_disk_refuses_work_keeps_call_records_and_results_then_recovers(tmp_path: Path,
-                                                                            mock: MockLLMServer) -> None:
+def test_full_disk_refuses_work_keeps_call_records_and_results_then_recovers(
+    tmp_path: Path, mock: MockLLMServer
+) -> None:
     """The server's files may not grow (RLIMIT_FSIZE, what a full disk looks like to SQLite) while a rollout runs:
     new work is refused with 503, /health says why, the agent's LLM calls still get answers and their records wait in
     memory, the finished result is spooled by the worker (which is then killed -9); once the disk has room, nothing is
@@ -82,11 +84,18 @@ def test_full_disk_refuses_work_keeps_call_records_and_results_then_recovers(tmp
     go = tmp_path / "go"
     server = AglServer(tmp_path / "s.db", mock.base_url, "--lease", "60").start()
     try:
-        pool = start_workers(fault_agents.fault_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"),
-                             upload_retry_seconds=1.0, spool_retry_seconds=0.5)
+        pool = start_workers(
+            fault_agents.fault_agent,
+            server.url,
+            nworkers=1,
+            spool_dir=str(tmp_path / "spool"),
+            upload_retry_seconds=1.0,
+            spool_retry_seconds=0.5,
+        )
         try:
-            [rid] = server.http.post("/rollouts", json={"tasks": [
-                {"question": "full", "calls": 2, "wait_before": str(go)}]}).json()["rollout_ids"]
+            [rid] = server.http.post(
+                "/rollouts", json={"tasks": [{"question": "full", "calls": 2, "wait_before": str(go)}]}
+            ).json()["rollout_ids"]
             wait_for(lambda: server.http.get(f"/rollouts/{rid}").json()["status"] == "running", 60, "the lease")
             assert server.process is not None
             _set_file_size_limit(server.process.pid, 0)  # no file of the server may grow from now on
@@ -100,8 +109,11 @@ def test_full_disk_refuses_work_keeps_call_records_and_results_then_recovers(tmp
             assert [p.name for p in spooled] == [f"{rid}-1.json"]  # on disk while its upload is still retried,
             os.kill(pool.pids[0], signal.SIGKILL)  # so a client killed now loses nothing
             _set_file_size_limit(server.process.pid, resource.RLIM_INFINITY)  # room again
-            rollout = wait_for(lambda: (r := server.http.get(f"/rollouts/{rid}").json())["status"] == "succeeded" and r,
-                               30, "the spooled result to be re-sent")
+            rollout = wait_for(
+                lambda: (r := server.http.get(f"/rollouts/{rid}").json())["status"] == "succeeded" and r,
+                30,
+                "the spooled result to be re-sent",
+            )
             assert [c["token_source"] for c in rollout["calls"]] == ["server", "server"]
             assert [c["output"]["content"] for c in rollout["calls"]] == ["echo: full #0", "echo: full #1"]
             wait_for(lambda: not list((tmp_path / "spool").glob("*.json")), 10, "the spool to empty")
@@ -121,8 +133,11 @@ def test_deleted_store_file_is_noticed_and_work_refused(tmp_path: Path, mock: Mo
         http = httpx.Client(base_url=server.url)
         assert http.post("/rollouts", json={"tasks": [{"q": 1}]}).status_code == 200
         (tmp_path / "s.db").unlink()
-        for refused in (http.post("/rollouts", json={"tasks": [{"q": 2}]}), http.post("/workers/w/dequeue"),
-                        http.post("/datasets", json={"records": [{"q": 3}]})):
+        for refused in (
+            http.post("/rollouts", json={"tasks": [{"q": 2}]}),
+            http.post("/workers/w/dequeue"),
+            http.post("/datasets", json={"records": [{"q": 3}]}),
+        ):
             assert refused.status_code == 503 and "was deleted or replaced" in refused.json()["detail"]
         health = http.get("/health")
         assert health.status_code == 503 and health.json()["status"] == "unhealthy"

@@ -29,15 +29,19 @@ def test_an_outage_shorter_than_the_retry_window_fails_nothing(tmp_path: Path, u
     """6 s of connection refused, then 2 s of HTTP 500, then 429s: every rollout succeeds on its first attempt (the
     issue saw 8 s fail rollouts for good; the window here is 30 s, the default 120 s)."""
     settings = Settings(lease_seconds=5.0, max_attempts=3, upstream_retry_window=30.0, retry_backoff_max=1.0)
-    with LightningServer(tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model",
-                         settings=settings) as server:
+    with LightningServer(
+        tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model", settings=settings
+    ) as server:
         pool = start_workers(fault_agents.fault_agent, server.url, nworkers=2, spool_dir=str(tmp_path / "spool"))
         try:
             ids = server.enqueue([{"id": f"t{i}", "question": f"q{i}", "calls": 3} for i in range(16)])
             wait_for(lambda: len(server.store.finished(ids)) >= 4, 60, "a few rollouts to finish")
             upstream.refuse_for(6.0).join()
-            wait_for(lambda: len(upstream.arrivals) > 0 and upstream.arrivals[-1][0] > time.monotonic() - 1, 10,
-                     "traffic to resume")
+            wait_for(
+                lambda: len(upstream.arrivals) > 0 and upstream.arrivals[-1][0] > time.monotonic() - 1,
+                10,
+                "traffic to resume",
+            )
             upstream.status = 500
             time.sleep(2.0)
             upstream.status, upstream.retry_after = 429, "1"
@@ -57,15 +61,22 @@ def test_an_outage_shorter_than_the_retry_window_fails_nothing(tmp_path: Path, u
 
 def test_retry_after_is_honoured(tmp_path: Path, upstream: FaultyUpstream) -> None:
     settings = Settings(retry_backoff=0.05, upstream_retry_window=30.0)
-    with LightningServer(tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model",
-                         settings=settings) as server:
+    with LightningServer(
+        tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model", settings=settings
+    ) as server:
         [rid] = server.enqueue([{"question": "q"}])
         lease = server.store.dequeue("w", 30.0)
         upstream.status, upstream.retry_after = 429, "2"
         answer: list[httpx.Response] = []
-        request = threading.Thread(target=lambda: answer.append(httpx.post(
-            f"{server.url}/rollouts/{rid}/v1/chat/completions", timeout=30,
-            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})))
+        request = threading.Thread(
+            target=lambda: answer.append(
+                httpx.post(
+                    f"{server.url}/rollouts/{rid}/v1/chat/completions",
+                    timeout=30,
+                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                )
+            )
+        )
         request.start()
         wait_for(lambda: upstream.arrivals, 10, "the first try")
         time.sleep(0.5)

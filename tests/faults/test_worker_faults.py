@@ -24,13 +24,31 @@ def test_crashing_tasks_at_the_head_of_the_queue_do_not_stop_the_client(tmp_path
     dataset = tmp_path / "train.jsonl"
     dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in crashing + healthy))
     settings = Settings(lease_seconds=10.0, max_attempts=2, requeue_delay=1.5)
-    with MockLLMServer() as mock, LightningServer(tmp_path / "s.db", upstream_url=mock.base_url,
-                                                  model_name="mock-model", settings=settings) as server:
-        client = agl("client", "--agent", "fault_agents:fault_agent", "--dataset", str(dataset), "--nworkers", "2",
-                     "--server-url", server.url, "--log-level", "WARNING")
+    with (
+        MockLLMServer() as mock,
+        LightningServer(
+            tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model", settings=settings
+        ) as server,
+    ):
+        client = agl(
+            "client",
+            "--agent",
+            "fault_agents:fault_agent",
+            "--dataset",
+            str(dataset),
+            "--nworkers",
+            "2",
+            "--server-url",
+            server.url,
+            "--log-level",
+            "WARNING",
+        )
         try:
-            dataset_id = wait_for(lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None, 60,
-                                  "the client to attach its dataset")
+            dataset_id = wait_for(
+                lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None,
+                60,
+                "the client to attach its dataset",
+            )
             assert client.poll() is None, client.stdout.read().decode()
             ids = server.enqueue(dataset_id)
             rollouts = server.wait(ids, timeout=120)
@@ -60,8 +78,12 @@ def test_crashing_tasks_at_the_head_of_the_queue_do_not_stop_the_client(tmp_path
 
 def test_a_hang_holding_the_gil_ends_as_timeout_with_its_logs_and_frees_the_slot(tmp_path: Path) -> None:
     settings = Settings(lease_seconds=8.0, max_attempts=1, rollout_timeout=600.0)
-    with MockLLMServer() as mock, LightningServer(tmp_path / "s.db", upstream_url=mock.base_url,
-                                                  model_name="mock-model", settings=settings) as server:
+    with (
+        MockLLMServer() as mock,
+        LightningServer(
+            tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model", settings=settings
+        ) as server,
+    ):
         pool = start_workers(fault_agents.fault_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"))
         try:
             [stuck] = server.enqueue([{"id": "gil", "mode": "gil", "question": "gil"}])

@@ -53,9 +53,15 @@ def _held(tmp_path: Path, *names: str) -> list[dict[str, Any]]:
 
 
 def test_a_killed_actor_is_restarted_and_its_rollout_retried_with_nothing_lost(
-        cluster: str, tmp_path: Path, mock_llm_server: MockLLMServer) -> None:
-    with LightningServer(tmp_path / "s.db", upstream_url=mock_llm_server.base_url, model_name="mock-model",
-                         model_version="v1", settings=FAST) as server:
+    cluster: str, tmp_path: Path, mock_llm_server: MockLLMServer
+) -> None:
+    with LightningServer(
+        tmp_path / "s.db",
+        upstream_url=mock_llm_server.base_url,
+        model_name="mock-model",
+        model_version="v1",
+        settings=FAST,
+    ) as server:
         [held] = server.enqueue(_held(tmp_path, "held"))
         others = server.enqueue([{"id": f"t{i}", "question": f"q{i}"} for i in range(6)], group_size=2, group_id="g")
         workers = agl.RayWorkers(num_workers=2, num_cpus_per_worker=0.5)
@@ -67,8 +73,11 @@ def test_a_killed_actor_is_restarted_and_its_rollout_retried_with_nothing_lost(
             rollouts = server.wait([held, *others], timeout=90)
             # Ray restarted the dead actor: two held rollouts now run at once, in two processes, neither the dead one
             pair = server.enqueue(_held(tmp_path, "p0", "p1"))
-            marks = _wait_for(lambda: len(found := [*tmp_path.glob("p0.*"), *tmp_path.glob("p1.*")]) == 2 and found,
-                              60, "both actors to run a held rollout")
+            marks = _wait_for(
+                lambda: len(found := [*tmp_path.glob("p0.*"), *tmp_path.glob("p1.*")]) == 2 and found,
+                60,
+                "both actors to run a held rollout",
+            )
             pids = {int(mark.read_text()) for mark in marks}
             for name in ("p0", "p1"):
                 (tmp_path / f"release-{name}").write_text("")
@@ -94,11 +103,13 @@ def test_a_killed_actor_is_restarted_and_its_rollout_retried_with_nothing_lost(
         store.close()
 
 
-def test_a_hung_agent_times_out_and_ray_replaces_its_actor(cluster: str, tmp_path: Path,
-                                                          mock_llm_server: MockLLMServer) -> None:
+def test_a_hung_agent_times_out_and_ray_replaces_its_actor(
+    cluster: str, tmp_path: Path, mock_llm_server: MockLLMServer
+) -> None:
     settings = Settings(lease_seconds=3.0, rollout_timeout=60.0, requeue_delay=0.1, max_attempts=1)
-    with LightningServer(tmp_path / "s.db", upstream_url=mock_llm_server.base_url, model_name="mock-model",
-                         settings=settings) as server:
+    with LightningServer(
+        tmp_path / "s.db", upstream_url=mock_llm_server.base_url, model_name="mock-model", settings=settings
+    ) as server:
         [hung] = server.enqueue([{"id": "hung", "question": "hung", "hang": True}])
         others = server.enqueue([{"id": f"o{i}", "question": f"o{i}"} for i in range(3)])
         workers = agl.RayWorkers(num_workers=1, num_cpus_per_worker=0.5)  # one actor: it must come back to finish
@@ -117,7 +128,8 @@ def test_a_hung_agent_times_out_and_ray_replaces_its_actor(cluster: str, tmp_pat
 
 
 def test_an_agent_the_actors_cannot_import_stops_the_workers_with_the_reason(
-        cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_llm_server: MockLLMServer) -> None:
+    cluster: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mock_llm_server: MockLLMServer
+) -> None:
     (tmp_path / "driver_only_agent.py").write_text("def agent(task, llm):\n    return 1.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))  # importable here, not shipped to the actors
     with LightningServer(tmp_path / "s.db", upstream_url=mock_llm_server.base_url, settings=FAST) as server:
@@ -135,14 +147,37 @@ def test_agl_client_ray_serves_a_dataset(cluster: str, tmp_path: Path, mock_llm_
     dataset = tmp_path / "train.jsonl"
     dataset.write_text("".join(json.dumps({"id": f"c{i}", "question": f"c{i}"}) + "\n" for i in range(3)))
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    with LightningServer(tmp_path / "s.db", upstream_url=mock_llm_server.base_url, model_name="mock-model",
-                         settings=FAST) as server:
+    with LightningServer(
+        tmp_path / "s.db", upstream_url=mock_llm_server.base_url, model_name="mock-model", settings=FAST
+    ) as server:
         client = subprocess.Popen(
-            [sys.executable, "-m", "agentlightning._cli", "client", "--ray", cluster,
-             "--agent", "ray_agents:chat_agent", "--dataset", str(dataset), "--nworkers", "2",
-             "--cpus-per-worker", "0.5", "--server-url", server.url, "--runtime-env-json", json.dumps(SHIP),
-             "--log-level", "WARNING"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "agentlightning._cli",
+                "client",
+                "--ray",
+                cluster,
+                "--agent",
+                "ray_agents:chat_agent",
+                "--dataset",
+                str(dataset),
+                "--nworkers",
+                "2",
+                "--cpus-per-worker",
+                "0.5",
+                "--server-url",
+                server.url,
+                "--runtime-env-json",
+                json.dumps(SHIP),
+                "--log-level",
+                "WARNING",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             dataset_id = None
             while dataset_id is None and client.poll() is None:
@@ -166,10 +201,22 @@ def test_agl_train_with_workers_ray_makes_a_step(cluster: str, tmp_path: Path) -
     model, tokenizer = tiny_model(seed=1)
     tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(2)]
     result = agl.train(
-        ray_agents.chat_agent, tasks, model=model, tokenizer=tokenizer, group_size=4, tasks_per_step=2, max_steps=1,
-        learning_rate=1e-2, micro_batch_size=4, max_completion_length=8, output_dir=tmp_path / "run",
-        nworkers=2, workers="ray",  # RayWorkers(num_workers=2) on the cluster this process joined
-        progress=False, save_model=False, val_every=0,
+        ray_agents.chat_agent,
+        tasks,
+        model=model,
+        tokenizer=tokenizer,
+        group_size=4,
+        tasks_per_step=2,
+        max_steps=1,
+        learning_rate=1e-2,
+        micro_batch_size=4,
+        max_completion_length=8,
+        output_dir=tmp_path / "run",
+        nworkers=2,
+        workers="ray",  # RayWorkers(num_workers=2) on the cluster this process joined
+        progress=False,
+        save_model=False,
+        val_every=0,
     )
     [step] = result.history
     assert step["model_version"] == "v0" and step["model_version_after"] == "v1" and step["train/rows"] > 0

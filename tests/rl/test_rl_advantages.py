@@ -18,8 +18,13 @@ def group(rewards: list[float | None], task_id: str = "t1", calls: list[int] | N
     """Transitions of one rollout per reward, rollout i having calls[i] LLM calls (default 1)."""
     counts = calls or [1] * len(rewards)
     rollouts = [
-        rollout(f"{task_id}-r{i}", reward, [llm(f"{task_id}-r{i}-c{j}") for j in range(count)], task_id=task_id,
-                status="succeeded" if reward is not None else "failed")
+        rollout(
+            f"{task_id}-r{i}",
+            reward,
+            [llm(f"{task_id}-r{i}-c{j}") for j in range(count)],
+            task_id=task_id,
+            status="succeeded" if reward is not None else "failed",
+        )
         for i, (reward, count) in enumerate(zip(rewards, counts))
     ]
     return transitions(rollouts, **kw)  # type: ignore[arg-type]
@@ -61,8 +66,10 @@ def test_grpo_group_of_one_and_all_equal_rewards(caplog: pytest.LogCaptureFixtur
 def test_grpo_failed_rollouts_without_reward() -> None:
     # The failed rollout is not part of the group by default ...
     found = compute_advantages(group([1.0, None, 0.0]), eps=0.0)
-    assert [(t.rollout_id, t.advantage) for t in found] == [("t1-r0", pytest.approx(SQRT_HALF)),
-                                                          ("t1-r2", pytest.approx(-SQRT_HALF))]
+    assert [(t.rollout_id, t.advantage) for t in found] == [
+        ("t1-r0", pytest.approx(SQRT_HALF)),
+        ("t1-r2", pytest.approx(-SQRT_HALF)),
+    ]
     # ... or counts as reward 0 with failed='include', missing_reward=0: mean 1/3, std sqrt(1/3)
     found = compute_advantages(group([1.0, None, 0.0], failed="include", missing_reward=0.0), eps=0.0)
     third = math.sqrt(1 / 3)
@@ -72,8 +79,9 @@ def test_grpo_failed_rollouts_without_reward() -> None:
 def test_groups_are_separate() -> None:
     found = compute_advantages(group([1.0, 0.0], task_id="a") + group([5.0, 5.0, 8.0], task_id="b"), eps=0.0)
     # b: mean 6, std sqrt((1 + 1 + 4) / 2) = sqrt(3)
-    assert advantages(found) == pytest.approx([SQRT_HALF, -SQRT_HALF, -1 / math.sqrt(3), -1 / math.sqrt(3),
-                                               2 / math.sqrt(3)])
+    assert advantages(found) == pytest.approx(
+        [SQRT_HALF, -SQRT_HALF, -1 / math.sqrt(3), -1 / math.sqrt(3), 2 / math.sqrt(3)]
+    )
 
 
 def test_grpo_with_different_rewards_inside_a_rollout() -> None:

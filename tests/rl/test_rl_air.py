@@ -58,8 +58,12 @@ def test_format_rule_with_regex_callable_and_roles() -> None:
     ]
     ro = rollout("r1", 0.0, calls)
     sql_block = FormatRule(r"```sql\n.*\n```", failed=-1.0, passed=0.1)
-    assert pairs(sql_block.rewards(ro)) == [("a", 0.1, "format"), ("b", -1.0, "format"), ("c", 0.1, "format"),
-                                            ("d", -1.0, "format")]
+    assert pairs(sql_block.rewards(ro)) == [
+        ("a", 0.1, "format"),
+        ("b", -1.0, "format"),
+        ("c", 0.1, "format"),
+        ("d", -1.0, "format"),
+    ]
     writer_only = FormatRule(re.compile("^```"), roles=["writer"], name="fence")
     assert pairs(writer_only.rewards(ro)) == [("b", -1.0, "fence"), ("d", -1.0, "fence")]
     short = FormatRule(lambda text: len(text) < 10, failed=-0.5, passed=None)

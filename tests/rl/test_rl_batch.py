@@ -39,8 +39,12 @@ def test_left_padded_prompts_and_right_padded_completions() -> None:
     assert torch.allclose(batch.old_logprobs, torch.tensor([[-0.5, 0, 0], [-0.1, -0.2, -0.3]]))
     assert (batch.prompt_ids.dtype, batch.prompt_mask.dtype, batch.completion_mask.dtype) == (torch.int64,) * 3
     assert (batch.advantages.dtype, batch.weights.dtype, batch.old_logprobs.dtype) == (torch.float32,) * 3
-    assert (len(batch), batch.rollout_ids, batch.call_ids, batch.group_ids) == (2, ["r0", "r1"], ["r0-c", "r1-c"],
-                                                                              ["g", "g"])
+    assert (len(batch), batch.rollout_ids, batch.call_ids, batch.group_ids) == (
+        2,
+        ["r0", "r1"],
+        ["r0-c", "r1-c"],
+        ["g", "g"],
+    )
     assert batch.model_versions == ["v1", None]
     assert (batch.stats.rows, batch.stats.prompt_tokens, batch.stats.completion_tokens) == (2, 4, 4)
     assert batch.to("cpu").completion_ids.tolist() == batch.completion_ids.tolist()

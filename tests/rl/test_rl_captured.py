@@ -22,9 +22,15 @@ def handler(request: MockRequest) -> MockReply:
 def agent(task: dict, llm: agl.LLM) -> float:
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)
     with agl.role("writer"):
-        answer = client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": f"{task['question']} {task['seed']}"}], logprobs=True
-        ).choices[0].message.content
+        answer = (
+            client.chat.completions.create(
+                model=llm.model,
+                messages=[{"role": "user", "content": f"{task['question']} {task['seed']}"}],
+                logprobs=True,
+            )
+            .choices[0]
+            .message.content
+        )
     with agl.role("critic"):
         client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": f"check {answer}"}])
     return 1.0 if answer.startswith("ANSWER") else 0.0
@@ -33,8 +39,9 @@ def agent(task: dict, llm: agl.LLM) -> float:
 def test_captured_rollouts_become_a_training_batch() -> None:
     tasks = [{"id": f"q{q}", "question": f"question {q}", "seed": seed} for q in range(2) for seed in range(4)]
     with MockLLMServer(handler=handler, token_ids=True) as server:
-        rollouts = agl.run(agent, tasks, llm=agl.LLM(base_url=server.base_url, model="m", model_version="v3"),
-                           n_workers=2)
+        rollouts = agl.run(
+            agent, tasks, llm=agl.LLM(base_url=server.base_url, model="m", model_version="v3"), n_workers=2
+        )
         tokenizer = server.tokenizer
     assert [r.status for r in rollouts] == ["succeeded"] * 8
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rl_records import llm, rollout
 
-from agentlightning.rl import compute_advantages, extract_transitions, pack
 from agentlightning.capture import role_matches
+from agentlightning.rl import compute_advantages, extract_transitions, pack
 from agentlightning.types import Transition
 
 FAST = settings(max_examples=60, deadline=None)
@@ -29,8 +29,12 @@ def grouped_transitions(draw: st.DrawFn) -> list[Transition]:
             for index, value in enumerate(per_call):
                 rows.append(
                     Transition(
-                        rollout_id=f"g{g}-r{r}", group_id=f"g{g}", index=index, reward=value,
-                        prompt_token_ids=[1], completion_token_ids=[2] * draw(st.integers(1, 5)),
+                        rollout_id=f"g{g}-r{r}",
+                        group_id=f"g{g}",
+                        index=index,
+                        reward=value,
+                        prompt_token_ids=[1],
+                        completion_token_ids=[2] * draw(st.integers(1, 5)),
                     )
                 )
     return rows
@@ -54,10 +58,14 @@ def test_group_advantages_sum_to_zero_at_rollout_level(rows: list[Transition], e
 
 
 @FAST
-@given(grouped_transitions(), st.sampled_from(["rollout", "rollout_token"]),
-       st.sampled_from(["grpo", "dr_grpo", "reinforce++", "reinforce++_baseline"]))
-def test_per_rollout_weights_give_every_rollout_the_same_total(rows: list[Transition], weighting: str,
-                                                               estimator: str) -> None:
+@given(
+    grouped_transitions(),
+    st.sampled_from(["rollout", "rollout_token"]),
+    st.sampled_from(["grpo", "dr_grpo", "reinforce++", "reinforce++_baseline"]),
+)
+def test_per_rollout_weights_give_every_rollout_the_same_total(
+    rows: list[Transition], weighting: str, estimator: str
+) -> None:
     compute_advantages(rows, estimator, weighting=weighting)  # type: ignore[arg-type]
     for rollout_id, total in totals(rows, "rollout_id", lambda row: row.weight).items():
         assert math.isclose(total, 1.0, rel_tol=1e-12), rollout_id
@@ -111,9 +119,12 @@ def naive_pack(rows: list[Transition], pad: int, max_prompt: int, max_completion
 @FAST
 @given(
     st.lists(
-        st.tuples(st.lists(st.integers(1, 1000), min_size=0, max_size=12),
-                  st.lists(st.integers(1, 1000), min_size=1, max_size=12)),
-        min_size=1, max_size=8,
+        st.tuples(
+            st.lists(st.integers(1, 1000), min_size=0, max_size=12),
+            st.lists(st.integers(1, 1000), min_size=1, max_size=12),
+        ),
+        min_size=1,
+        max_size=8,
     ),
     st.integers(1, 14),
     st.integers(1, 14),
@@ -122,8 +133,14 @@ def test_vectorised_pack_equals_plain_python_padding(
     sequences: list[tuple[list[int], list[int]]], max_prompt: int, max_completion: int
 ) -> None:
     rows = [
-        Transition(rollout_id=f"r{i}", index=0, prompt_token_ids=p, completion_token_ids=c, advantage=0.0,
-                   completion_logprobs=[-float(t) for t in c])
+        Transition(
+            rollout_id=f"r{i}",
+            index=0,
+            prompt_token_ids=p,
+            completion_token_ids=c,
+            advantage=0.0,
+            completion_logprobs=[-float(t) for t in c],
+        )
         for i, (p, c) in enumerate(sequences)
     ]
     batch = pack(rows, pad_token_id=0, max_prompt_length=max_prompt, max_completion_length=max_completion)

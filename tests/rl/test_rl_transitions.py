@@ -22,8 +22,9 @@ def test_one_transition_per_llm_call_with_all_fields() -> None:
         "r1",
         1.0,
         [
-            llm("a", prompt=[1, 2], completion=[3, 4, 5], logprobs=[-0.1, -0.2, -0.3],
-                metadata={"model_version": "v7"}),
+            llm(
+                "a", prompt=[1, 2], completion=[3, 4, 5], logprobs=[-0.1, -0.2, -0.3], metadata={"model_version": "v7"}
+            ),
             tool("t", parent="a"),
             llm("b", role="critic", prompt=[9], completion=[8], source="response"),
         ],
@@ -107,11 +108,20 @@ def test_retokenization_is_an_explicit_marked_fallback(caplog: pytest.LogCapture
     messages = [{"role": "user", "content": "2+2?"}]
     tools = [{"type": "function", "function": {"name": "add"}}]
     text_call = llm(
-        "a", prompt=None, completion=None, logprobs=[-1.0], input=messages, tools=tools,
+        "a",
+        prompt=None,
+        completion=None,
+        logprobs=[-1.0],
+        input=messages,
+        tools=tools,
         output={"content": "4", "tool_calls": [], "finish_reason": "stop"},
     )
     half_recorded = llm(
-        "b", prompt=[7, 7], completion=None, source="response", input=messages,
+        "b",
+        prompt=[7, 7],
+        completion=None,
+        source="response",
+        input=messages,
         output={"content": "ok", "finish_reason": "length"},
     )
     tool_calling = llm("c", prompt=None, completion=None, input=messages, output={"tool_calls": [{"id": "x"}]})
@@ -191,8 +201,15 @@ def test_unfinished_and_unrewarded_rollouts_are_skipped_with_reasons() -> None:
     stats = extract_transitions(rollouts).stats
     assert (stats.rollouts_seen, stats.rollouts_used, stats.transitions) == (5, 0, 0)
     assert stats.as_dict() == {
-        "rollouts_seen": 5, "rollouts_used": 0, "rollouts_skipped": 5, "calls_skipped": 0, "calls_not_selected": 0,
-        "calls_retokenized": 0, "logprobs_dropped": 0, "duplicates_merged": 0, "rewards_unassigned": 0,
+        "rollouts_seen": 5,
+        "rollouts_used": 0,
+        "rollouts_skipped": 5,
+        "calls_skipped": 0,
+        "calls_not_selected": 0,
+        "calls_retokenized": 0,
+        "logprobs_dropped": 0,
+        "duplicates_merged": 0,
+        "rewards_unassigned": 0,
         "transitions": 0,
     }
     assert stats.rollouts_skipped == {

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
+import server_agents
 
 import agentlightning as agl
 from agentlightning.client._worker import agent_ref, load_agent
-
-import server_agents
 
 
 def _plain(task, llm):  # noqa: ANN001, ANN202

@@ -61,7 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
-            self.wfile.write(b"7;ext=1\r\n{\"a\": 1\r\n1\r\n}\r\n0\r\nx-trailer: t\r\n\r\n")
+            self.wfile.write(b'7;ext=1\r\n{"a": 1\r\n1\r\n}\r\n0\r\nx-trailer: t\r\n\r\n')
         elif self.path.startswith("/until-close"):  # no length: the body ends when the server closes
             self.send_response(200)
             self.send_header("connection", "close")

@@ -49,8 +49,15 @@ def test_result_spooled_when_server_unreachable_then_resent(tmp_path: Path) -> N
         dead = ServerAPI("http://127.0.0.1:9")  # nothing listens there
         with pytest.raises(Unreachable):
             dead.health(retry_for=0.1)
-        config = WorkerConfig(agent_ref="x:y", server_url=dead.server_url, token=None, worker_id="w",
-                              spool_dir=str(tmp_path / "spool"), log_dir=str(tmp_path), upload_retry_seconds=0.2)
+        config = WorkerConfig(
+            agent_ref="x:y",
+            server_url=dead.server_url,
+            token=None,
+            worker_id="w",
+            spool_dir=str(tmp_path / "spool"),
+            log_dir=str(tmp_path),
+            upload_retry_seconds=0.2,
+        )
         upload(dead, Rollout(rollout_id=rid, status="succeeded", final_reward=2.0), 1, config)
         assert [p.name for p in (tmp_path / "spool").iterdir()] == [f"{rid}-1.json"]
         assert resend_spooled(ServerAPI(live_url), str(tmp_path / "spool")) == 1

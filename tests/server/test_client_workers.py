@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import server_agents
 
 from agentlightning.client import start_workers
 from agentlightning.server import LightningServer, Settings
 from agentlightning.testing import MockLLMServer
-
-import server_agents
 
 
 @pytest.fixture
@@ -21,8 +20,13 @@ def upstream():
 
 def test_workers_run_rollouts_with_server_token_ids(tmp_path: Path, upstream: MockLLMServer) -> None:
     settings = Settings(lease_seconds=5.0, rollout_timeout=30.0)
-    with LightningServer(tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model",
-                         model_version="v1", settings=settings) as server:
+    with LightningServer(
+        tmp_path / "s.db",
+        upstream_url=upstream.base_url,
+        model_name="mock-model",
+        model_version="v1",
+        settings=settings,
+    ) as server:
         tasks = [{"id": f"t{i}", "question": f"q{i}", "calls": 2} for i in range(4)]
         ids = server.enqueue(tasks, group_size=2, group_id="step-0")
         pool = start_workers(server_agents.chat_agent, server.url, nworkers=2, spool_dir=str(tmp_path / "spool"))

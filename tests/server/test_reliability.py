@@ -34,12 +34,17 @@ def upstream() -> Iterator[MockLLMServer]:
 
 
 @pytest.fixture(scope="module")
-def pool_server(tmp_path_factory: pytest.TempPathFactory, upstream: MockLLMServer) -> Iterator[tuple[LightningServer, WorkerPool]]:
+def pool_server(
+    tmp_path_factory: pytest.TempPathFactory, upstream: MockLLMServer
+) -> Iterator[tuple[LightningServer, WorkerPool]]:
     """One server and one pool of 2 workers running ``behaving_agent``, shared by the tests below."""
     tmp = tmp_path_factory.mktemp("pool")
-    with LightningServer(tmp / "s.db", upstream_url=upstream.base_url, model_name="mock-model", settings=FAST) as server:
-        pool = start_workers(server_agents.behaving_agent, server.url, nworkers=2, spool_dir=str(tmp / "spool"),
-                             kill_grace=2.0)
+    with LightningServer(
+        tmp / "s.db", upstream_url=upstream.base_url, model_name="mock-model", settings=FAST
+    ) as server:
+        pool = start_workers(
+            server_agents.behaving_agent, server.url, nworkers=2, spool_dir=str(tmp / "spool"), kill_grace=2.0
+        )
         yield server, pool
         server.request_stop()
         assert pool.wait(20), "workers did not exit when the server said stop"
@@ -99,18 +104,36 @@ def _free_port() -> int:
 
 def _agl(*args: str, **kwargs) -> subprocess.Popen:  # noqa: ANN003
     env = {**os.environ, "PYTHONPATH": f"{HERE}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen([sys.executable, "-m", "agentlightning._cli", *args], env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentlightning._cli", *args],
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **kwargs,
+    )
 
 
 @pytest.mark.slow
 def test_client_killed_lease_expires_and_rollout_is_reassigned(tmp_path: Path, upstream: MockLLMServer) -> None:
     dataset = tmp_path / "train.jsonl"
     dataset.write_text(json.dumps({"id": "k1", "mode": "hold", "question": "k1", "mark_dir": str(tmp_path)}) + "\n")
-    with LightningServer(tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model",
-                         settings=FAST) as server:
-        client = _agl("client", "--agent", "server_agents:behaving_agent", "--dataset", str(dataset),
-                      "--nworkers", "1", "--server-url", server.url, "--log-level", "WARNING")
+    with LightningServer(
+        tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model", settings=FAST
+    ) as server:
+        client = _agl(
+            "client",
+            "--agent",
+            "server_agents:behaving_agent",
+            "--dataset",
+            str(dataset),
+            "--nworkers",
+            "1",
+            "--server-url",
+            server.url,
+            "--log-level",
+            "WARNING",
+        )
         try:
             dataset_id = None
             while dataset_id is None and client.poll() is None:
@@ -124,8 +147,9 @@ def test_client_killed_lease_expires_and_rollout_is_reassigned(tmp_path: Path, u
             if client.poll() is None:
                 os.killpg(client.pid, signal.SIGKILL)
         (tmp_path / "release-k1").write_text("")
-        first = wait_for(lambda: [a for a in server.store.attempts(rid) if a.status == "lease_expired"], 10,
-                          "the lease to expire")[0]
+        first = wait_for(
+            lambda: [a for a in server.store.attempts(rid) if a.status == "lease_expired"], 10, "the lease to expire"
+        )[0]
         assert first.error.type == "LeaseExpired"
         pool = start_workers(server_agents.behaving_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"))
         try:
@@ -139,12 +163,24 @@ def test_client_killed_lease_expires_and_rollout_is_reassigned(tmp_path: Path, u
 @pytest.mark.slow
 def test_ctrl_c_drains_running_rollouts_and_takes_no_new_ones(tmp_path: Path, upstream: MockLLMServer) -> None:
     tasks = [{"id": f"c{i}", "mode": "hold", "question": f"c{i}", "mark_dir": str(tmp_path)} for i in range(2)]
-    with LightningServer(tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model",
-                         settings=FAST) as server:
+    with LightningServer(
+        tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model", settings=FAST
+    ) as server:
         dataset_id = server.add_dataset(tasks)
         running, waiting = server.enqueue(dataset_id)
-        client = _agl("client", "--agent", "server_agents:behaving_agent", "--dataset-id", dataset_id,
-                      "--nworkers", "1", "--server-url", server.url, "--log-level", "WARNING")
+        client = _agl(
+            "client",
+            "--agent",
+            "server_agents:behaving_agent",
+            "--dataset-id",
+            dataset_id,
+            "--nworkers",
+            "1",
+            "--server-url",
+            server.url,
+            "--log-level",
+            "WARNING",
+        )
         try:
             wait_for(lambda: list(tmp_path.glob("c0.*")), 30, "the first rollout to start")
             os.killpg(client.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
@@ -164,9 +200,26 @@ def test_server_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path) -> No
     port = _free_port()
     store = tmp_path / "server.db"
     url = f"http://127.0.0.1:{port}"
-    with MockLLMServer(handler=lambda request: MockReply(content=f"echo: {request.last_user_text}", latency=0.01)) as mock:
-        args = ["server", "--port", str(port), "--store", str(store), "--upstream", mock.base_url,
-                "--model-name", "mock-model", "--lease", "3", "--max-attempts", "5", "--log-level", "WARNING"]
+    with MockLLMServer(
+        handler=lambda request: MockReply(content=f"echo: {request.last_user_text}", latency=0.01)
+    ) as mock:
+        args = [
+            "server",
+            "--port",
+            str(port),
+            "--store",
+            str(store),
+            "--upstream",
+            mock.base_url,
+            "--model-name",
+            "mock-model",
+            "--lease",
+            "3",
+            "--max-attempts",
+            "5",
+            "--log-level",
+            "WARNING",
+        ]
         server = _agl(*args)
         http = httpx.Client(base_url=url, timeout=10)
         try:
@@ -222,17 +275,24 @@ def test_proxy_call_landing_after_the_timeout_result_is_joined_as_late(tmp_path:
         text = request.last_user_text
         return MockReply(content=f"echo: {text}", latency=3.0 if text.startswith("slow") else 0.0)
 
-    with MockLLMServer(handler=reply) as mock, LightningServer(
-        tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model", settings=FAST
-    ) as server:
-        pool = start_workers(server_agents.behaving_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"),
-                             kill_grace=2.0)
+    with (
+        MockLLMServer(handler=reply) as mock,
+        LightningServer(
+            tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model", settings=FAST
+        ) as server,
+    ):
+        pool = start_workers(
+            server_agents.behaving_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"), kill_grace=2.0
+        )
         try:
             [rid] = server.enqueue([{"mode": "late", "question": "late-q"}], timeout=1.0, max_attempts=1)
             [timed_out] = server.wait([rid], timeout=30)
             assert timed_out.status == "timeout"
-            rollout = wait_for(lambda: (r := server.store.get_rollout(rid)) is not None and len(r.llm_calls) == 2 and r,
-                                15, "the late call to join the stored rollout")
+            rollout = wait_for(
+                lambda: (r := server.store.get_rollout(rid)) is not None and len(r.llm_calls) == 2 and r,
+                15,
+                "the late call to join the stored rollout",
+            )
         finally:
             server.request_stop()
             pool.wait(20)

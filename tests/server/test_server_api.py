@@ -21,8 +21,9 @@ from agentlightning.types import Call, Reward, Rollout
 @pytest.fixture
 def server(tmp_path: Path, mock_llm_server: MockLLMServer) -> Iterator[LightningServer]:
     settings = Settings(max_body_bytes=64 * 1024)
-    with LightningServer(tmp_path / "store.db", upstream_url=mock_llm_server.base_url, model_name="mock-model",
-                         settings=settings) as srv:
+    with LightningServer(
+        tmp_path / "store.db", upstream_url=mock_llm_server.base_url, model_name="mock-model", settings=settings
+    ) as srv:
         yield srv
 
 
@@ -53,8 +54,13 @@ def test_duplicate_result_uploads_store_one_copy(server: LightningServer) -> Non
     http = httpx.Client(base_url=server.url)
     server.enqueue([{"q": "dup"}])
     lease = _lease(http)
-    rollout = Rollout(rollout_id=lease["rollout_id"], status="succeeded", final_reward=0.25,
-                      calls=[Call(role="writer", input="hi")], rewards=[Reward(value=0.25, source="final")])
+    rollout = Rollout(
+        rollout_id=lease["rollout_id"],
+        status="succeeded",
+        final_reward=0.25,
+        calls=[Call(role="writer", input="hi")],
+        rewards=[Reward(value=0.25, source="final")],
+    )
     body = {"attempt": 1, "worker_id": "w1", "rollout": rollout.model_dump(mode="json")}
     outcomes = [http.post(f"/rollouts/{lease['rollout_id']}/result", json=body).json() for _ in range(3)]
     assert [o["accepted"] for o in outcomes] == [True, False, False]
@@ -71,8 +77,11 @@ def test_result_upload_takes_the_next_lease_and_a_resent_upload_gets_the_same_on
     assert lease["rollout_id"] == first_id
 
     def report(rollout_id: str, worker_id: str | None = "w1", query: str = "?next=1") -> httpx.Response:
-        body = {"attempt": 1, "worker_id": worker_id,
-                "rollout": Rollout(rollout_id=rollout_id, status="succeeded", final_reward=1.0).model_dump(mode="json")}
+        body = {
+            "attempt": 1,
+            "worker_id": worker_id,
+            "rollout": Rollout(rollout_id=rollout_id, status="succeeded", final_reward=1.0).model_dump(mode="json"),
+        }
         return http.post(f"/rollouts/{rollout_id}/result{query}", json=body)
 
     refused = report(first_id, worker_id=None)  # the next lease would belong to nobody: refused before storing
@@ -102,8 +111,14 @@ def test_malformed_and_oversized_requests_get_4xx_and_server_keeps_serving(serve
     assert bad.status_code == 422 and "ResultUpload" in bad.json()["detail"]
     wrong = http.post(f"/rollouts/{rid}/result", json={"attempt": 0, "rollout": {"status": "exploded"}})
     assert wrong.status_code == 422 and "attempt" in wrong.json()["detail"]
-    status = http.post(f"/rollouts/{rid}/result",
-                       json={"attempt": 1, "worker_id": "w1", "rollout": Rollout(rollout_id=rid, status="running").model_dump(mode="json")})
+    status = http.post(
+        f"/rollouts/{rid}/result",
+        json={
+            "attempt": 1,
+            "worker_id": "w1",
+            "rollout": Rollout(rollout_id=rid, status="running").model_dump(mode="json"),
+        },
+    )
     assert status.status_code == 409 and "final status" in status.json()["detail"]
     lines = http.post("/datasets", content=b'{"a": 1}\n{oops\n', headers={"content-type": "application/jsonl"})
     assert lines.status_code == 400 and "line 2" in lines.json()["detail"]
@@ -156,10 +171,16 @@ def test_cli_lists_and_shows_rollouts(server: LightningServer, capsys: pytest.Ca
     lease = _lease(http)
     llm = openai.OpenAI(base_url=lease["llm"]["base_url"], api_key="x", max_retries=0)
     llm.chat.completions.create(model="m", messages=[{"role": "user", "content": "show me"}])
-    rollout = Rollout(rollout_id=lease["rollout_id"], status="succeeded", final_reward=1.0,
-                      rewards=[Reward(value=1.0, source="final")])
-    http.post(f"/rollouts/{lease['rollout_id']}/result",
-              json={"attempt": 1, "worker_id": "w1", "rollout": rollout.model_dump(mode="json")})
+    rollout = Rollout(
+        rollout_id=lease["rollout_id"],
+        status="succeeded",
+        final_reward=1.0,
+        rewards=[Reward(value=1.0, source="final")],
+    )
+    http.post(
+        f"/rollouts/{lease['rollout_id']}/result",
+        json={"attempt": 1, "worker_id": "w1", "rollout": rollout.model_dump(mode="json")},
+    )
     assert agl_main(["rollouts", "list", "--server-url", server.url]) == 0
     listing = capsys.readouterr().out
     assert lease["rollout_id"] in listing and "succeeded" in listing and "cli-task" in listing

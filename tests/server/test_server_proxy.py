@@ -14,7 +14,6 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -22,8 +21,8 @@ from starlette.routing import Route
 
 import agentlightning as agl
 from agentlightning._uvicorn import BackgroundServer
-from agentlightning.server import LightningServer, Settings
 from agentlightning._wire.read import json_text
+from agentlightning.server import LightningServer, Settings
 from agentlightning.server._proxy import _upstream_body
 from agentlightning.server._runtime import Upstream
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
@@ -39,8 +38,13 @@ def mock() -> Iterator[MockLLMServer]:
 @pytest.fixture
 def server(tmp_path: Path, mock: MockLLMServer) -> Iterator[LightningServer]:
     settings = Settings(retry_backoff=0.01, retry_backoff_max=0.05, upstream_retry_window=1.0)
-    with LightningServer(tmp_path / "store.db", upstream_url=mock.base_url, model_name="mock-model",
-                         model_version="v3", settings=settings) as srv:
+    with LightningServer(
+        tmp_path / "store.db",
+        upstream_url=mock.base_url,
+        model_name="mock-model",
+        model_version="v3",
+        settings=settings,
+    ) as srv:
         yield srv
 
 
@@ -53,8 +57,10 @@ def _running(server: LightningServer, task: dict | None = None) -> tuple[str, st
 
 def _finish(server: LightningServer, rid: str, rollout: Rollout | None = None) -> Rollout:
     result = rollout or Rollout(rollout_id=rid, status="succeeded", final_reward=1.0)
-    response = httpx.post(f"{server.url}/rollouts/{rid}/result",
-                          json={"attempt": 1, "worker_id": "test-worker", "rollout": result.model_dump(mode="json")})
+    response = httpx.post(
+        f"{server.url}/rollouts/{rid}/result",
+        json={"attempt": 1, "worker_id": "test-worker", "rollout": result.model_dump(mode="json")},
+    )
     assert response.status_code == 200, response.text
     [done] = server.wait([rid], timeout=5)
     return done
@@ -63,8 +69,9 @@ def _finish(server: LightningServer, rid: str, rollout: Rollout | None = None) -
 def test_chat_calls_recorded_with_exact_token_ids(server: LightningServer, mock: MockLLMServer) -> None:
     rid, base_url = _running(server)
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    reply = client.chat.completions.create(model="whatever", messages=[{"role": "user", "content": "hi"}],
-                                           temperature=0.5)
+    reply = client.chat.completions.create(
+        model="whatever", messages=[{"role": "user", "content": "hi"}], temperature=0.5
+    )
     assert reply.choices[0].message.content == "echo: hi"
     sent = mock.requests[-1].body
     assert sent["return_token_ids"] is True and sent["model"] == "mock-model"
@@ -77,16 +84,25 @@ def test_chat_calls_recorded_with_exact_token_ids(server: LightningServer, mock:
 
 
 def test_stream_passed_through_and_recorded(server: LightningServer, mock: MockLLMServer) -> None:
-    mock.set_replies([MockReply(content="streamed answer here"),
-                      MockReply(tool_calls=[MockToolCall(name="add", arguments={"a": 1, "b": 2})])])
+    mock.set_replies(
+        [
+            MockReply(content="streamed answer here"),
+            MockReply(tool_calls=[MockToolCall(name="add", arguments={"a": 1, "b": 2})]),
+        ]
+    )
     rid, base_url = _running(server)
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "go"}], stream=True))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "streamed answer here" and len(chunks) > 2
-    tool_chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "add"}],
-                                                      stream=True, tools=[{"type": "function", "function": {
-                                                          "name": "add", "parameters": {"type": "object"}}}]))
+    tool_chunks = list(
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "add"}],
+            stream=True,
+            tools=[{"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}],
+        )
+    )
     assert tool_chunks
     first, second = _finish(server, rid).calls
     assert first.output["content"] == "streamed answer here" and first.metadata["stream"] is True
@@ -141,15 +157,23 @@ def test_unknown_finished_and_queued_rollouts_are_refused(server: LightningServe
     _finish(server, rid)
     with pytest.raises(openai.ConflictError, match="is succeeded, not running"):
         openai.OpenAI(base_url=base_url, api_key="x", max_retries=0).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "late"}])
+            model="m", messages=[{"role": "user", "content": "late"}]
+        )
     response = httpx.post(f"{base_url}/embeddings", json={"input": "x"})
     assert response.status_code == 404 and "unknown endpoint" in response.json()["error"]["message"]
 
 
 def test_upstream_errors_retried_then_reported_faithfully(server: LightningServer, mock: MockLLMServer) -> None:
-    mock.set_replies([MockReply(status=500), MockReply(status=429), MockReply(content="third time lucky"),
-                      MockReply(status=503), MockReply(content="stream ok"),
-                      *[MockReply(status=500, error_message="model exploded")] * 200])
+    mock.set_replies(
+        [
+            MockReply(status=500),
+            MockReply(status=429),
+            MockReply(content="third time lucky"),
+            MockReply(status=503),
+            MockReply(content="stream ok"),
+            *[MockReply(status=500, error_message="model exploded")] * 200,
+        ]
+    )
     rid, base_url = _running(server)
     client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
     reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
@@ -277,8 +301,10 @@ def test_connection_closed_before_the_answer_is_retried(server: LightningServer,
     finally:
         relay.close()
     # httpx names a connection closed without an answer RemoteProtocolError, or ReadError when the close races the read
-    assert re.search(r'agl_proxy_upstream_retries_total\{endpoint="chat.completions",reason="(RemoteProtocolError|ReadError)"\} 1',
-                     httpx.get(f"{server.url}/metrics").text)
+    assert re.search(
+        r'agl_proxy_upstream_retries_total\{endpoint="chat.completions",reason="(RemoteProtocolError|ReadError)"\} 1',
+        httpx.get(f"{server.url}/metrics").text,
+    )
 
 
 def test_stream_chunks_reach_the_agent_as_the_upstream_sends_them(server: LightningServer) -> None:
@@ -373,11 +399,19 @@ def test_client_calls_joined_with_proxy_records(server: LightningServer, mock: M
     assert "proxy_call_id" in writer.metadata and done.final_reward == 0.5
 
 
-@pytest.mark.parametrize("raw", [
-    b'{"model": "m", "messages": [{"role": "user", "content": "caf\\u00e9 \xc3\xa9"}]}',
-    b' {"messages": []} \n', b'{"model": "other"}', b'{}', b'{"model": "m", "return_token_ids": 1}',
-    b'{"model": "m", "return_token_ids": true}', b'{"model": "m", "logprobs": 0}', '{"model": "m"}'.encode("utf-16"),
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "messages": [{"role": "user", "content": "caf\\u00e9 \xc3\xa9"}]}',
+        b' {"messages": []} \n',
+        b'{"model": "other"}',
+        b"{}",
+        b'{"model": "m", "return_token_ids": 1}',
+        b'{"model": "m", "return_token_ids": true}',
+        b'{"model": "m", "logprobs": 0}',
+        '{"model": "m"}'.encode("utf-16"),
+    ],
+)
 @pytest.mark.parametrize("logprobs", [False, True])
 @pytest.mark.parametrize("endpoint", ["chat.completions", "completions"])
 def test_upstream_body_sets_model_token_ids_and_logprobs(raw: bytes, logprobs: bool, endpoint: str) -> None:
@@ -394,5 +428,8 @@ def test_upstream_body_sets_model_token_ids_and_logprobs(raw: bytes, logprobs: b
 
 
 def test_json_text_writes_what_json_does() -> None:
-    assert json.loads(json_text({"ids": [1, 2], "x": None, "lone": "\ud800"})) == {"ids": [1, 2], "x": None,
-                                                                                    "lone": "\ud800"}
+    assert json.loads(json_text({"ids": [1, 2], "x": None, "lone": "\ud800"})) == {
+        "ids": [1, 2],
+        "x": None,
+        "lone": "\ud800",
+    }

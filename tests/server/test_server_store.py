@@ -24,9 +24,15 @@ def store(tmp_path: Path) -> SQLiteStore:
 
 def _result(lease, status: str = "succeeded", reward: float | None = 1.0, calls=None) -> Rollout:
     return Rollout(
-        rollout_id=lease.rollout_id, task_id=lease.task_id, task=lease.task, attempt=lease.attempt, status=status,
-        calls=calls or [], rewards=[Reward(value=reward, source="final")] if reward is not None else [],
-        final_reward=reward, logs=[f"log of attempt {lease.attempt}"],
+        rollout_id=lease.rollout_id,
+        task_id=lease.task_id,
+        task=lease.task,
+        attempt=lease.attempt,
+        status=status,
+        calls=calls or [],
+        rewards=[Reward(value=reward, source="final")] if reward is not None else [],
+        final_reward=reward,
+        logs=[f"log of attempt {lease.attempt}"],
         error=None if status == "succeeded" else ErrorInfo(type="ValueError", message="boom", traceback="tb"),
     )
 
@@ -49,7 +55,9 @@ def test_dataset_upload_is_idempotent_and_content_addressed(store: SQLiteStore) 
 
 def test_enqueue_groups_and_dequeue_in_order(store: SQLiteStore) -> None:
     info = store.add_dataset([{"id": "t1"}, {"id": "t2"}])
-    ids = store.enqueue(store.dataset_tasks(info.dataset_id), group_size=3, group_id="step-1", dataset_id=info.dataset_id)
+    ids = store.enqueue(
+        store.dataset_tasks(info.dataset_id), group_size=3, group_id="step-1", dataset_id=info.dataset_id
+    )
     assert len(ids) == 6
     leases = [store.dequeue("w1", 10.0) for _ in range(6)]
     assert [l.rollout_id for l in leases] == ids
@@ -91,8 +99,15 @@ def test_result_is_idempotent_and_joins_proxy_calls(store: SQLiteStore) -> None:
     store.set_model_version("v7", "m", None)  # the rollout is on the version current when it is leased
     lease = store.dequeue("w", 10.0)
     store.set_model_version("v8", "m", None)  # a later version does not change it
-    proxy = Call(rollout_id=rid, name="m", response_id="resp-1", prompt_token_ids=[1, 2], completion_token_ids=[3],
-                 token_source="server", metadata={"model_version": "v7"})
+    proxy = Call(
+        rollout_id=rid,
+        name="m",
+        response_id="resp-1",
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        token_source="server",
+        metadata={"model_version": "v7"},
+    )
     store.record_proxy_call(proxy.model_dump(mode="json"), attempt=1)
     client = Call(rollout_id=rid, role="writer", response_id="resp-1", input=[{"role": "user", "content": "hi"}])
     first = store.complete(rid, 1, "w", _result(lease, calls=[client]))
@@ -257,9 +272,13 @@ def test_a_retried_rollout_waits_its_delay_then_joins_the_back_of_the_queue(tmp_
 def test_a_store_from_before_re_lease_delays_opens_and_keeps_its_queue(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     old = sqlite3.connect(path)
-    old.executescript(SCHEMA.replace(",\n    not_before REAL)", ")").split("CREATE INDEX IF NOT EXISTS rollouts_by_queue")[0])
-    old.execute("INSERT INTO rollouts(rollout_id, task_id, task, status, attempt, max_attempts, created) "
-                "VALUES ('ro-old', 't', '{}', 'queued', 1, 3, 1.0)")
+    old.executescript(
+        SCHEMA.replace(",\n    not_before REAL)", ")").split("CREATE INDEX IF NOT EXISTS rollouts_by_queue")[0]
+    )
+    old.execute(
+        "INSERT INTO rollouts(rollout_id, task_id, task, status, attempt, max_attempts, created) "
+        "VALUES ('ro-old', 't', '{}', 'queued', 1, 3, 1.0)"
+    )
     old.commit()
     old.close()
     store = SQLiteStore(path)

@@ -23,8 +23,9 @@ def scored_agent(task: dict, llm: agl.LLM) -> float:
     """One chat call, then ``task["delay"]`` seconds of environment; ``task["flat"]`` tasks always score 0.5 (a group
     without GRPO signal), others at random."""
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-    client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}],
-                                   max_tokens=4)
+    client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=4
+    )
     time.sleep(task.get("delay", 0.0))
     return 0.5 if task.get("flat") else random.random()
 
@@ -38,8 +39,10 @@ def two_call_agent(task: dict, llm: agl.LLM) -> float:
     FIRST_CALL_DONE.set()
     if not WEIGHTS_UPDATED.wait(timeout=60):
         raise TimeoutError("the test never updated the weights")
-    messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
-                 {"role": "user", "content": "again"}]
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "again"},
+    ]
     client.chat.completions.create(model=llm.model, messages=messages, max_tokens=4)
     return 1.0
 
@@ -50,8 +53,9 @@ def sampled_together_agent(task: dict, llm: agl.LLM) -> float:
     them have made their call, so every group submitted with them is sampled before the first update (threads only)."""
     global _calls
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}],
-                                           max_tokens=8)
+    reply = client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=8
+    )
     with SAMPLED:
         _calls += 1
         SAMPLED.notify_all()

@@ -37,8 +37,14 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     tokenizer.save_pretrained(directory)
     started = time.perf_counter()
     backend = VLLMBackend(
-        directory, tokenizer=tokenizer, sync="lora", dtype="float32", max_model_len=512, max_lora_rank=8,
-        env={"VLLM_CPU_KVCACHE_SPACE": "1"}, startup_timeout=400,
+        directory,
+        tokenizer=tokenizer,
+        sync="lora",
+        dtype="float32",
+        max_model_len=512,
+        max_lora_rank=8,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        startup_timeout=400,
     ).start()
     logger.warning("vLLM server started in %.1f s", time.perf_counter() - started)
     yield backend, model, tokenizer

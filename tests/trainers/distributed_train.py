@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from agentlightning.trainers.models import tiny_model
 from train_agents import counted_reply_agent, reply_length_agent
 
 import agentlightning as agl
 from agentlightning.testing import MockLLMServer, MockReply, MockRequest
-from agentlightning.trainers.models import tiny_model
 
 TASKS = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(3)]
 
@@ -74,10 +74,22 @@ def train(out: Path, momentum: float = 0.0, **options: Any) -> Any:
     settings)."""
     model, tokenizer = tiny_model(seed=3)  # the same random weights on every rank
     settings = dict(
-        backend=CountingBackend(out), output_dir=out / "run", tasks_per_step=1, group_size=5, max_steps=2,
-        micro_batch_size=2, nworkers=1, learning_rate=0.5, save_model=False, progress=False, rollout_timeout=60,
-        trainer_args={"optim": "sgd", "optim_args": f"momentum={momentum}",
-                      "vllm_importance_sampling_correction": False},
+        backend=CountingBackend(out),
+        output_dir=out / "run",
+        tasks_per_step=1,
+        group_size=5,
+        max_steps=2,
+        micro_batch_size=2,
+        nworkers=1,
+        learning_rate=0.5,
+        save_model=False,
+        progress=False,
+        rollout_timeout=60,
+        trainer_args={
+            "optim": "sgd",
+            "optim_args": f"momentum={momentum}",
+            "vllm_importance_sampling_correction": False,
+        },
     )
     return agl.train(counted_reply_agent, TASKS, model=model, tokenizer=tokenizer, **{**settings, **options})
 
@@ -92,9 +104,23 @@ def train_live(out: Path) -> Any:
     during the update."""
     model, tokenizer = tiny_model(seed=4)
     return agl.train(
-        reply_length_agent, TASKS, model=model, tokenizer=tokenizer, output_dir=out / "live", use_server=False,
-        nworkers=4, tasks_per_step=1, group_size=4, max_steps=2, max_staleness=1, micro_batch_size=2,
-        lora={"r": 4, "lora_alpha": 8}, learning_rate=0.05, save_model=False, progress=False, rollout_timeout=60,
+        reply_length_agent,
+        TASKS,
+        model=model,
+        tokenizer=tokenizer,
+        output_dir=out / "live",
+        use_server=False,
+        nworkers=4,
+        tasks_per_step=1,
+        group_size=4,
+        max_steps=2,
+        max_staleness=1,
+        micro_batch_size=2,
+        lora={"r": 4, "lora_alpha": 8},
+        learning_rate=0.05,
+        save_model=False,
+        progress=False,
+        rollout_timeout=60,
     )
 
 
@@ -106,11 +132,21 @@ def _save(result: Any, path: Path) -> None:
 
     loaded = sorted(name for name in sys.modules if name.startswith(("agentlightning.server", "agentlightning.client")))
     state = result.model.state_dict()
-    torch.save({"weights": {k: (v.to_local() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()},
-                "sharded": sorted(k for k, v in state.items() if isinstance(v, DTensor)),
-                "partitioned": sorted(name for name, param in result.model.named_parameters()  # by ZeRO-3
-                                      if hasattr(param, "ds_tensor") and param.ds_tensor.numel() < param.ds_numel),
-                "steps": len(result.history), "version": result.model_version, "modules": loaded}, path)
+    torch.save(
+        {
+            "weights": {k: (v.to_local() if isinstance(v, DTensor) else v).detach().cpu() for k, v in state.items()},
+            "sharded": sorted(k for k, v in state.items() if isinstance(v, DTensor)),
+            "partitioned": sorted(
+                name
+                for name, param in result.model.named_parameters()  # by ZeRO-3
+                if hasattr(param, "ds_tensor") and param.ds_tensor.numel() < param.ds_numel
+            ),
+            "steps": len(result.history),
+            "version": result.model_version,
+            "modules": loaded,
+        },
+        path,
+    )
 
 
 if __name__ == "__main__":

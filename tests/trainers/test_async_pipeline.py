@@ -7,14 +7,14 @@ import math
 
 import pytest
 import torch
-from async_agents import scored_agent
-
-from agentlightning.server import SQLiteStore
-from agentlightning.testing import MockLLMServer
 from agentlightning.trainers._importance import importance_weights
 from agentlightning.trainers._pipeline import RolloutPipeline, fresh_enough, version_number
 from agentlightning.trainers.config import TrainConfig
 from agentlightning.trainers.rollouts import LocalRollouts, ServerRollouts
+from async_agents import scored_agent
+
+from agentlightning.server import SQLiteStore
+from agentlightning.testing import MockLLMServer
 from agentlightning.types import Transition
 
 
@@ -30,9 +30,19 @@ def mock_source():
 def _pipeline(source, dataset, *, staleness, refills, tasks_per_step=2, backlog=(), algorithm="grpo"):
     order = iter(range(10_000))
     return RolloutPipeline(
-        source, dataset, lambda count: [next(order) % len(dataset) for _ in range(count)],
-        tasks_per_step=tasks_per_step, group_size=3, max_staleness=staleness, refill_cap=refills, timeout=30,
-        roles=None, credit="identical", air=None, algorithm=algorithm, backlog=backlog,
+        source,
+        dataset,
+        lambda count: [next(order) % len(dataset) for _ in range(count)],
+        tasks_per_step=tasks_per_step,
+        group_size=3,
+        max_staleness=staleness,
+        refill_cap=refills,
+        timeout=30,
+        roles=None,
+        credit="identical",
+        air=None,
+        algorithm=algorithm,
+        backlog=backlog,
     )
 
 
@@ -42,8 +52,10 @@ def _tasks(flat):
 
 def test_versions_and_the_staleness_bound_by_hand():
     assert [version_number(v) for v in ("v0", "v12", "policy", None, "vx")] == [0, 12, None, None, None]
-    rows = [Transition(rollout_id=f"r{v}", index=0, prompt_token_ids=[1], completion_token_ids=[2],
-                       model_version=f"v{v}") for v in range(4)]
+    rows = [
+        Transition(rollout_id=f"r{v}", index=0, prompt_token_ids=[1], completion_token_ids=[2], model_version=f"v{v}")
+        for v in range(4)
+    ]
     kept, lags = fresh_enough(rows, trained_version=3, max_staleness=1)
     assert [row.model_version for row in kept] == ["v2", "v3"] and lags == [1, 0]
     assert fresh_enough(rows, 3, 0)[0] == rows[3:]

@@ -15,21 +15,22 @@ from pathlib import Path
 import async_agents
 import pytest
 import torch
+from agentlightning.trainers.hf_backend import HFBackendServer
+from agentlightning.trainers.models import tiny_model
+from agentlightning.trainers.rollouts import LocalRollouts
 from async_agents import sampled_together_agent, two_call_agent
 from train_agents import echo_length_agent
 
 import agentlightning as agl
 from agentlightning.server import SQLiteStore
-from agentlightning.trainers.hf_backend import HFBackendServer
-from agentlightning.trainers.models import tiny_model
-from agentlightning.trainers.rollouts import LocalRollouts
 from agentlightning.types import Transition
 
 
 def test_the_weights_change_only_inside_weights_changing(tmp_path):
     """What lets the HF backend keep generating through the forward and backward passes of an update."""
-    from agentlightning.rl import pack
     from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+
+    from agentlightning.rl import pack
 
     model, tokenizer = tiny_model(seed=2)
     trainer = LightningGRPOTrainer(model, grpo_config(str(tmp_path), micro_batch_size=4, learning_rate=1e-2), tokenizer)
@@ -43,8 +44,18 @@ def test_the_weights_change_only_inside_weights_changing(tmp_path):
         yield
         seen.append(all(torch.equal(a, b) for a, b in zip(weights, initial, strict=True)))
 
-    rows = [Transition(rollout_id=f"r{i}", group_id="g", index=0, prompt_token_ids=[5, 6, 7],
-                       completion_token_ids=[8, 9 + i], advantage=1.0 - i, weight=1.0) for i in range(3)]
+    rows = [
+        Transition(
+            rollout_id=f"r{i}",
+            group_id="g",
+            index=0,
+            prompt_token_ids=[5, 6, 7],
+            completion_token_ids=[8, 9 + i],
+            advantage=1.0 - i,
+            weight=1.0,
+        )
+        for i in range(3)
+    ]
     trainer.step(pack(rows, tokenizer.pad_token_id), weights_changing=changing)
     assert seen == [True, False], "unchanged through forward/backward, changed by the optimizer step inside the block"
 
@@ -53,25 +64,43 @@ def test_the_importance_ratio_comes_from_the_training_forward_and_scales_the_upd
     """With one iteration, step() runs no extra forward pass for the ratio: each micro-batch's training forward
     gives the old log-probabilities. Sampling log-probabilities ln 2 below the model's make a (truncated) ratio of
     2 on every token, which doubles the SGD update against sampling log-probabilities equal to the model's."""
-    from agentlightning.rl import pack
     from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+
+    from agentlightning.rl import pack
 
     def trainer(name):
         model, tokenizer = tiny_model(seed=4)
-        config = grpo_config(str(tmp_path / name), micro_batch_size=2, learning_rate=0.1, optim="sgd",
-                             max_grad_norm=0.0, vllm_importance_sampling_correction=True,
-                             vllm_importance_sampling_mode="token_truncate", vllm_importance_sampling_clip_max=3.0)
+        config = grpo_config(
+            str(tmp_path / name),
+            micro_batch_size=2,
+            learning_rate=0.1,
+            optim="sgd",
+            max_grad_norm=0.0,
+            vllm_importance_sampling_correction=True,
+            vllm_importance_sampling_mode="token_truncate",
+            vllm_importance_sampling_clip_max=3.0,
+        )
         return LightningGRPOTrainer(model, config, tokenizer)
 
     def rows(logprobs=None):
-        return [Transition(rollout_id=f"r{i}", group_id="g", index=0, prompt_token_ids=[5, 6, 7 + i],
-                           completion_token_ids=[8, 9 + i, 3], advantage=1.0 - i, weight=1.0,
-                           completion_logprobs=None if logprobs is None else logprobs[i]) for i in range(3)]
+        return [
+            Transition(
+                rollout_id=f"r{i}",
+                group_id="g",
+                index=0,
+                prompt_token_ids=[5, 6, 7 + i],
+                completion_token_ids=[8, 9 + i, 3],
+                advantage=1.0 - i,
+                weight=1.0,
+                completion_logprobs=None if logprobs is None else logprobs[i],
+            )
+            for i in range(3)
+        ]
 
     reference = trainer("reference")
     unscored = pack(rows([[0.0, 0.0, 0.0]] * 3), reference.processing_class.pad_token_id)
     own = reference._generate_and_score_completions(unscored)["old_per_token_logps"]  # a separate forward pass
-    own_rows = [own[i, : 3].tolist() for i in range(3)]
+    own_rows = [own[i, :3].tolist() for i in range(3)]
     deltas, ratios = [], []
     for name, shift in (("same", 0.0), ("shifted", math.log(2))):
         run = trainer(name)
@@ -116,8 +145,18 @@ def test_an_update_while_a_rollout_is_in_flight_leaves_each_call_its_own_version
     assert all(len(row.completion_logprobs) == len(row.completion_token_ids) for row in transitions)
 
 
-TRAINING = dict(group_size=4, tasks_per_step=2, learning_rate=1e-2, micro_batch_size=4, max_completion_length=8,
-                nworkers=2, progress=False, save_model=False, max_staleness=1, checkpoint_every=1)
+TRAINING = dict(
+    group_size=4,
+    tasks_per_step=2,
+    learning_rate=1e-2,
+    micro_batch_size=4,
+    max_completion_length=8,
+    nworkers=2,
+    progress=False,
+    save_model=False,
+    max_staleness=1,
+    checkpoint_every=1,
+)
 TASKS = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(12)]
 
 KILLED_RUN = """
@@ -138,8 +177,15 @@ def test_asynchronous_training_bounds_staleness_and_corrects_off_policy(tmp_path
     async_agents.SAMPLED_TOGETHER = 16
     model, tokenizer = tiny_model(seed=1)
     options = {**TRAINING, "use_server": False, "nworkers": 16}
-    result = agl.train(sampled_together_agent, TASKS, model=model, tokenizer=tokenizer, max_steps=3,
-                       output_dir=tmp_path / "run", **options)
+    result = agl.train(
+        sampled_together_agent,
+        TASKS,
+        model=model,
+        tokenizer=tokenizer,
+        max_steps=3,
+        output_dir=tmp_path / "run",
+        **options,
+    )
     rows = [row for row in result.history if row["step"] > 0]
     assert len(rows) == 3
     for row in rows:
@@ -175,8 +221,16 @@ def test_a_run_killed_mid_pipeline_resumes_with_the_groups_that_were_in_flight(t
     assert len(pending) >= 2, "the groups running ahead of step 3 are saved with the checkpoint"
 
     model, tokenizer = tiny_model(seed=1)
-    resumed = agl.train(echo_length_agent, TASKS, model=model, tokenizer=tokenizer, max_steps=4, output_dir=output,
-                        resume=True, **TRAINING)
+    resumed = agl.train(
+        echo_length_agent,
+        TASKS,
+        model=model,
+        tokenizer=tokenizer,
+        max_steps=4,
+        output_dir=output,
+        resume=True,
+        **TRAINING,
+    )
     steps = [row["step"] for row in resumed.history if row["step"] > 0]
     assert steps[:2] == [1, 2] and steps[-2:] == [3, 4]
     store = SQLiteStore(output / "store.db")
@@ -194,16 +248,28 @@ def test_an_update_beside_a_decoding_batch_computes_the_loss_it_computes_alone(t
     (``max_staleness > 0``) must leave the shared model's mode alone."""
     import copy
 
-    from agentlightning.rl import pack
     from agentlightning.trainers.generation import GenerationEngine, SamplingParams
     from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
 
+    from agentlightning.rl import pack
+
     model, tokenizer = tiny_model(seed=3)
     twin = copy.deepcopy(model)
-    rows = [Transition(rollout_id=f"r{i}", group_id="g", index=0, prompt_token_ids=[5, 6, 7, 8],
-                       completion_token_ids=[9 + i, 10, 11 + i], advantage=1.0 - i / 4, weight=1.0) for i in range(8)]
+    rows = [
+        Transition(
+            rollout_id=f"r{i}",
+            group_id="g",
+            index=0,
+            prompt_token_ids=[5, 6, 7, 8],
+            completion_token_ids=[9 + i, 10, 11 + i],
+            advantage=1.0 - i / 4,
+            weight=1.0,
+        )
+        for i in range(8)
+    ]
     alone = LightningGRPOTrainer(twin, grpo_config(str(tmp_path / "a"), micro_batch_size=2), tokenizer).step(
-        pack(rows, tokenizer.pad_token_id))
+        pack(rows, tokenizer.pad_token_id)
+    )
     trainer = LightningGRPOTrainer(model, grpo_config(str(tmp_path / "b"), micro_batch_size=2), tokenizer)
     engine = GenerationEngine(model, tokenizer, max_batch_size=8, batch_wait_s=0.0)
     engine.eos_token_ids = set()  # the rows decode their whole budget, through the update

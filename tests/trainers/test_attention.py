@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from agentlightning.trainers.attention import NAME, use_shared_kv_attention
 from agentlightning.trainers.generation import GenerationEngine
 from agentlightning.trainers.models import tiny_model
@@ -15,8 +14,12 @@ def _padded_logits(model) -> tuple[torch.Tensor, torch.Tensor]:
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, use_cache=True)
-        step = model(input_ids=torch.tensor([[12], [13]]), attention_mask=torch.cat([mask, torch.ones(2, 1)], 1).long(),
-                     past_key_values=out.past_key_values, use_cache=True)
+        step = model(
+            input_ids=torch.tensor([[12], [13]]),
+            attention_mask=torch.cat([mask, torch.ones(2, 1)], 1).long(),
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
     return out.logits, step.logits
 
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 import torch
-
-from agentlightning.trainers.batch import pack
 from agentlightning.trainers._distributed import shard
+from agentlightning.trainers.batch import pack
 from agentlightning.trainers.models import tiny_model
+
 from agentlightning.types import Transition
 
 HERE = Path(__file__).resolve().parent
@@ -39,8 +39,17 @@ def _launch_and_compare(two: Path, one: Path, launch_args: list[str], momentum: 
     import distributed_train
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "accelerate.commands.launch", *launch_args, "--main_process_port",
-               str(_free_port()), str(HERE / "distributed_train.py"), str(two), str(momentum)]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *launch_args,
+        "--main_process_port",
+        str(_free_port()),
+        str(HERE / "distributed_train.py"),
+        str(two),
+        str(momentum),
+    ]
     launch = subprocess.Popen(command, cwd=HERE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         reference = distributed_train.train(one, momentum)  # the same runs in this one process, meanwhile
@@ -51,8 +60,11 @@ def _launch_and_compare(two: Path, one: Path, launch_args: list[str], momentum: 
             launch.kill()
             launch.communicate()
     assert launch.returncode == 0, output[-4000:]
-    saved = {(rank, tag): torch.load(two / f"rank{rank}{tag}.pt", weights_only=True)
-             for rank in (0, 1) for tag in ("", "-resumed", "-live")}
+    saved = {
+        (rank, tag): torch.load(two / f"rank{rank}{tag}.pt", weights_only=True)
+        for rank in (0, 1)
+        for tag in ("", "-resumed", "-live")
+    }
     return reference, reference_resumed, saved
 
 
@@ -63,8 +75,21 @@ def test_two_ranks_train_like_one_process_and_only_rank_0_serves(tmp_path):
     two.mkdir()
     one.mkdir()
     reference, reference_resumed, saved = _launch_and_compare(
-        two, one, ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                   "--dynamo_backend", "no"], 0.0)
+        two,
+        one,
+        [
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+        ],
+        0.0,
+    )
     rank0 = saved[0, ""]
 
     # Every rank holds the same weights after the updates, equal (up to float rounding) to one process's; so after
@@ -114,7 +139,8 @@ def test_fsdp2_ranks_shard_the_model_train_like_one_process_and_rank_0_serves_a_
     two.mkdir()
     one.mkdir()
     reference, reference_resumed, saved = _launch_and_compare(
-        two, one, ["--config_file", str(HERE / "fsdp2.yaml")], 0.9)
+        two, one, ["--config_file", str(HERE / "fsdp2.yaml")], 0.9
+    )
 
     # Rank 1 holds only its shard of each parameter (FSDP2 splits dim 0), and it is the matching slice of the
     # unsharded copy rank 0 serves; that copy equals (up to float rounding) one process's weights, after two updates
@@ -132,12 +158,14 @@ def test_fsdp2_ranks_shard_the_model_train_like_one_process_and_rank_0_serves_a_
         assert saved[0, tag]["version"] == shards["version"] == result.model_version == f"v{steps}"
     third = {name: value - saved[0, ""]["weights"][name] for name, value in saved[0, "-resumed"]["weights"].items()}
     assert max(float(delta.abs().max()) for delta in third.values()) > 1e-3  # the third step trained
-    optimizers = [torch.load(run / "run" / "checkpoints" / "step-3" / "optimizer.pt", weights_only=True)
-                  for run in (two, one)]
+    optimizers = [
+        torch.load(run / "run" / "checkpoints" / "step-3" / "optimizer.pt", weights_only=True) for run in (two, one)
+    ]
     assert optimizers[0]["state"].keys() == optimizers[1]["state"].keys() and optimizers[0]["state"]
     for index, state in optimizers[1]["state"].items():
-        assert torch.allclose(optimizers[0]["state"][index]["momentum_buffer"], state["momentum_buffer"], rtol=0,
-                              atol=1e-6), index
+        assert torch.allclose(
+            optimizers[0]["state"][index]["momentum_buffer"], state["momentum_buffer"], rtol=0, atol=1e-6
+        ), index
     model = AutoModelForCausalLM.from_pretrained(two / "run" / "model")  # save_model: the gathered weights
     final = saved[0, "-resumed"]["weights"]
     assert all(torch.equal(value, final[name]) for name, value in model.state_dict().items())
@@ -172,7 +200,8 @@ def test_deepspeed_zero_ranks_train_like_one_process_and_resume_from_the_engine_
     two.mkdir()
     one.mkdir()
     reference, reference_resumed, saved = _launch_and_compare(
-        two, one, ["--config_file", str(HERE / "deepspeed.yaml"), "--zero_stage", str(stage)], 0.9)
+        two, one, ["--config_file", str(HERE / "deepspeed.yaml"), "--zero_stage", str(stage)], 0.9
+    )
 
     # Rank 0's weights equal one process's after two updates and after a third resumed from the checkpoint (SGD
     # with momentum: a resume that lost the momentum buffers would differ). Under ZeRO-2 every rank holds them
@@ -195,7 +224,9 @@ def test_deepspeed_zero_ranks_train_like_one_process_and_resume_from_the_engine_
     checkpoint = two / "run" / "checkpoints" / "step-3"
     assert not (checkpoint / "optimizer.pt").exists()
     assert sorted(path.name for path in (checkpoint / "deepspeed" / "engine").glob("*optim_states.pt")) == [
-        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    ]
     model = AutoModelForCausalLM.from_pretrained(two / "run" / "model")  # save_model: the whole weights
     final = saved[0, "-resumed"]["weights"]
     assert all(torch.equal(value, final[name]) for name, value in model.state_dict().items())
@@ -219,16 +250,27 @@ def test_deepspeed_zero_ranks_train_like_one_process_and_resume_from_the_engine_
 
 
 def test_shards_split_the_rows_and_pad_short_ranks_with_rows_that_add_nothing():
-    rows = [Transition(rollout_id=f"r{i}", group_id="g", index=0, prompt_token_ids=[5, 6 + i],
-                       completion_token_ids=[7] * (i + 1), advantage=float(i) - 2, weight=0.5 + i) for i in range(5)]
+    rows = [
+        Transition(
+            rollout_id=f"r{i}",
+            group_id="g",
+            index=0,
+            prompt_token_ids=[5, 6 + i],
+            completion_token_ids=[7] * (i + 1),
+            advantage=float(i) - 2,
+            weight=0.5 + i,
+        )
+        for i in range(5)
+    ]
     batch = pack(rows, pad_token_id=0)
     parts = [shard(batch, rank, 3) for rank in range(3)]
     assert [len(part) for part, _ in parts] == [2, 2, 2]
     totals = parts[0][1]
     assert (totals.rows, totals.tokens, totals.processes) == (5, 15.0, 3)
     assert totals.mean_weight == pytest.approx(2.5)
-    real = [rollout for part, _ in parts for rollout, mask in zip(part.rollout_ids, part.completion_mask.sum(1))
-            if mask > 0]
+    real = [
+        rollout for part, _ in parts for rollout, mask in zip(part.rollout_ids, part.completion_mask.sum(1)) if mask > 0
+    ]
     assert real == batch.rollout_ids  # every row once, in order
     padding, _ = parts[2]  # rows 4 and a padding copy of it
     assert padding.rollout_ids == ["r4", "r4"] and padding.completion_mask[1].sum() == 0

@@ -8,16 +8,16 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-from train_agents import writer_rewriter_agent
-
-import agentlightning as agl
-from agentlightning.protocol import ROLE_HEADER
 from agentlightning.trainers.batch import pack
-from agentlightning.server import SQLiteStore
 from agentlightning.trainers.checkpoint import load_checkpoint, save_checkpoint
 from agentlightning.trainers.config import TrainConfig
 from agentlightning.trainers.models import tiny_model
 from agentlightning.trainers.policies import Policy, PolicyMap
+from train_agents import writer_rewriter_agent
+
+import agentlightning as agl
+from agentlightning.protocol import ROLE_HEADER
+from agentlightning.server import SQLiteStore
 from agentlightning.types import Transition
 
 pytest.importorskip("peft")
@@ -27,16 +27,17 @@ POLICIES = {"writer": Policy(lora=LORA), "rewriter": Policy(lora=LORA, learning_
 
 
 def _policy_set(tmp_path, seed: int = 3):
-    from peft import LoraConfig
-
     from agentlightning.trainers._policy_set import PolicySet
     from agentlightning.trainers.grpo import grpo_config
+    from peft import LoraConfig
 
     model, tokenizer = tiny_model(seed=seed)
     mapping = PolicyMap.parse(POLICIES)
     adapters = {name: LoraConfig(task_type="CAUSAL_LM", **LORA) for name in mapping.policies}
-    args = {name: grpo_config(str(tmp_path / name), micro_batch_size=4, learning_rate=0.2, optim="sgd",
-                              max_grad_norm=0.0) for name in mapping.policies}
+    args = {
+        name: grpo_config(str(tmp_path / name), micro_batch_size=4, learning_rate=0.2, optim="sgd", max_grad_norm=0.0)
+        for name in mapping.policies
+    }
     return PolicySet(model, tokenizer, mapping, adapters, args), tokenizer
 
 
@@ -45,9 +46,19 @@ def _adapter(model, name: str) -> dict[str, torch.Tensor]:
 
 
 def _batch(role: str):
-    rows = [Transition(rollout_id=f"r{i}", group_id="g", index=0, role=role, prompt_token_ids=[5, 6, 7, 8],
-                       completion_token_ids=[9 + i, 10, 11], advantage=1.0 if i % 2 else -1.0, reward=float(i % 2))
-            for i in range(4)]
+    rows = [
+        Transition(
+            rollout_id=f"r{i}",
+            group_id="g",
+            index=0,
+            role=role,
+            prompt_token_ids=[5, 6, 7, 8],
+            completion_token_ids=[9 + i, 10, 11],
+            advantage=1.0 if i % 2 else -1.0,
+            reward=float(i % 2),
+        )
+        for i in range(4)
+    ]
     return pack(rows, pad_token_id=0)
 
 
@@ -83,9 +94,15 @@ def test_credit_per_policy_receives_the_policy_name():
         return [10.0 if policy == "writer" else 1.0] * len(calls)
 
     mapping = PolicyMap.parse({"writer": Policy(credit=credit), "rewriter": Policy(credit=credit), "checker": None})
-    rollout = agl.Rollout(rollout_id="r", final_reward=0.5, status="succeeded", calls=[
-        agl.Call(call_id=f"c{i}", rollout_id="r", sequence=i, kind="llm", role=role)
-        for i, role in enumerate(["writer", "rewriter", "writer"])])
+    rollout = agl.Rollout(
+        rollout_id="r",
+        final_reward=0.5,
+        status="succeeded",
+        calls=[
+            agl.Call(call_id=f"c{i}", rollout_id="r", sequence=i, kind="llm", role=role)
+            for i, role in enumerate(["writer", "rewriter", "writer"])
+        ],
+    )
     assert mapping.credit("identical")(rollout, rollout.calls) == [10.0, 1.0, 10.0]
     assert seen == [("writer", ["writer", "writer"]), ("rewriter", ["rewriter"])]
 
@@ -98,14 +115,28 @@ def test_hf_backend_serves_each_role_by_its_adapter_in_one_batch(tmp_path):
         for key, value in policies.model.named_parameters():
             if ".writer." in key or ".rewriter." in key:
                 value.normal_(0, 2.0 if ".writer." in key else 0.5)
-    backend = HFBackendServer(policies.model, tokenizer, policies=policies.policies, max_batch_size=8,
-                              batch_wait_s=0.2).start()
+    backend = HFBackendServer(
+        policies.model, tokenizer, policies=policies.policies, max_batch_size=8, batch_wait_s=0.2
+    ).start()
     try:
+
         def ask(role: str | None) -> tuple[list[int], str | None, str]:
-            body = {"model": "policy", "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 8,
-                    "temperature": 0}
-            reply = httpx.post(f"{backend.base_url}/chat/completions", json=body, timeout=60,
-                               headers={ROLE_HEADER: role} if role else {}).raise_for_status().json()
+            body = {
+                "model": "policy",
+                "messages": [{"role": "user", "content": "Say something."}],
+                "max_tokens": 8,
+                "temperature": 0,
+            }
+            reply = (
+                httpx.post(
+                    f"{backend.base_url}/chat/completions",
+                    json=body,
+                    timeout=60,
+                    headers={ROLE_HEADER: role} if role else {},
+                )
+                .raise_for_status()
+                .json()
+            )
             return reply["choices"][0]["token_ids"], reply.get("policy"), reply["model_version"]
 
         alone = {role: ask(role) for role in ("writer", "rewriter", "checker", None)}
@@ -152,8 +183,10 @@ def test_an_update_changes_only_its_policys_adapter_and_checkpoints_keep_both(tm
     for name in ("writer", "rewriter"):
         restored = _adapter(fresh.model, name)
         assert all(torch.equal(restored[key], saved[name][key]) for key in restored), name
-        assert fresh.trainers[name].optimizer.state_dict()["state"].keys() == \
-            policies.trainers[name].optimizer.state_dict()["state"].keys()
+        assert (
+            fresh.trainers[name].optimizer.state_dict()["state"].keys()
+            == policies.trainers[name].optimizer.state_dict()["state"].keys()
+        )
 
 
 def test_train_two_policies_through_the_proxy_with_per_policy_versions_and_resume(tmp_path):
@@ -166,8 +199,17 @@ def test_train_two_policies_through_the_proxy_with_per_policy_versions_and_resum
     model, tokenizer = tiny_model(seed=1)
     tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(4)]
     options = dict(
-        model=model, tokenizer=tokenizer, group_size=4, tasks_per_step=2, learning_rate=5e-2, micro_batch_size=4,
-        max_completion_length=6, output_dir=tmp_path / "run", nworkers=2, progress=False, save_model=False,
+        model=model,
+        tokenizer=tokenizer,
+        group_size=4,
+        tasks_per_step=2,
+        learning_rate=5e-2,
+        micro_batch_size=4,
+        max_completion_length=6,
+        output_dir=tmp_path / "run",
+        nworkers=2,
+        progress=False,
+        save_model=False,
         policies={"writer": Policy(lora=LORA), "rewriter": Policy(lora=LORA, credit=flat_credit), "checker": None},
     )
     result = agl.train(writer_rewriter_agent, tasks, max_steps=2, **options)
@@ -191,22 +233,24 @@ def test_train_two_policies_through_the_proxy_with_per_policy_versions_and_resum
         step_two = [rollout for rollout in step_two if rollout.group_id.startswith("step1")]
         assert len(step_two) == 8
         for rollout in step_two:
-            served = {call.role: (call.metadata.get("policy"), call.metadata.get("model_version"))
-                      for call in rollout.llm_calls}
+            served = {
+                call.role: (call.metadata.get("policy"), call.metadata.get("model_version"))
+                for call in rollout.llm_calls
+            }
             assert served == {"writer": ("writer", "v1"), "rewriter": ("rewriter", "v0"), "checker": (None, "base")}
             assert all(call.token_source == "server" for call in rollout.llm_calls)
     finally:
         store.close()
 
     model, tokenizer = tiny_model(seed=1)
-    resumed = agl.train(writer_rewriter_agent, tasks, max_steps=3, resume=True,
-                        **{**options, "model": model, "tokenizer": tokenizer})
+    resumed = agl.train(
+        writer_rewriter_agent, tasks, max_steps=3, resume=True, **{**options, "model": model, "tokenizer": tokenizer}
+    )
     last = resumed.history[-1]
     assert last["step"] == 3 and last["model_version"] == "rewriter@v0,writer@v2"  # served the restored adapters
     assert last["policy/writer/model_version"] == "v3" and resumed.model_version == "rewriter@v0,writer@v3"
     restored_rewriter = _adapter(resumed.model, "rewriter")
     assert all(torch.equal(restored_rewriter[key], rewriter[key]) for key in rewriter)
-
 
 
 def _perturb(model, names: tuple[str, ...] = ("writer", "rewriter"), std: float = 0.3) -> None:
@@ -219,13 +263,13 @@ def _perturb(model, names: tuple[str, ...] = ("writer", "rewriter"), std: float 
 def test_vllm_backend_loads_each_policys_adapter_by_name(tmp_path):
     """VLLMBackend's multi-LoRA sync against a stand-in for vLLM's LoRA endpoints (``/v1/load_lora_adapter`` and
     ``/v1/unload_lora_adapter``); the real server is driven by the next test where .venv-vllm exists."""
+    from agentlightning.trainers.vllm_backend import VLLMBackend
     from safetensors.torch import load_file
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
     from agentlightning._uvicorn import BackgroundServer
-    from agentlightning.trainers.vllm_backend import VLLMBackend
 
     requests: list[tuple[str, dict]] = []
     files: dict[str, dict[str, torch.Tensor]] = {}
@@ -240,13 +284,19 @@ def test_vllm_backend_loads_each_policys_adapter_by_name(tmp_path):
             files[body["lora_name"]] = load_file(f"{body['lora_path']}/adapter_model.safetensors")
         return JSONResponse({})
 
-    app = Starlette(routes=[Route("/v1/models", models), Route("/v1/load_lora_adapter", lora, methods=["POST"]),
-                            Route("/v1/unload_lora_adapter", lora, methods=["POST"])])
+    app = Starlette(
+        routes=[
+            Route("/v1/models", models),
+            Route("/v1/load_lora_adapter", lora, methods=["POST"]),
+            Route("/v1/unload_lora_adapter", lora, methods=["POST"]),
+        ]
+    )
     policies, _ = _policy_set(tmp_path)
     _perturb(policies.model)
     server = BackgroundServer(app, "127.0.0.1", 0, name="vllm-stand-in").start()
-    backend = VLLMBackend(url=f"http://127.0.0.1:{server.port}", policy=policies.model, sync="lora",
-                          policies=policies.policies)
+    backend = VLLMBackend(
+        url=f"http://127.0.0.1:{server.port}", policy=policies.model, sync="lora", policies=policies.policies
+    )
     try:
         backend.start()
         for name in ("writer", "rewriter"):
@@ -276,9 +326,8 @@ def test_vllm_backend_loads_each_policys_adapter_by_name(tmp_path):
 
 def test_vllm_serves_two_policies_as_lora_adapters_at_once(served, tmp_path):
     """Where .venv-vllm exists: two adapters hot-loaded by name into one vLLM server, each matching the trainer."""
-    from peft import LoraConfig, get_peft_model
-
     from agentlightning.trainers.vllm_backend import VLLMBackend
+    from peft import LoraConfig, get_peft_model
 
     server, model, tokenizer = served
     import copy
@@ -288,8 +337,14 @@ def test_vllm_serves_two_policies_as_lora_adapters_at_once(served, tmp_path):
     peft_model.add_adapter("rewriter", config)
     _perturb(peft_model)
     question = [{"role": "user", "content": "What is 1 + 2?"}]
-    backend = VLLMBackend(url=server.url, policy=peft_model, tokenizer=tokenizer, sync="lora", check_messages=question,
-                          policies=PolicyMap.parse({"writer": True, "rewriter": True})).start()
+    backend = VLLMBackend(
+        url=server.url,
+        policy=peft_model,
+        tokenizer=tokenizer,
+        sync="lora",
+        check_messages=question,
+        policies=PolicyMap.parse({"writer": True, "rewriter": True}),
+    ).start()
     try:
         gaps, answers = {}, {}
         for name in ("writer", "rewriter"):
@@ -314,10 +369,18 @@ def test_proxy_routes_each_role_by_header_base_url_or_model_name(tmp_path):
     from agentlightning.server import LightningServer, Route
     from agentlightning.testing import MockLLMServer
 
-    with MockLLMServer() as mock, LightningServer(tmp_path / "store.db", upstream_url=mock.base_url,
-                                                  model_name="base", model_version="b0") as server:
-        server.set_upstream(mock.base_url, "base", "b0", routes=[
-            Route(("writer",), "adapter-writer", "v3", "writer"), Route(("check*",), "base", "base", None)])
+    with (
+        MockLLMServer() as mock,
+        LightningServer(
+            tmp_path / "store.db", upstream_url=mock.base_url, model_name="base", model_version="b0"
+        ) as server,
+    ):
+        server.set_upstream(
+            mock.base_url,
+            "base",
+            "b0",
+            routes=[Route(("writer",), "adapter-writer", "v3", "writer"), Route(("check*",), "base", "base", None)],
+        )
         [rid] = server.enqueue([{"q": "x"}])
         server.store.dequeue("test-worker", 30.0)
 
@@ -337,9 +400,18 @@ def test_proxy_routes_each_role_by_header_base_url_or_model_name(tmp_path):
 
         agl.run(agent, [{"q": "x"}], llm=agl.LLM(base_url=f"{server.url}/rollouts/{rid}/v1", model="base"))
         assert [request.model for request in mock.requests] == [
-            "adapter-writer", "adapter-writer", "base", "adapter-writer", "base"]
-        seen = [(call.role, call.metadata.get("policy"), call.metadata.get("model_version"))
-                for call in server.store.proxy_calls(rid)]
-        assert seen == [("writer", "writer", "v3")] * 2 + [("checker", None, "base"), ("writer", "writer", "v3"),
-                                                           (None, None, "b0")]
-
+            "adapter-writer",
+            "adapter-writer",
+            "base",
+            "adapter-writer",
+            "base",
+        ]
+        seen = [
+            (call.role, call.metadata.get("policy"), call.metadata.get("model_version"))
+            for call in server.store.proxy_calls(rid)
+        ]
+        assert seen == [("writer", "writer", "v3")] * 2 + [
+            ("checker", None, "base"),
+            ("writer", "writer", "v3"),
+            (None, None, "b0"),
+        ]

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import openai
 import pytest
+from agentlightning.trainers.config import TrainConfig, VLLMOptions, load_config
 
 from agentlightning._cli import main
 from agentlightning.server import LightningServer
 from agentlightning.testing import MockLLMServer
-from agentlightning.trainers.config import TrainConfig, VLLMOptions, load_config
 
 
 def test_vllm_options_group_and_backend_choice() -> None:
@@ -31,8 +31,10 @@ def test_vllm_options_group_and_backend_choice() -> None:
 
 def test_config_file_then_set_pairs(tmp_path: Path) -> None:
     (tmp_path / "train.json").write_text(json.dumps({"group_size": 4, "lora": True, "vllm": {"sync": "lora"}}))
-    config = load_config(tmp_path / "train.json", ["group_size=8", "model=smollm2", "vllm.dtype=float32",
-                                                   'report_to=["tensorboard"]', "learning_rate=1e-4"])
+    config = load_config(
+        tmp_path / "train.json",
+        ["group_size=8", "model=smollm2", "vllm.dtype=float32", 'report_to=["tensorboard"]', "learning_rate=1e-4"],
+    )
     assert (config.group_size, config.model, config.lora, config.learning_rate) == (8, "smollm2", True, 1e-4)
     assert (config.vllm.sync, config.vllm.dtype) == ("lora", "float32") and config.report_to == ("tensorboard",)
     pytest.importorskip("yaml")
@@ -73,13 +75,38 @@ def test_agl_train_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     pytest.importorskip("trl")
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"id": f"t{i}", "question": f"{i} + {i}?"}) + "\n" for i in range(3)))
-    (tmp_path / "train.json").write_text(json.dumps({
-        "model": str(_tiny_model_dir(tmp_path / "model")), "group_size": 2, "tasks_per_step": 2, "max_steps": 1,
-        "micro_batch_size": 2, "max_completion_length": 6, "use_server": False, "progress": False,
-    }))
-    code = main(["train", "train_agents:echo_length_agent", "--dataset", str(tasks), "--val-dataset", str(tasks),
-                 "--config", str(tmp_path / "train.json"), "--set", f"output_dir={tmp_path / 'run'}",
-                 "--set", "save_model=false", "--set", "learning_rate=1e-2"])
+    (tmp_path / "train.json").write_text(
+        json.dumps(
+            {
+                "model": str(_tiny_model_dir(tmp_path / "model")),
+                "group_size": 2,
+                "tasks_per_step": 2,
+                "max_steps": 1,
+                "micro_batch_size": 2,
+                "max_completion_length": 6,
+                "use_server": False,
+                "progress": False,
+            }
+        )
+    )
+    code = main(
+        [
+            "train",
+            "train_agents:echo_length_agent",
+            "--dataset",
+            str(tasks),
+            "--val-dataset",
+            str(tasks),
+            "--config",
+            str(tmp_path / "train.json"),
+            "--set",
+            f"output_dir={tmp_path / 'run'}",
+            "--set",
+            "save_model=false",
+            "--set",
+            "learning_rate=1e-2",
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "trained 1 steps" in out and "held-out reward" in out
@@ -89,16 +116,32 @@ def test_agl_train_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 @pytest.mark.slow
 def test_report_to_tensorboard_writes_event_files(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard", reason="the [tensorboard] extra (tensorboard==2.21.0), which cannot share a venv with [autogen]")
-    import agentlightning as agl
+    pytest.importorskip(
+        "tensorboard", reason="the [tensorboard] extra (tensorboard==2.21.0), which cannot share a venv with [autogen]"
+    )
     from agentlightning.trainers.models import tiny_model
     from train_agents import echo_length_agent
 
+    import agentlightning as agl
+
     model, tokenizer = tiny_model(seed=4)
     tasks = [{"id": f"t{i}", "question": f"{i} + {i}?"} for i in range(2)]
-    agl.train(echo_length_agent, tasks, model=model, tokenizer=tokenizer, group_size=2, tasks_per_step=2,
-              max_steps=1, micro_batch_size=2, max_completion_length=6, use_server=False, progress=False,
-              save_model=False, output_dir=tmp_path / "run", report_to=["tensorboard"])
+    agl.train(
+        echo_length_agent,
+        tasks,
+        model=model,
+        tokenizer=tokenizer,
+        group_size=2,
+        tasks_per_step=2,
+        max_steps=1,
+        micro_batch_size=2,
+        max_completion_length=6,
+        use_server=False,
+        progress=False,
+        save_model=False,
+        output_dir=tmp_path / "run",
+        report_to=["tensorboard"],
+    )
     events = list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
     assert events and events[0].stat().st_size > 0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -106,5 +149,3 @@ def test_report_to_tensorboard_writes_event_files(tmp_path: Path) -> None:
     accumulator = EventAccumulator(str(events[0].parent))
     accumulator.Reload()
     assert "reward" in accumulator.Tags()["scalars"]
-
-

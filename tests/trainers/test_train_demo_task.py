@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 import agentlightning as agl
-from examples.demo.__main__ import split_problems
-from examples.demo.task import (calculate, calculator_agent, interleave_kinds, make_problems, score,
-                               uses_problem_numbers)
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
+from examples.demo.__main__ import split_problems
+from examples.demo.task import calculate, calculator_agent, interleave_kinds, make_problems, score, uses_problem_numbers
 
 
 def test_problems_are_deterministic_and_the_held_out_split_is_disjoint():
@@ -70,13 +69,29 @@ def test_agent_scores_what_the_model_did(reply, reward):
 def test_steps_are_printed_with_their_times_and_the_time_to_the_target(capsys):
     from examples.demo.__main__ import print_steps, time_to_accuracy
 
-    history = [{"step": 0, "elapsed_seconds": 30.0, "val/accuracy": 0.2, "val/reward": 0.25},
-               {"step": 1, "elapsed_seconds": 45.0, "step_seconds": 15.0, "reward": 0.4},
-               {"step": 2, "elapsed_seconds": 66.0, "step_seconds": 15.0, "reward": 0.6, "val/accuracy": 0.875,
-                "val/reward": 0.9, "val_seconds": 6.0},
-               {"step": 3, "elapsed_seconds": 87.0, "step_seconds": 15.0, "reward": 0.8, "val/accuracy": 0.917,
-                "val/reward": 0.93, "val_seconds": 6.0},
-               {"step": 4, "elapsed_seconds": 88.0, "reward": 1.0, "skipped_update": 1}]
+    history = [
+        {"step": 0, "elapsed_seconds": 30.0, "val/accuracy": 0.2, "val/reward": 0.25},
+        {"step": 1, "elapsed_seconds": 45.0, "step_seconds": 15.0, "reward": 0.4},
+        {
+            "step": 2,
+            "elapsed_seconds": 66.0,
+            "step_seconds": 15.0,
+            "reward": 0.6,
+            "val/accuracy": 0.875,
+            "val/reward": 0.9,
+            "val_seconds": 6.0,
+        },
+        {
+            "step": 3,
+            "elapsed_seconds": 87.0,
+            "step_seconds": 15.0,
+            "reward": 0.8,
+            "val/accuracy": 0.917,
+            "val/reward": 0.93,
+            "val_seconds": 6.0,
+        },
+        {"step": 4, "elapsed_seconds": 88.0, "reward": 1.0, "skipped_update": 1},
+    ]
     assert time_to_accuracy(history, 0.9) == (3, 45.0, 57.0)  # 57 s, of which 12 s held-out evaluations
     assert time_to_accuracy(history, 0.95) is None
     print_steps(history, 0.9)

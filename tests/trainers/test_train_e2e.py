@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from agentlightning.trainers.models import tiny_model
 from train_agents import echo_length_agent, task_reward_agent
 
 import agentlightning as agl
 from agentlightning.server import SQLiteStore
-from agentlightning.trainers.models import tiny_model
 
 
 def test_train_updates_weights_and_serves_the_new_version(tmp_path):
@@ -17,9 +17,22 @@ def test_train_updates_weights_and_serves_the_new_version(tmp_path):
     tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(4)]
 
     result = agl.train(
-        echo_length_agent, tasks, model=model, tokenizer=tokenizer, group_size=4, tasks_per_step=2, max_steps=2,
-        learning_rate=1e-2, micro_batch_size=4, max_completion_length=8, output_dir=tmp_path / "run",
-        nworkers=2, progress=False, save_model=False, val_dataset=tasks[:2], val_every=0,
+        echo_length_agent,
+        tasks,
+        model=model,
+        tokenizer=tokenizer,
+        group_size=4,
+        tasks_per_step=2,
+        max_steps=2,
+        learning_rate=1e-2,
+        micro_batch_size=4,
+        max_completion_length=8,
+        output_dir=tmp_path / "run",
+        nworkers=2,
+        progress=False,
+        save_model=False,
+        val_dataset=tasks[:2],
+        val_every=0,
     )
 
     start, first, second = result.history
@@ -36,7 +49,9 @@ def test_train_updates_weights_and_serves_the_new_version(tmp_path):
     store = SQLiteStore(tmp_path / "run" / "store.db")
     try:
         rollouts = store.list_rollouts()
-        step_two = [r for r in (store.get_rollout(info.rollout_id) for info in rollouts) if r.group_id.startswith("step1")]
+        step_two = [
+            r for r in (store.get_rollout(info.rollout_id) for info in rollouts) if r.group_id.startswith("step1")
+        ]
         assert len(step_two) == 8
         for rollout in step_two:
             (call,) = rollout.llm_calls
@@ -56,9 +71,21 @@ def test_groups_that_tie_are_trained_on_only_under_a_batch_baseline(tmp_path, al
     model, tokenizer = tiny_model(seed=1)
     tasks = [{"id": "t0", "question": "a?", "reward": 0.0}, {"id": "t1", "question": "b?", "reward": 1.0}]
     result = agl.train(
-        task_reward_agent, tasks, model=model, tokenizer=tokenizer, algorithm=algorithm, group_size=2,
-        tasks_per_step=2, max_steps=1, learning_rate=1e-2, micro_batch_size=4, max_completion_length=4,
-        output_dir=tmp_path / "run", nworkers=2, progress=False, save_model=False,
+        task_reward_agent,
+        tasks,
+        model=model,
+        tokenizer=tokenizer,
+        algorithm=algorithm,
+        group_size=2,
+        tasks_per_step=2,
+        max_steps=1,
+        learning_rate=1e-2,
+        micro_batch_size=4,
+        max_completion_length=4,
+        output_dir=tmp_path / "run",
+        nworkers=2,
+        progress=False,
+        save_model=False,
     )
     (step,) = [row for row in result.history if row["step"] == 1]
     if algorithm == "grpo":
@@ -72,9 +99,20 @@ def test_shuffle_dataset_false_takes_the_tasks_in_the_dataset_order_epoch_after_
     model, tokenizer = tiny_model(seed=1)
     tasks = [{"id": f"t{i}", "question": f"{i}?", "reward": 0.0} for i in range(3)]
     agl.train(
-        task_reward_agent, tasks, model=model, tokenizer=tokenizer, shuffle_dataset=False, group_size=2,
-        tasks_per_step=2, max_steps=3, micro_batch_size=4, max_completion_length=4, output_dir=tmp_path / "run",
-        nworkers=2, progress=False, save_model=False,
+        task_reward_agent,
+        tasks,
+        model=model,
+        tokenizer=tokenizer,
+        shuffle_dataset=False,
+        group_size=2,
+        tasks_per_step=2,
+        max_steps=3,
+        micro_batch_size=4,
+        max_completion_length=4,
+        output_dir=tmp_path / "run",
+        nworkers=2,
+        progress=False,
+        save_model=False,
     )
     store = SQLiteStore(tmp_path / "run" / "store.db")
     try:

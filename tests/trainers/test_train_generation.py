@@ -6,7 +6,6 @@ import threading
 import time
 
 import torch
-
 from agentlightning.trainers.generation import GenerationEngine, SamplingParams, training_mode_matters
 from agentlightning.trainers.models import tiny_model
 
@@ -14,8 +13,14 @@ SYSTEM = "You are a helpful assistant. Use the calculator tool to compute 12 * 5
 
 
 def _prompts(tokenizer, questions: list[str]) -> list[list[int]]:
-    texts = [tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
-                                           tokenize=False, add_generation_prompt=True) for q in questions]
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for q in questions
+    ]
     return [tokenizer.encode(text, add_special_tokens=False) for text in texts]
 
 
@@ -47,8 +52,10 @@ def test_rows_join_a_running_batch_and_keep_exact_token_ids_and_logprobs():
         long_row = engine.submit(first, SamplingParams(max_tokens=300, temperature=0.7, seed=1))
         _wait_for(lambda: engine.batches_run == 1)
         # One seeded row, one drawn with the other unseeded rows of the batch.
-        joined = [engine.submit(p, SamplingParams(max_tokens=12, temperature=0.7, seed=2 if i else None))
-                  for i, p in enumerate(later)]
+        joined = [
+            engine.submit(p, SamplingParams(max_tokens=12, temperature=0.7, seed=2 if i else None))
+            for i, p in enumerate(later)
+        ]
         greedy_joined = engine.submit(later[0], SamplingParams(max_tokens=12, temperature=0))
         samples = [future.result(timeout=60) for future in joined + [greedy_joined]]
         assert not long_row.done()  # the short rows were answered while the long one kept decoding
@@ -60,8 +67,9 @@ def test_rows_join_a_running_batch_and_keep_exact_token_ids_and_logprobs():
     assert len(long_sample.token_ids) == 300 and all(len(s.token_ids) == 12 for s in samples)
     # What was recorded is what the model gives those tokens, however the batch was made up.
     for prompt, sample in zip([first, *later], [long_sample, *samples[:2]], strict=True):
-        assert torch.allclose(_recomputed(model, prompt, sample.token_ids, 0.7), torch.tensor(sample.logprobs),
-                              atol=1e-4)
+        assert torch.allclose(
+            _recomputed(model, prompt, sample.token_ids, 0.7), torch.tensor(sample.logprobs), atol=1e-4
+        )
     assert samples[2].token_ids == alone.token_ids
     assert torch.allclose(torch.tensor(samples[2].logprobs), torch.tensor(alone.logprobs), atol=1e-4)
 
@@ -164,8 +172,9 @@ def test_a_model_without_dropout_decodes_in_the_mode_it_is_in_so_an_update_besid
     model.eval()  # the same tokens and logprobs as decoding in eval mode
     again = _engine(model, tokenizer)
     try:
-        assert again.submit(prompt, SamplingParams(max_tokens=4, temperature=0.0)).result(60).token_ids == \
-            sample.token_ids
+        assert (
+            again.submit(prompt, SamplingParams(max_tokens=4, temperature=0.0)).result(60).token_ids == sample.token_ids
+        )
     finally:
         again.stop()
 

@@ -4,24 +4,39 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from agentlightning.trainers.batch import pack
 from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
 from agentlightning.trainers.models import tiny_model
+
 from agentlightning.types import Transition
 
 
-def _row(rollout: str, prompt: list[int], completion: list[int], advantage: float, weight: float = 1.0,
-         logprobs: list[float] | None = None) -> Transition:
-    return Transition(rollout_id=rollout, group_id="g", index=0, prompt_token_ids=prompt,
-                      completion_token_ids=completion, advantage=advantage, weight=weight,
-                      completion_logprobs=logprobs)
+def _row(
+    rollout: str,
+    prompt: list[int],
+    completion: list[int],
+    advantage: float,
+    weight: float = 1.0,
+    logprobs: list[float] | None = None,
+) -> Transition:
+    return Transition(
+        rollout_id=rollout,
+        group_id="g",
+        index=0,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        advantage=advantage,
+        weight=weight,
+        completion_logprobs=logprobs,
+    )
 
 
 def _trainer(tmp_path, micro: int, **overrides) -> LightningGRPOTrainer:
     model, tokenizer = tiny_model(seed=5)
     settings = {"learning_rate": 0.5, "optim": "sgd", "max_grad_norm": 0.0, **overrides}
-    return LightningGRPOTrainer(model, grpo_config(str(tmp_path / "trl"), micro_batch_size=micro, **settings), tokenizer)
+    return LightningGRPOTrainer(
+        model, grpo_config(str(tmp_path / "trl"), micro_batch_size=micro, **settings), tokenizer
+    )
 
 
 def _delta(trainer: LightningGRPOTrainer, batch) -> dict[str, torch.Tensor]:
@@ -36,7 +51,10 @@ def test_row_weights_and_micro_batches_give_the_weighted_objective(tmp_path):
     b = _row("r2", [11, 12], [13, 14], advantage=-1.0)
     c = _row("r3", [15], [16, 17, 18, 19], advantage=0.5)
     plain = pack([a, b, c], pad_token_id=0)
-    half = [b.model_copy(update={"weight": 0.5, "rollout_id": "r2a"}), b.model_copy(update={"weight": 0.5, "rollout_id": "r2b"})]
+    half = [
+        b.model_copy(update={"weight": 0.5, "rollout_id": "r2a"}),
+        b.model_copy(update={"weight": 0.5, "rollout_id": "r2b"}),
+    ]
     # grpo loss = sum_b w_b * mean_tokens(loss_b) / sum_b w_b: rescale so both batches have the same total weight
     split = pack([a.model_copy(update={"weight": 1.0}), *half, c], pad_token_id=0)
     one = _delta(_trainer(tmp_path / "one", micro=8), plain)
@@ -65,8 +83,13 @@ def test_sampler_logprobs_from_the_same_weights_give_ratio_one(tmp_path):
     with torch.no_grad():
         logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1] / 0.7
     logprobs = torch.log_softmax(logits, -1).gather(1, torch.tensor(completion)[:, None]).squeeze(1).tolist()
-    batch = pack([_row("r1", prompt, completion, 1.0, logprobs=logprobs),
-                  _row("r2", prompt, completion, -1.0, logprobs=logprobs)], pad_token_id=0)
+    batch = pack(
+        [
+            _row("r1", prompt, completion, 1.0, logprobs=logprobs),
+            _row("r2", prompt, completion, -1.0, logprobs=logprobs),
+        ],
+        pad_token_id=0,
+    )
     inputs = trainer._generate_and_score_completions(batch)
     ratio = inputs["importance_sampling_ratio"]
     assert torch.allclose(ratio * batch.completion_mask, batch.completion_mask.float(), atol=1e-3)
@@ -81,8 +104,12 @@ def test_lora_with_kl_penalty_trains_only_the_adapter(tmp_path):
 
     model, tokenizer = tiny_model(seed=6)
     config = grpo_config(str(tmp_path / "trl"), micro_batch_size=2, learning_rate=0.05, beta=0.1)
-    trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    trainer = LightningGRPOTrainer(
+        model,
+        config,
+        tokenizer,
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+    )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     batch = pack([_row("r1", [5, 6], [7, 8, 9], 1.0), _row("r2", [5, 6], [10, 11], -1.0)], pad_token_id=0)
     metrics = trainer.step(batch)
@@ -106,18 +133,31 @@ def test_bad_batches_are_rejected_with_a_reason(tmp_path):
 def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tmp_path):
     """Rows sharing a long prompt prefix (left-padded prompts of different lengths, right-padded completions):
     the prefix-sharing forward gives TRL's per-token log-probabilities, entropies and LoRA gradients."""
+    from agentlightning.trainers.grpo import _shared_prompt_prefix
     from peft import LoraConfig
     from trl import GRPOTrainer
 
-    from agentlightning.trainers.grpo import _shared_prompt_prefix
-
     model, tokenizer = tiny_model(seed=7)
     config = grpo_config(str(tmp_path / "trl"), micro_batch_size=4, learning_rate=0.05, temperature=0.7)
-    trainer = LightningGRPOTrainer(model, config, tokenizer, peft_config=LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"], task_type="CAUSAL_LM", init_lora_weights=False))
+    trainer = LightningGRPOTrainer(
+        model,
+        config,
+        tokenizer,
+        peft_config=LoraConfig(
+            r=4,
+            lora_alpha=8,
+            target_modules=["q_proj", "v_proj", "up_proj"],
+            task_type="CAUSAL_LM",
+            init_lora_weights=False,
+        ),
+    )
     prefix = [(7 * i) % 300 + 5 for i in range(40)]
-    rows = [_row(f"r{i}", prefix + suffix, completion, 1.0) for i, (suffix, completion) in enumerate(
-        [([11, 12], [13, 14, 15]), ([21, 22, 23, 24], [25]), ([31], [32, 33, 34, 35]), ([41, 42, 43], [44, 45])])]
+    rows = [
+        _row(f"r{i}", prefix + suffix, completion, 1.0)
+        for i, (suffix, completion) in enumerate(
+            [([11, 12], [13, 14, 15]), ([21, 22, 23, 24], [25]), ([31], [32, 33, 34, 35]), ([41, 42, 43], [44, 45])]
+        )
+    ]
     batch = pack(rows, pad_token_id=0)
     ids = torch.cat([batch.prompt_ids, batch.completion_ids], 1)
     mask = torch.cat([batch.prompt_mask, batch.completion_mask], 1)
@@ -125,7 +165,10 @@ def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tmp
     assert _shared_prompt_prefix(ids, mask, ids.size(1) - keep) == 40
     trainer.model.train()
     results = []
-    for method in (LightningGRPOTrainer._get_per_token_logps_and_entropies, GRPOTrainer._get_per_token_logps_and_entropies):
+    for method in (
+        LightningGRPOTrainer._get_per_token_logps_and_entropies,
+        GRPOTrainer._get_per_token_logps_and_entropies,
+    ):
         trainer.model.zero_grad()
         logps, entropies, _ = method(trainer, trainer.model, ids, mask, keep, compute_entropy=True)
         ((logps * batch.completion_mask).sum() + (entropies * batch.completion_mask).sum()).backward()

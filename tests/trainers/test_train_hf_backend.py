@@ -8,12 +8,17 @@ import json
 import openai
 import pytest
 import torch
-
 from agentlightning.trainers.hf_backend import HFBackendServer
 from agentlightning.trainers.models import tiny_model
 
-TOOL = {"type": "function", "function": {"name": "calculator", "description": "Compute",
-                                         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Compute",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +35,13 @@ def _client(server: HFBackendServer) -> openai.OpenAI:
 def test_chat_returns_exact_token_ids_logprobs_and_version(served):
     server, model, tokenizer = served
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 3 + 4?"}]
-    reply = _client(server).chat.completions.create(
-        model="policy", messages=messages, tools=[TOOL], max_tokens=6, temperature=0.7, seed=1, logprobs=True
-    ).model_dump()
+    reply = (
+        _client(server)
+        .chat.completions.create(
+            model="policy", messages=messages, tools=[TOOL], max_tokens=6, temperature=0.7, seed=1, logprobs=True
+        )
+        .model_dump()
+    )
     expected_prompt = tokenizer.encode(
         tokenizer.apply_chat_template(messages, tools=[TOOL], tokenize=False, add_generation_prompt=True),
         add_special_tokens=False,
@@ -66,10 +75,14 @@ def test_concurrent_requests_are_batched(served):
     client = _client(server)
     batches_before, rows_before = server.engine.batches_run, server.engine.rows_run
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        replies = list(pool.map(
-            lambda i: client.chat.completions.create(
-                model="policy", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=4, temperature=0
-            ), range(8)))
+        replies = list(
+            pool.map(
+                lambda i: client.chat.completions.create(
+                    model="policy", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=4, temperature=0
+                ),
+                range(8),
+            )
+        )
     assert len(replies) == 8
     assert server.engine.rows_run - rows_before == 8
     assert server.engine.batches_run - batches_before < 8
@@ -89,9 +102,11 @@ def test_batched_greedy_equals_single_greedy(served):
 
 def test_stream_carries_token_ids(served):
     server, _, _ = served
-    chunks = list(_client(server).chat.completions.create(
-        model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True, temperature=0
-    ))
+    chunks = list(
+        _client(server).chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True, temperature=0
+        )
+    )
     dumped = [chunk.model_dump() for chunk in chunks]
     assert dumped[0]["prompt_token_ids"]
     ids = [i for chunk in dumped for choice in chunk["choices"] for i in (choice.get("token_ids") or [])]
@@ -120,14 +135,21 @@ def test_sampling_overrides_and_version_change(served):
     client = _client(server)
     server.sampling_overrides = {"temperature": 0.0}
     try:
-        first = [client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
-                                                temperature=1.5).model_dump()["choices"][0]["token_ids"] for _ in range(2)]
+        first = [
+            client.chat.completions.create(
+                model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=5, temperature=1.5
+            ).model_dump()["choices"][0]["token_ids"]
+            for _ in range(2)
+        ]
         assert first[0] == first[1]  # temperature forced to greedy
         with server.updating("v8"):
             pass
-        assert client.chat.completions.create(
-            model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=2
-        ).model_dump()["model_version"] == "v8"
+        assert (
+            client.chat.completions.create(
+                model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+            ).model_dump()["model_version"]
+            == "v8"
+        )
     finally:
         server.sampling_overrides = {}
         with server.updating("v7"):
@@ -137,7 +159,9 @@ def test_sampling_overrides_and_version_change(served):
 def test_tool_calls_are_parsed_from_generated_text():
     from agentlightning.trainers.tool_calls import parse_tool_calls
 
-    content, calls = parse_tool_calls('Sure. <tool_call>{"name": "calculator", "arguments": {"expression": "1+2"}}</tool_call>')
+    content, calls = parse_tool_calls(
+        'Sure. <tool_call>{"name": "calculator", "arguments": {"expression": "1+2"}}</tool_call>'
+    )
     assert content == "Sure."
     assert calls[0]["function"]["name"] == "calculator"
     assert json.loads(calls[0]["function"]["arguments"]) == {"expression": "1+2"}
@@ -152,9 +176,14 @@ def test_shared_prompt_prefix_is_computed_once_with_identical_results():
 
     model, tokenizer = tiny_model(seed=8)
     system = "You are a helpful assistant. Use the calculator tool to compute 12 * 5 - 8 / 2. " * 2
-    prompts = [tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": q}],
-                                             tokenize=False, add_generation_prompt=True)
-               for q in ("What is 3 + 4?", "Tom has 5 apples", "hi")]
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": q}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for q in ("What is 3 + 4?", "Tom has 5 apples", "hi")
+    ]
     ids = [tokenizer.encode(text, add_special_tokens=False) for text in prompts]
     assert _shared_prefix(ids) >= 32
     results = {}

@@ -8,12 +8,12 @@ import socket
 import threading
 
 import pytest
+from agentlightning.trainers.models import tiny_model
+from agentlightning.trainers.serve import serve_training
 from train_agents import echo_length_agent
 
 import agentlightning as agl
 from agentlightning._cli import add_server_arguments, server_from_args
-from agentlightning.trainers.serve import serve_training
-from agentlightning.trainers.models import tiny_model
 
 
 def _free_port() -> int:
@@ -30,13 +30,29 @@ def test_server_with_model_trains_on_client_rollouts(tmp_path, staleness):
     port = _free_port()
     parser = argparse.ArgumentParser()
     add_server_arguments(parser)
-    args = parser.parse_args(["--port", str(port), "--store", str(tmp_path / "store.db"),
-                              "--model", str(tmp_path / "tiny")])
-    trainer_options = ["--max-steps", "2", "--group-size", "2", "--tasks-per-step", "2", "--learning-rate", "0.01",
-                       "--max-completion-length", "6", "--output-dir", str(tmp_path / "out"),
-                       "--set", f"max_staleness={staleness}"]
+    args = parser.parse_args(
+        ["--port", str(port), "--store", str(tmp_path / "store.db"), "--model", str(tmp_path / "tiny")]
+    )
+    trainer_options = [
+        "--max-steps",
+        "2",
+        "--group-size",
+        "2",
+        "--tasks-per-step",
+        "2",
+        "--learning-rate",
+        "0.01",
+        "--max-completion-length",
+        "6",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--set",
+        f"max_staleness={staleness}",
+    ]
     outcome: dict[str, int] = {}
-    server = threading.Thread(target=lambda: outcome.update(code=serve_training(server_from_args(args), args, trainer_options)), daemon=True)
+    server = threading.Thread(
+        target=lambda: outcome.update(code=serve_training(server_from_args(args), args, trainer_options)), daemon=True
+    )
     server.start()
 
     tasks = [{"id": f"t{i}", "question": f"{i} * 2?"} for i in range(3)]

@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
+from agentlightning.trainers.checkpoint import latest_checkpoint
+from agentlightning.trainers.models import ModelLoadError, load_model, smollm2_gguf_path, tiny_model
 from train_agents import echo_length_agent
 
 import agentlightning as agl
-from agentlightning.trainers.checkpoint import latest_checkpoint
-from agentlightning.trainers.models import ModelLoadError, load_model, smollm2_gguf_path, tiny_model
 
 
 def test_tiny_model_chat_template_renders_tools_and_tool_turns():
@@ -18,8 +18,17 @@ def test_tiny_model_chat_template_renders_tools_and_tool_turns():
     tool = {"type": "function", "function": {"name": "calculator", "parameters": {}}}
     messages = [
         {"role": "user", "content": "2+2?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2+2"}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": '{"expression": "2+2"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "4"},
     ]
     text = tokenizer.apply_chat_template(messages, tools=[tool], tokenize=False, add_generation_prompt=True)
@@ -42,22 +51,34 @@ def test_unknown_model_name_fails_clearly(tmp_path, monkeypatch):
 
 def test_resume_continues_from_the_latest_checkpoint(tmp_path):
     tasks = [{"id": f"t{i}", "question": f"{i} + {i}?"} for i in range(3)]
-    options = dict(group_size=2, tasks_per_step=2, learning_rate=1e-2, micro_batch_size=2,
-                   max_completion_length=6, output_dir=tmp_path / "run", use_server=False, progress=False,
-                   save_model=False, checkpoint_every=1)
+    options = dict(
+        group_size=2,
+        tasks_per_step=2,
+        learning_rate=1e-2,
+        micro_batch_size=2,
+        max_completion_length=6,
+        output_dir=tmp_path / "run",
+        use_server=False,
+        progress=False,
+        save_model=False,
+        checkpoint_every=1,
+    )
     model, tokenizer = tiny_model(seed=2)
     first = agl.train(echo_length_agent, tasks, model=model, tokenizer=tokenizer, max_steps=2, **options)
     assert latest_checkpoint(tmp_path / "run").name == "step-2"
     saved = {name: value.clone() for name, value in first.model.state_dict().items()}
 
     fresh, tokenizer = tiny_model(seed=99)  # different initial weights: the checkpoint must restore them
-    restored = agl.train(echo_length_agent, tasks, model=fresh, tokenizer=tokenizer, max_steps=2, resume=True, **options)
+    restored = agl.train(
+        echo_length_agent, tasks, model=fresh, tokenizer=tokenizer, max_steps=2, resume=True, **options
+    )
     for name, value in restored.model.state_dict().items():
         assert torch.equal(value, saved[name]), name
     assert restored.model_version == first.model_version
 
-    second = agl.train(echo_length_agent, tasks, model=restored.model, tokenizer=tokenizer, max_steps=3, resume=True,
-                       **options)
+    second = agl.train(
+        echo_length_agent, tasks, model=restored.model, tokenizer=tokenizer, max_steps=3, resume=True, **options
+    )
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
     assert rows[2]["model_version"] == first.model_version

@@ -27,10 +27,23 @@ def test_two_steps_on_vllm_serve_the_new_version_and_report_the_logprob_gap(serv
     tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(4)]
     started = time.perf_counter()
     result = agl.train(
-        reply_length_agent, tasks, model=copy.deepcopy(model), tokenizer=tokenizer, backend="vllm",
-        vllm={"url": backend.url}, lora={"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
-        group_size=4, tasks_per_step=2, max_steps=2, learning_rate=1e-2, micro_batch_size=4,
-        max_completion_length=8, output_dir=tmp_path / "run", nworkers=2, progress=False, save_model=False,
+        reply_length_agent,
+        tasks,
+        model=copy.deepcopy(model),
+        tokenizer=tokenizer,
+        backend="vllm",
+        vllm={"url": backend.url},
+        lora={"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]},
+        group_size=4,
+        tasks_per_step=2,
+        max_steps=2,
+        learning_rate=1e-2,
+        micro_batch_size=4,
+        max_completion_length=8,
+        output_dir=tmp_path / "run",
+        nworkers=2,
+        progress=False,
+        save_model=False,
         val_every=0,
     )
     logger.warning("2-step agl.train on vLLM: %.1f s; rows %s", time.perf_counter() - started, result.history)
@@ -58,4 +71,3 @@ def test_two_steps_on_vllm_serve_the_new_version_and_report_the_logprob_gap(serv
         store.close()
     served_models = {entry["id"] for entry in httpx.get(backend.base_url + "/models").json()["data"]}
     assert served_models == {"policy"}, "the run unloads its adapters when it ends"
-

@@ -29,10 +29,20 @@ logger = logging.getLogger(__name__)
 VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 
 TOLERANCE = 1e-3  # nats; fp32 on both sides, measured gaps are ~1e-6
-TOOLS = [{"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
 QUESTION = [{"role": "user", "content": "What is 1 + 2? Use the calculator tool."}]
 TOOL_CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "1 + 2"}}</tool_call>'
 
@@ -76,11 +86,25 @@ def test_prompt_token_ids_equal_the_trainer_tokenizer(served) -> None:
     conversations = [
         (QUESTION, None),
         (QUESTION, TOOLS),
-        ([{"role": "system", "content": "Be brief."}, *QUESTION,
-          {"role": "assistant", "content": "", "tool_calls": [
-              {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1 + 2"}'}}
-          ]},
-          {"role": "tool", "tool_call_id": "c1", "content": "3"}], TOOLS),
+        (
+            [
+                {"role": "system", "content": "Be brief."},
+                *QUESTION,
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "calculator", "arguments": '{"expression": "1 + 2"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "3"},
+            ],
+            TOOLS,
+        ),
     ]
     for messages, tools in conversations:
         body = {"max_tokens": 4, "temperature": 0, **({"tools": tools} if tools else {})}
@@ -130,8 +154,9 @@ def _sampled_and_base(backend, model) -> tuple[list[float], list[float]]:
 def test_hermes_tool_calls_are_parsed_with_token_ids(served) -> None:
     backend, model, tokenizer = served
     # The random model is steered to the Hermes tool-call text by vLLM's structured outputs (an exact choice).
-    response = backend.chat(QUESTION, tools=TOOLS, max_tokens=60, temperature=0,
-                            structured_outputs={"choice": [TOOL_CALL]})
+    response = backend.chat(
+        QUESTION, tools=TOOLS, max_tokens=60, temperature=0, structured_outputs={"choice": [TOOL_CALL]}
+    )
     choice = response["choices"][0]
     assert choice["finish_reason"] == "tool_calls", choice
     (call,) = choice["message"]["tool_calls"]

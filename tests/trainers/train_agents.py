@@ -37,7 +37,8 @@ def counted_reply_agent(task: dict, llm: agl.LLM) -> float:
     counts its replies per prompt makes a group's rewards distinct and the same whatever order the rollouts run)."""
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
     reply = client.chat.completions.create(
-        model=llm.model, max_tokens=16,
+        model=llm.model,
+        max_tokens=16,
         messages=[{"role": "system", "content": COUNTED_SYSTEM}, {"role": "user", "content": task["question"]}],
     )
     return float((reply.choices[0].message.content or "0").split()[-1]) / 10.0
@@ -61,6 +62,7 @@ def writer_rewriter_agent(task: dict, llm: agl.LLM) -> float:
 def task_reward_agent(task: dict, llm: agl.LLM) -> float:
     """One chat call; the reward is the task's own ``reward``, so every group ties and the groups differ."""
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
-    client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}],
-                                   max_tokens=4)
+    client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=4
+    )
     return task["reward"]

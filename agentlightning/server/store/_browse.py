@@ -16,16 +16,31 @@ from agentlightning.server.store._interface import NotFound
 from agentlightning.types import FINISHED_STATUSES
 
 FAILED = "('failed', 'timeout', 'cancelled')"  # the finished states that are not a success, as SQL
-SORTS = {"created": "seq", "ended": "ended", "reward": "final_reward", "calls": "n_calls", "attempt": "attempt",
-         "duration": "ended - started"}
+SORTS = {
+    "created": "seq",
+    "ended": "ended",
+    "reward": "final_reward",
+    "calls": "n_calls",
+    "attempt": "attempt",
+    "duration": "ended - started",
+}
 COUNT_CAP = 10_000
-_CLAUSES = {"status": "status=?", "task_id": "task_id=?", "group_id": "group_id=?", "model_version": "model_version=?",
-            "reward_min": "final_reward >= ?", "reward_max": "final_reward <= ?", "failed": f"status IN {FAILED}",
-            "retried": "attempt > 1",
-            "role": "EXISTS (SELECT 1 FROM calls c WHERE c.role=? AND c.rollout_id=rollouts.rollout_id)"}
+_CLAUSES = {
+    "status": "status=?",
+    "task_id": "task_id=?",
+    "group_id": "group_id=?",
+    "model_version": "model_version=?",
+    "reward_min": "final_reward >= ?",
+    "reward_max": "final_reward <= ?",
+    "failed": f"status IN {FAILED}",
+    "retried": "attempt > 1",
+    "role": "EXISTS (SELECT 1 FROM calls c WHERE c.role=? AND c.rollout_id=rollouts.rollout_id)",
+}
 TASK_SORTS = {"task": "task_id", "rollouts": "n", "reward": "mean_reward", "last": "last_seq"}
-_ROW = ("rollout_id, task_id, group_id, status, attempt, max_attempts, final_reward, model_version, worker_id, "
-        "n_calls, created, started, ended")
+_ROW = (
+    "rollout_id, task_id, group_id, status, attempt, max_attempts, final_reward, model_version, worker_id, "
+    "n_calls, created, started, ended"
+)
 _TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 
 
@@ -66,8 +81,11 @@ class StoreReader:
 
     def rollouts(self, query: RolloutQuery) -> dict[str, Any]:
         """One page of rollouts matching every filter given in ``query``, and how many match in all."""
-        given = {name: value for name, value in query.model_dump(include=set(_CLAUSES)).items()
-                 if value is not None and value != "" and value is not False}
+        given = {
+            name: value
+            for name, value in query.model_dump(include=set(_CLAUSES)).items()
+            if value is not None and value != "" and value is not False
+        }
         clauses = [_CLAUSES[name] for name in given]
         params = [value for value in given.values() if value is not True]
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
@@ -77,7 +95,9 @@ class StoreReader:
         rows = self._all(
             f"SELECT {_ROW}, json_extract(record, '$.error.type') AS error_type, "
             f"json_extract(record, '$.error.message') AS error FROM rollouts{where} ORDER BY {by} LIMIT ? OFFSET ?",
-            *params, limit, offset,
+            *params,
+            limit,
+            offset,
         )
         # A filtered count stops at COUNT_CAP matches past the page: counting all 100k rollouts of a role would
         # cost more than the page itself. ``more`` says the count was cut.
@@ -95,27 +115,37 @@ class StoreReader:
         record = json.loads(row.pop("record") or "null") or {"task": json.loads(row["task"]), "logs": []}
         row.pop("task")
         bodies = self._all("SELECT body FROM calls WHERE rollout_id=? ORDER BY sequence", rollout_id)
-        proxied = self._all("SELECT attempt, body FROM proxy_calls WHERE rollout_id=? ORDER BY start_time, id",
-                            rollout_id)
+        proxied = self._all(
+            "SELECT attempt, body FROM proxy_calls WHERE rollout_id=? ORDER BY start_time, id", rollout_id
+        )
         attempts = self._all("SELECT * FROM attempts WHERE rollout_id=? ORDER BY attempt", rollout_id)
         stored_attempt = row["attempt"] if row["status"] in FINISHED_STATUSES else None
         for attempt in attempts:
             attempt["error"] = json.loads(attempt["error"] or "null")
             attempt["logs"] = json.loads(attempt["logs"] or "[]")
-            attempt["calls"] = [] if attempt["attempt"] == stored_attempt else [
-                _summarised(json.loads(p["body"])) for p in proxied if p["attempt"] == attempt["attempt"]]
+            attempt["calls"] = (
+                []
+                if attempt["attempt"] == stored_attempt
+                else [_summarised(json.loads(p["body"])) for p in proxied if p["attempt"] == attempt["attempt"]]
+            )
         rewards = self._all("SELECT body FROM rewards WHERE rollout_id=? ORDER BY idx", rollout_id)
-        return {**record, **row, "calls": [_summarised(json.loads(b["body"])) for b in bodies],
-                "rewards": [json.loads(r["body"]) for r in rewards], "attempts": attempts}
+        return {
+            **record,
+            **row,
+            "calls": [_summarised(json.loads(b["body"])) for b in bodies],
+            "rewards": [json.loads(r["body"]) for r in rewards],
+            "attempts": attempts,
+        }
 
-    def tasks(self, *, sort: str = "last", descending: bool = True, limit: int = 50, offset: int = 0
-              ) -> dict[str, Any]:
+    def tasks(self, *, sort: str = "last", descending: bool = True, limit: int = 50, offset: int = 0) -> dict[str, Any]:
         """Tasks with their number of rollouts and groups and their mean reward, one page."""
         order = "DESC" if descending else "ASC"
         rows = self._all(
             "SELECT task_id, COUNT(*) AS n, COUNT(DISTINCT group_id) AS groups, AVG(final_reward) AS mean_reward, "
             f"SUM(status IN {FAILED}) AS failed, MAX(seq) AS last_seq FROM rollouts GROUP BY task_id "
-            f"ORDER BY {TASK_SORTS[sort]} {order} LIMIT ? OFFSET ?", limit, offset,
+            f"ORDER BY {TASK_SORTS[sort]} {order} LIMIT ? OFFSET ?",
+            limit,
+            offset,
         )
         total = self._all("SELECT COUNT(DISTINCT task_id) AS n FROM rollouts")[0]["n"]
         return {"rows": rows, "total": total, "limit": limit, "offset": offset}
@@ -124,29 +154,46 @@ class StoreReader:
         """A task's payload and its groups (newest first, one page), each with its rollouts' rewards and answers."""
         groups = self._all(
             "SELECT group_id, MIN(seq) AS first FROM rollouts WHERE task_id=? GROUP BY group_id "
-            "ORDER BY first DESC LIMIT ? OFFSET ?", task_id, limit, offset)
+            "ORDER BY first DESC LIMIT ? OFFSET ?",
+            task_id,
+            limit,
+            offset,
+        )
         if not groups and offset == 0:
             raise NotFound(f"unknown task {task_id!r}")
         rows = self._all(
             "SELECT rollout_id, group_id, status, final_reward, model_version, attempt, (SELECT "
             "json_extract(body, '$.output.content') FROM calls c WHERE c.rollout_id=r.rollout_id AND c.kind='llm' "
             "ORDER BY sequence DESC LIMIT 1) AS answer FROM rollouts r WHERE group_id IN (SELECT value FROM json_each(?)) "
-            "ORDER BY seq", json.dumps([g["group_id"] for g in groups]))
+            "ORDER BY seq",
+            json.dumps([g["group_id"] for g in groups]),
+        )
         task = self._all("SELECT task FROM rollouts WHERE task_id=? LIMIT 1", task_id)
         total = self._all("SELECT COUNT(DISTINCT group_id) AS n FROM rollouts WHERE task_id=?", task_id)[0]["n"]
-        return {"task_id": task_id, "task": json.loads(task[0]["task"]) if task else None, "total": total,
-                "groups": [{"group_id": g["group_id"], "rollouts": [r for r in rows if r["group_id"] == g["group_id"]]}
-                           for g in groups]}
+        return {
+            "task_id": task_id,
+            "task": json.loads(task[0]["task"]) if task else None,
+            "total": total,
+            "groups": [
+                {"group_id": g["group_id"], "rollouts": [r for r in rows if r["group_id"] == g["group_id"]]}
+                for g in groups
+            ],
+        }
 
     def overview(self) -> dict[str, Any]:
         """Counts by state, model versions with their rollouts' mean reward, datasets, workers."""
-        served = {r["model_version"]: r for r in self._all(
-            "SELECT model_version, COUNT(*) AS rollouts, AVG(final_reward) AS mean_reward FROM rollouts GROUP BY 1")}
+        served = {
+            r["model_version"]: r
+            for r in self._all(
+                "SELECT model_version, COUNT(*) AS rollouts, AVG(final_reward) AS mean_reward FROM rollouts GROUP BY 1"
+            )
+        }
         versions = self._all("SELECT version, model_name, created FROM model_versions ORDER BY seq")
         return {
             "counts": {r["status"]: r["n"] for r in self._all("SELECT status, COUNT(*) AS n FROM rollouts GROUP BY 1")},
-            "model_versions": [{**v, "rollouts": 0, "mean_reward": None, **served.get(v["version"], {})}
-                               for v in versions],
+            "model_versions": [
+                {**v, "rollouts": 0, "mean_reward": None, **served.get(v["version"], {})} for v in versions
+            ],
             "datasets": self._all("SELECT dataset_id, name, size, created FROM datasets ORDER BY created"),
             "workers": self._all("SELECT * FROM workers ORDER BY first_seen"),
         }
@@ -157,16 +204,22 @@ class StoreReader:
         rows = self._all(
             "SELECT substr(group_id, 1, instr(group_id, ':') - 1) AS batch, COUNT(*) AS n, "
             f"AVG(final_reward) AS mean_reward, SUM(status IN {FAILED}) AS failed, MIN(seq) AS first "
-            "FROM rollouts GROUP BY batch ORDER BY first DESC LIMIT ?", limit)
+            "FROM rollouts GROUP BY batch ORDER BY first DESC LIMIT ?",
+            limit,
+        )
         return rows[::-1]
 
     def filter_options(self) -> dict[str, list[str]]:
         """Suggestions for the rollout filters: every model version, and the roles of the latest rollouts."""
         return {
             "model_versions": [r["version"] for r in self._all("SELECT DISTINCT version FROM model_versions")],
-            "roles": [r["role"] for r in self._all(
-                "SELECT DISTINCT role FROM calls WHERE rollout_id IN (SELECT rollout_id FROM rollouts "
-                "ORDER BY seq DESC LIMIT 500) AND role IS NOT NULL ORDER BY role")],
+            "roles": [
+                r["role"]
+                for r in self._all(
+                    "SELECT DISTINCT role FROM calls WHERE rollout_id IN (SELECT rollout_id FROM rollouts "
+                    "ORDER BY seq DESC LIMIT 500) AND role IS NOT NULL ORDER BY role"
+                )
+            ],
         }
 
 

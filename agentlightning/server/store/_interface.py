@@ -28,8 +28,9 @@ class StoreUnavailable(StoreError):
 class Store(Protocol):
     """What the server needs from a store. Implementations must be safe to call from several threads."""
 
-    def add_dataset(self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
-                    ) -> DatasetInfo:
+    def add_dataset(
+        self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
+    ) -> DatasetInfo:
         """Store tasks; the id defaults to a hash of the content, so uploading the same data twice is a no-op."""
 
     def get_dataset(self, dataset_id: str) -> DatasetInfo | None:
@@ -41,8 +42,16 @@ class Store(Protocol):
     def dataset_tasks(self, dataset_id: str) -> list[Task]:
         """Tasks of a dataset in upload order (raises :class:`NotFound`)."""
 
-    def enqueue(self, tasks: Sequence[Task], *, group_size: int = 1, group_id: str | None = None,
-                dataset_id: str | None = None, timeout: float | None = None, max_attempts: int = 3) -> list[str]:
+    def enqueue(
+        self,
+        tasks: Sequence[Task],
+        *,
+        group_size: int = 1,
+        group_id: str | None = None,
+        dataset_id: str | None = None,
+        timeout: float | None = None,
+        max_attempts: int = 3,
+    ) -> list[str]:
         """Queue ``group_size`` rollouts per task; returns their ids (grouped per task, in task order)."""
 
     def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
@@ -56,8 +65,9 @@ class Store(Protocol):
         """Store the result of ``worker_id``'s attempt (idempotent; :class:`Conflict` for another worker's); joins the
         proxy's calls."""
 
-    def complete_and_dequeue(self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
-                             ) -> tuple[ResultOutcome, Lease | None]:
+    def complete_and_dequeue(
+        self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
+    ) -> tuple[ResultOutcome, Lease | None]:
         """:meth:`complete`, then :meth:`dequeue` for ``worker_id``, in one transaction."""
 
     def expire_leases(self, now: float | None = None) -> list[ResultOutcome]:
@@ -86,8 +96,16 @@ class Store(Protocol):
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         """The rollout with its calls and rewards, or None."""
 
-    def list_rollouts(self, *, status: str | None = None, task_id: str | None = None, group_id: str | None = None,
-                      dataset_id: str | None = None, limit: int = 100, offset: int = 0) -> list[RolloutSummary]:
+    def list_rollouts(
+        self,
+        *,
+        status: str | None = None,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        dataset_id: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[RolloutSummary]:
         """Rollouts without their calls, newest first."""
 
     def finished(self, rollout_ids: Iterable[str]) -> set[str]:

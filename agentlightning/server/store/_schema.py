@@ -95,8 +95,10 @@ def check_writable(path: str, identity: tuple[int, int] | None) -> None:
     if identity is None:
         return
     if not os.path.exists(path) or file_identity(path) != identity:
-        raise StoreUnavailable(f"the store file {path} was deleted or replaced while the server had it open; refusing "
-                               "work that would be lost (restore the file, or restart the server)")
+        raise StoreUnavailable(
+            f"the store file {path} was deleted or replaced while the server had it open; refusing "
+            "work that would be lost (restore the file, or restart the server)"
+        )
     if not os.access(path, os.W_OK) or not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
         raise StoreUnavailable(f"the store file {path} (or its directory) is not writable")
 
@@ -115,8 +117,10 @@ def check_task_ids(tasks: Sequence[tuple[str, str]]) -> None:
     for index, (task_id, payload) in enumerate(tasks):
         seen = first.setdefault(task_id, (index, payload))
         if seen[1] != payload:
-            raise StoreError(f"records {seen[0]} and {index} (0-based) have the same task id {task_id!r} but different "
-                             "content: GRPO groups are formed per task id, so give each task its own id")
+            raise StoreError(
+                f"records {seen[0]} and {index} (0-based) have the same task id {task_id!r} but different "
+                "content: GRPO groups are formed per task id, so give each task its own id"
+            )
 
 
 def calls_from_json(bodies: Iterable[str], rollout_id: str) -> list[Call]:

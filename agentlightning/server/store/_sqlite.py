@@ -18,12 +18,26 @@ from typing import Any
 
 from agentlightning._wire.read import json_text
 from agentlightning.protocol import (
-    AttemptInfo, DatasetInfo, Lease, ModelVersion, ResultOutcome, RolloutSummary, Task, dataset_id_for, task_id_for,
+    AttemptInfo,
+    DatasetInfo,
+    Lease,
+    ModelVersion,
+    ResultOutcome,
+    RolloutSummary,
+    Task,
+    dataset_id_for,
+    task_id_for,
 )
 from agentlightning.server._states import Decision, decide, event_for_status
 from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError, StoreUnavailable
 from agentlightning.server.store._schema import (
-    calls_from_json, check_task_ids, check_writable, file_identity, join_calls, join_late_call, json_text_of,
+    calls_from_json,
+    check_task_ids,
+    check_writable,
+    file_identity,
+    join_calls,
+    join_late_call,
+    json_text_of,
     open_database,
 )
 from agentlightning.types import FINISHED_STATUSES, Call, ErrorInfo, Reward, Rollout, new_id
@@ -50,14 +64,16 @@ class SQLiteStore(Store):
         self._proxy_buffer: list[tuple[str, int, float, str]] = []  # records whose write failed
         self._running = dict(self._all("SELECT rollout_id, attempt FROM rollouts WHERE status='running'"))
 
-    def add_dataset(self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
-                    ) -> DatasetInfo:
+    def add_dataset(
+        self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
+    ) -> DatasetInfo:
         records = list(records)
         if not records:
             raise StoreError("dataset is empty: upload at least one task")
         if dataset_id is not None and not (isinstance(dataset_id, str) and _DATASET_ID.fullmatch(dataset_id)):
-            raise StoreError(f"dataset_id must be 1-128 letters, digits and ._:- starting with a letter or digit, got "
-                             f"{dataset_id!r}")
+            raise StoreError(
+                f"dataset_id must be 1-128 letters, digits and ._:- starting with a letter or digit, got {dataset_id!r}"
+            )
         if name is not None and not isinstance(name, str):
             raise StoreError(f"dataset name must be a string, got {type(name).__name__}")
         payloads = [json_text_of(record, f"dataset record {index}") for index, record in enumerate(records)]
@@ -68,14 +84,17 @@ class SQLiteStore(Store):
             existing = self.get_dataset(dataset_id)
             if existing is not None:
                 if self._one("SELECT digest FROM datasets WHERE dataset_id=?", dataset_id)[0] != digest:
-                    raise Conflict(f"dataset {dataset_id!r} already exists with different content ({existing.size} "
-                                   "tasks); refusing to replace it (choose another dataset_id)")
+                    raise Conflict(
+                        f"dataset {dataset_id!r} already exists with different content ({existing.size} "
+                        "tasks); refusing to replace it (choose another dataset_id)"
+                    )
                 return existing
             info = DatasetInfo(dataset_id=dataset_id, name=name, size=len(records), created=time.time())
             rows = [(dataset_id, i, task_id_for(r, dataset_id, i), payloads[i]) for i, r in enumerate(records)]
             with self._transaction():
-                self._db.execute("INSERT INTO datasets VALUES (?, ?, ?, ?, ?)",
-                                 (dataset_id, name, info.size, info.created, digest))
+                self._db.execute(
+                    "INSERT INTO datasets VALUES (?, ?, ?, ?, ?)", (dataset_id, name, info.size, info.created, digest)
+                )
                 self._db.executemany("INSERT INTO tasks VALUES (?, ?, ?, ?)", rows)
         return info
 
@@ -93,8 +112,16 @@ class SQLiteStore(Store):
             rows = self._all("SELECT task_id, payload FROM tasks WHERE dataset_id=? ORDER BY idx", dataset_id)
         return [Task(task_id=r["task_id"], payload=json.loads(r["payload"])) for r in rows]
 
-    def enqueue(self, tasks: Sequence[Task], *, group_size: int = 1, group_id: str | None = None,
-                dataset_id: str | None = None, timeout: float | None = None, max_attempts: int = 3) -> list[str]:
+    def enqueue(
+        self,
+        tasks: Sequence[Task],
+        *,
+        group_size: int = 1,
+        group_id: str | None = None,
+        dataset_id: str | None = None,
+        timeout: float | None = None,
+        max_attempts: int = 3,
+    ) -> list[str]:
         if group_size < 1:
             raise StoreError(f"group_size must be >= 1, got {group_size}")
         if max_attempts < 1:
@@ -105,12 +132,28 @@ class SQLiteStore(Store):
         now = time.time()
         payloads = [json_text_of(task.payload, f"task {index}") for index, task in enumerate(tasks)]
         check_task_ids([(task.task_id, payload) for task, payload in zip(tasks, payloads)])
-        rows = [(new_id("ro"), task.task_id, dataset_id, f"{prefix}:{task.task_id}", payload, max_attempts, timeout,
-                 now, now) for task, payload in zip(tasks, payloads) for _ in range(group_size)]
+        rows = [
+            (
+                new_id("ro"),
+                task.task_id,
+                dataset_id,
+                f"{prefix}:{task.task_id}",
+                payload,
+                max_attempts,
+                timeout,
+                now,
+                now,
+            )
+            for task, payload in zip(tasks, payloads)
+            for _ in range(group_size)
+        ]
         with self._lock, self._transaction():
-            self._db.executemany("INSERT INTO rollouts(rollout_id, task_id, dataset_id, group_id, task, status, "
-                                 "attempt, max_attempts, timeout, created, not_before) "
-                                 "VALUES (?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?, ?)", rows)
+            self._db.executemany(
+                "INSERT INTO rollouts(rollout_id, task_id, dataset_id, group_id, task, status, "
+                "attempt, max_attempts, timeout, created, not_before) "
+                "VALUES (?, ?, ?, ?, ?, 'queued', 1, ?, ?, ?, ?)",
+                rows,
+            )
         return [row[0] for row in rows]
 
     def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
@@ -125,17 +168,28 @@ class SQLiteStore(Store):
 
     def _lease_oldest(self, worker_id: str, lease_seconds: float, now: float) -> Lease | None:
         """Lease the oldest queued rollout in the caller's transaction (the caller marks it running once committed)."""
-        row = self._one(f"SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts WHERE {_LEASABLE} "
-                        "ORDER BY not_before, seq LIMIT 1", now)
+        row = self._one(
+            f"SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts WHERE {_LEASABLE} "
+            "ORDER BY not_before, seq LIMIT 1",
+            now,
+        )
         if row is None:
             return None
-        self._db.execute("UPDATE rollouts SET status='running', worker_id=?, lease_expires=?, started=?, model_version="
-                         "(SELECT version FROM model_versions ORDER BY seq DESC LIMIT 1) WHERE rollout_id=?",
-                         (worker_id, now + lease_seconds, now, row["rollout_id"]))
-        self._db.execute("INSERT OR REPLACE INTO attempts(rollout_id, attempt, worker_id, status, started) "
-                         "VALUES (?, ?, ?, 'running', ?)", (row["rollout_id"], row["attempt"], worker_id, now))
-        self._db.execute("INSERT INTO workers VALUES (?, ?, ?, 1) ON CONFLICT(worker_id) "
-                         "DO UPDATE SET last_seen=excluded.last_seen, leased=leased+1", (worker_id, now, now))
+        self._db.execute(
+            "UPDATE rollouts SET status='running', worker_id=?, lease_expires=?, started=?, model_version="
+            "(SELECT version FROM model_versions ORDER BY seq DESC LIMIT 1) WHERE rollout_id=?",
+            (worker_id, now + lease_seconds, now, row["rollout_id"]),
+        )
+        self._db.execute(
+            "INSERT OR REPLACE INTO attempts(rollout_id, attempt, worker_id, status, started) "
+            "VALUES (?, ?, ?, 'running', ?)",
+            (row["rollout_id"], row["attempt"], worker_id, now),
+        )
+        self._db.execute(
+            "INSERT INTO workers VALUES (?, ?, ?, 1) ON CONFLICT(worker_id) "
+            "DO UPDATE SET last_seen=excluded.last_seen, leased=leased+1",
+            (worker_id, now, now),
+        )
         return Lease(**{**row, "task": json.loads(row["task"])}, lease_seconds=lease_seconds)
 
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float) -> str:
@@ -143,8 +197,10 @@ class SQLiteStore(Store):
         with self._lock:
             status, current, holder = self._rollout(rollout_id, "status, attempt, worker_id")
             if status != "running" or current != attempt:
-                return (f"attempt {attempt} of rollout {rollout_id} is no longer running "
-                        f"(rollout is {status}, attempt {current})")
+                return (
+                    f"attempt {attempt} of rollout {rollout_id} is no longer running "
+                    f"(rollout is {status}, attempt {current})"
+                )
             if holder != worker_id:
                 return f"attempt {attempt} of rollout {rollout_id} is leased to worker {holder}, not {worker_id}"
             with self._transaction():
@@ -156,8 +212,9 @@ class SQLiteStore(Store):
     def complete(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout) -> ResultOutcome:
         return self.complete_and_dequeue(rollout_id, attempt, worker_id, result, None)[0]
 
-    def complete_and_dequeue(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout,
-                             lease_seconds: float | None) -> tuple[ResultOutcome, Lease | None]:
+    def complete_and_dequeue(
+        self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, lease_seconds: float | None
+    ) -> tuple[ResultOutcome, Lease | None]:
         """Store a result; with ``lease_seconds`` (and a worker), also lease the next queued rollout to ``worker_id``
         in the same commit."""
         event = event_for_status(result.status)
@@ -173,45 +230,72 @@ class SQLiteStore(Store):
                 self._running[lease.rollout_id] = lease.attempt
         return outcome, lease
 
-    def _store_result(self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, event: str
-                      ) -> ResultOutcome:
+    def _store_result(
+        self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, event: str
+    ) -> ResultOutcome:
         """Apply one result inside the caller's transaction."""
         state, current, max_attempts = self._rollout(rollout_id, "status, attempt, max_attempts")
-        ended = self._one("SELECT status, ended IS NOT NULL AND status != 'lease_expired', worker_id FROM attempts "
-                          "WHERE rollout_id=? AND attempt=?", rollout_id, attempt)
+        ended = self._one(
+            "SELECT status, ended IS NOT NULL AND status != 'lease_expired', worker_id FROM attempts "
+            "WHERE rollout_id=? AND attempt=?",
+            rollout_id,
+            attempt,
+        )
         if (ended is not None and ended[1]) or (state in FINISHED_STATUSES and current == attempt):
             reported = ended[0] if ended else state
-            return ResultOutcome(rollout_id=rollout_id, accepted=False, duplicate=True, status=state, attempt=current,
-                                 message=f"attempt {attempt} of rollout {rollout_id} was already reported ({reported})")
+            return ResultOutcome(
+                rollout_id=rollout_id,
+                accepted=False,
+                duplicate=True,
+                status=state,
+                attempt=current,
+                message=f"attempt {attempt} of rollout {rollout_id} was already reported ({reported})",
+            )
         if state in FINISHED_STATUSES:
-            raise Conflict(f"rollout {rollout_id} already finished as {state} by attempt {current}; result of attempt "
-                           f"{attempt} not stored")
+            raise Conflict(
+                f"rollout {rollout_id} already finished as {state} by attempt {current}; result of attempt "
+                f"{attempt} not stored"
+            )
         if attempt > current or attempt < 1 or ended is None:
             raise Conflict(f"rollout {rollout_id} has no attempt {attempt} (current attempt is {current})")
         if ended[2] != worker_id:
-            raise Conflict(f"attempt {attempt} of rollout {rollout_id} was leased to worker {ended[2]}, not "
-                           f"{worker_id}; result not stored")
+            raise Conflict(
+                f"attempt {attempt} of rollout {rollout_id} was leased to worker {ended[2]}, not "
+                f"{worker_id}; result not stored"
+            )
         now = time.time()
         self._end_attempt(rollout_id, attempt, worker_id, result.status, result.error, result.logs, now)
         if attempt < current and event != "succeed":
             # A stale attempt failing changes nothing: its rollout already moved on. Keep its error and logs.
-            return ResultOutcome(rollout_id=rollout_id, accepted=False, status=state, attempt=current,
-                                 message=f"attempt {attempt} is stale (rollout {rollout_id} is on attempt {current}); "
-                                 "kept its log only")
+            return ResultOutcome(
+                rollout_id=rollout_id,
+                accepted=False,
+                status=state,
+                attempt=current,
+                message=f"attempt {attempt} is stale (rollout {rollout_id} is on attempt {current}); kept its log only",
+            )
         decision = decide(state if attempt == current else "queued", event, attempt, max_attempts)
         if attempt < current and state == "running":
             superseded = ErrorInfo(type="Superseded", message=f"attempt {attempt} finished the rollout first")
             self._end_attempt(rollout_id, current, None, "superseded", superseded, [], now)
         self._finish(rollout_id, attempt, decision, result, now)
-        return ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state, attempt=decision.attempt,
-                             retried=decision.retried)
+        return ResultOutcome(
+            rollout_id=rollout_id,
+            accepted=True,
+            status=decision.state,
+            attempt=decision.attempt,
+            retried=decision.retried,
+        )
 
     def _finish(self, rollout_id: str, attempt: int, decision: Decision, result: Rollout, now: float) -> None:
         """End ``attempt`` as decided: queue the rollout for its next attempt, or store it as final ``result``."""
         if decision.retried:
             delay = min(self.requeue_delay * 2 ** (decision.attempt - 2), self.requeue_delay_max)
-            self._db.execute("UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL, "
-                             "not_before=? WHERE rollout_id=?", (decision.attempt, time.time() + delay, rollout_id))
+            self._db.execute(
+                "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL, "
+                "not_before=? WHERE rollout_id=?",
+                (decision.attempt, time.time() + delay, rollout_id),
+            )
         else:
             self._write_final(rollout_id, attempt, decision.state, result, now)
 
@@ -220,62 +304,121 @@ class SQLiteStore(Store):
         version are the stored ones (the version was recorded when the attempt was leased)."""
         calls = join_calls(rollout_id, list(result.calls), self.proxy_calls(rollout_id, attempt))
         row = self._rollout(rollout_id, "task_id, group_id, task, model_version")
-        record = result.model_copy(update={"calls": [], "rewards": [], "status": state, "attempt": attempt,
-                                           "rollout_id": rollout_id, **row, "task": json.loads(row["task"])})
+        record = result.model_copy(
+            update={
+                "calls": [],
+                "rewards": [],
+                "status": state,
+                "attempt": attempt,
+                "rollout_id": rollout_id,
+                **row,
+                "task": json.loads(row["task"]),
+            }
+        )
         self._replace_calls(rollout_id, calls)
         self._db.execute("DELETE FROM rewards WHERE rollout_id=?", (rollout_id,))
-        self._db.executemany("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?)", [
-            (rollout_id, i, r.value, r.call_id, r.source, r.model_dump_json()) for i, r in enumerate(result.rewards)])
-        self._db.execute("UPDATE rollouts SET status=?, attempt=?, worker_id=NULL, lease_expires=NULL, ended=?, "
-                         "final_reward=?, record=? WHERE rollout_id=?",
-                         (state, attempt, now, result.final_reward, record.model_dump_json(), rollout_id))
+        self._db.executemany(
+            "INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?)",
+            [(rollout_id, i, r.value, r.call_id, r.source, r.model_dump_json()) for i, r in enumerate(result.rewards)],
+        )
+        self._db.execute(
+            "UPDATE rollouts SET status=?, attempt=?, worker_id=NULL, lease_expires=NULL, ended=?, "
+            "final_reward=?, record=? WHERE rollout_id=?",
+            (state, attempt, now, result.final_reward, record.model_dump_json(), rollout_id),
+        )
 
     def _replace_calls(self, rollout_id: str, calls: Sequence[Call]) -> None:
         self._db.execute("DELETE FROM calls WHERE rollout_id=?", (rollout_id,))
-        self._db.executemany("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?)",
-                             [(rollout_id, c.sequence, c.call_id, c.kind, c.role, c.model_dump_json()) for c in calls])
+        self._db.executemany(
+            "INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?)",
+            [(rollout_id, c.sequence, c.call_id, c.kind, c.role, c.model_dump_json()) for c in calls],
+        )
         self._db.execute("UPDATE rollouts SET n_calls=? WHERE rollout_id=?", (len(calls), rollout_id))
 
-    def _end_attempt(self, rollout_id: str, attempt: int, worker_id: str | None, status: str, error: ErrorInfo | None,
-                     logs: Sequence[str], now: float) -> None:
-        self._db.execute("INSERT INTO attempts(rollout_id, attempt, worker_id, status, ended, error, logs) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(rollout_id, attempt) DO UPDATE SET "
-                         "worker_id=COALESCE(excluded.worker_id, worker_id), status=excluded.status, "
-                         "ended=excluded.ended, error=excluded.error, logs=excluded.logs",
-                         (rollout_id, attempt, worker_id, status, now, error and error.model_dump_json(),
-                          json.dumps(list(logs))))
+    def _end_attempt(
+        self,
+        rollout_id: str,
+        attempt: int,
+        worker_id: str | None,
+        status: str,
+        error: ErrorInfo | None,
+        logs: Sequence[str],
+        now: float,
+    ) -> None:
+        self._db.execute(
+            "INSERT INTO attempts(rollout_id, attempt, worker_id, status, ended, error, logs) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(rollout_id, attempt) DO UPDATE SET "
+            "worker_id=COALESCE(excluded.worker_id, worker_id), status=excluded.status, "
+            "ended=excluded.ended, error=excluded.error, logs=excluded.logs",
+            (rollout_id, attempt, worker_id, status, now, error and error.model_dump_json(), json.dumps(list(logs))),
+        )
 
     def expire_leases(self, now: float | None = None) -> list[ResultOutcome]:
         now = time.time() if now is None else now
         outcomes: list[ResultOutcome] = []
         with self._lock:
-            rows = self._all("SELECT rollout_id, attempt, max_attempts, worker_id, lease_expires FROM rollouts "
-                             "WHERE status='running' AND lease_expires < ?", now)
+            rows = self._all(
+                "SELECT rollout_id, attempt, max_attempts, worker_id, lease_expires FROM rollouts "
+                "WHERE status='running' AND lease_expires < ?",
+                now,
+            )
             for rollout_id, attempt, max_attempts, worker_id, expires in rows:
                 expired_at = time.strftime("%H:%M:%S", time.localtime(expires))
-                error = ErrorInfo(type="LeaseExpired", message=f"worker {worker_id} stopped reporting on attempt "
-                                  f"{attempt}; its lease expired at {expired_at}")
+                error = ErrorInfo(
+                    type="LeaseExpired",
+                    message=f"worker {worker_id} stopped reporting on attempt "
+                    f"{attempt}; its lease expired at {expired_at}",
+                )
                 decision = decide("running", "lease_expired", attempt, max_attempts)
                 self._end_unreported(rollout_id, attempt, worker_id, "lease_expired", decision, "failed", error, now)
-                outcomes.append(ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state,
-                                              attempt=decision.attempt, retried=decision.retried,
-                                              message=error.message))
+                outcomes.append(
+                    ResultOutcome(
+                        rollout_id=rollout_id,
+                        accepted=True,
+                        status=decision.state,
+                        attempt=decision.attempt,
+                        retried=decision.retried,
+                        message=error.message,
+                    )
+                )
         return outcomes
 
     def cancel(self, rollout_id: str) -> ResultOutcome:
         with self._lock:
             status, attempt = self._rollout(rollout_id, "status, attempt")
             if status in FINISHED_STATUSES:
-                return ResultOutcome(rollout_id=rollout_id, accepted=False, status=status, attempt=attempt,
-                                     message=f"rollout {rollout_id} already finished as {status}")
+                return ResultOutcome(
+                    rollout_id=rollout_id,
+                    accepted=False,
+                    status=status,
+                    attempt=attempt,
+                    message=f"rollout {rollout_id} already finished as {status}",
+                )
             decision = decide(status, "cancel", attempt, attempt)
             error = ErrorInfo(type="Cancelled", message="cancelled by the server")
-            self._end_unreported(rollout_id, attempt, None, "cancelled" if status == "running" else None, decision,
-                                 "cancelled", error, time.time())
+            self._end_unreported(
+                rollout_id,
+                attempt,
+                None,
+                "cancelled" if status == "running" else None,
+                decision,
+                "cancelled",
+                error,
+                time.time(),
+            )
         return ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state, attempt=attempt)
 
-    def _end_unreported(self, rollout_id: str, attempt: int, worker_id: str | None, ended_as: str | None,
-                        decision: Decision, status: str, error: ErrorInfo, now: float) -> None:
+    def _end_unreported(
+        self,
+        rollout_id: str,
+        attempt: int,
+        worker_id: str | None,
+        ended_as: str | None,
+        decision: Decision,
+        status: str,
+        error: ErrorInfo,
+        now: float,
+    ) -> None:
         """End a rollout's attempt that no worker reported, ``ended_as`` in its log (None: it never started), and the
         rollout as decided (a final one stored as ``status`` with ``error``)."""
         with self._transaction():
@@ -300,8 +443,9 @@ class SQLiteStore(Store):
             with self._transaction():  # joined now if its attempt is over and finished the rollout
                 joined = self._running.get(rollout_id) != attempt and self._join_late(rollout_id, attempt, entry[3])
         if joined:
-            logger.info("rollout %s: a proxy call of attempt %d landed after its result; joined as late",
-                        rollout_id, attempt)
+            logger.info(
+                "rollout %s: a proxy call of attempt %d landed after its result; joined as late", rollout_id, attempt
+            )
 
     def _join_late(self, rollout_id: str, attempt: int, body: str) -> bool:
         """Join a proxy call into its stored rollout if ``attempt`` finished it (inside a transaction)."""
@@ -344,12 +488,26 @@ class SQLiteStore(Store):
         row = self._rollout(rollout_id, "task_id, group_id, task, status, attempt, model_version, created, started")
         timings = {"created": row["created"]} | ({"start": row["started"]} if row["started"] is not None else {})
         return Rollout(
-            rollout_id=rollout_id, task_id=row["task_id"], task=json.loads(row["task"]), group_id=row["group_id"],
-            attempt=row["attempt"], status=row["status"], model_version=row["model_version"], timings=timings,
+            rollout_id=rollout_id,
+            task_id=row["task_id"],
+            task=json.loads(row["task"]),
+            group_id=row["group_id"],
+            attempt=row["attempt"],
+            status=row["status"],
+            model_version=row["model_version"],
+            timings=timings,
         )
 
-    def list_rollouts(self, *, status: str | None = None, task_id: str | None = None, group_id: str | None = None,
-                      dataset_id: str | None = None, limit: int = 100, offset: int = 0) -> list[RolloutSummary]:
+    def list_rollouts(
+        self,
+        *,
+        status: str | None = None,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        dataset_id: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[RolloutSummary]:
         filters = {"status": status, "task_id": task_id, "group_id": group_id, "dataset_id": dataset_id}
         given = {column: value for column, value in filters.items() if value is not None}
         where = " WHERE " + " AND ".join(f"{column}=?" for column in given) if given else ""
@@ -367,15 +525,19 @@ class SQLiteStore(Store):
         return dict(self._all("SELECT status, COUNT(*) FROM rollouts GROUP BY status"))
 
     def finished(self, rollout_ids: Iterable[str]) -> set[str]:
-        rows = self._all("SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
-                         json.dumps(list(rollout_ids)))  # the ids as one JSON parameter: any number of them
+        rows = self._all(
+            "SELECT rollout_id, status FROM rollouts WHERE rollout_id IN (SELECT value FROM json_each(?))",
+            json.dumps(list(rollout_ids)),
+        )  # the ids as one JSON parameter: any number of them
         return {rollout_id for rollout_id, status in rows if status in FINISHED_STATUSES}
 
     def set_model_version(self, version: str, model_name: str, upstream_url: str | None) -> ModelVersion:
         info = ModelVersion(version=version, model_name=model_name, upstream_url=upstream_url, created=time.time())
         with self._lock, self._transaction():
-            self._db.execute("INSERT INTO model_versions(version, model_name, upstream_url, created) "
-                             "VALUES (?, ?, ?, ?)", (version, model_name, upstream_url, info.created))
+            self._db.execute(
+                "INSERT INTO model_versions(version, model_name, upstream_url, created) VALUES (?, ?, ?, ?)",
+                (version, model_name, upstream_url, info.created),
+            )
         return info
 
     def current_model(self) -> ModelVersion | None:
@@ -397,8 +559,9 @@ class SQLiteStore(Store):
         with self._lock:
             self.flush()
             if self._proxy_buffer:
-                logger.error("closing the store with %d proxy call records unwritten: %s", len(self._proxy_buffer),
-                             self._problem)
+                logger.error(
+                    "closing the store with %d proxy call records unwritten: %s", len(self._proxy_buffer), self._problem
+                )
             self._db.close()
 
     def _rollout(self, rollout_id: str, columns: str) -> Any:
