@@ -2,7 +2,7 @@
 
 Runs where a GPU machine has torch, transformers, peft and accelerate but no trl, no vllm and no network: the
 model is built from a config with random weights (speed does not depend on the values), the prompts are random
-token ids, and the repository is not installed (the HF backend's batched decoder, trainers/generation.py, is
+token ids, and the repository is not installed (the HF backend's batched decoder, trainers/backends/hf/generation.py, is
 loaded from its file). Measured, in bf16:
 
 - generation through :class:`GenerationEngine` (what ``HFBackendServer`` runs) at several batch sizes, as

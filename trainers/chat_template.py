@@ -2,7 +2,7 @@
 
 Tools are listed in the system turn inside ``<tools></tools>``; the assistant calls them with
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` and results come back as ``<tool_response>`` turns,
-the format Qwen2.5 / Hermes models use and :mod:`agentlightning.trainers.tool_calls` parses.
+the format Qwen2.5 / Hermes models use and :mod:`agentlightning.trainers.backends.hf.tool_calls` parses.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Layout: ``<output_dir>/checkpoints/step-<N>/`` with ``trainable.pt`` (the parameters that train: the LoRA adapter
 or the whole model), ``optimizer.pt``, ``scheduler.pt`` and ``state.json`` (step, model version, task sampler,
-RNG state). With several policies (:class:`~agentlightning.trainers._policy_set.PolicySet`), each policy's adapter,
+RNG state). With several policies (:class:`~agentlightning.trainers.learner._policy_set.PolicySet`), each policy's adapter,
 optimizer and scheduler are in ``policies/<name>/`` with its own ``trainer_state.json`` (its update count). A
 checkpoint directory appears only once complete (written under a temporary name, then renamed). Under FSDP the
 weights and optimizer state are gathered whole (:func:`trained_state`, on every rank) and saved in the same layout,

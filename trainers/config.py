@@ -120,7 +120,7 @@ class TrainConfig:
     backend: Any = "hf"
     """What serves the policy to the rollouts: ``"hf"`` (in-process Hugging Face generation on the trainer's live
     weights), ``"vllm"`` (a vLLM server, weights synced after each update; see ``vllm``) or a
-    :class:`~agentlightning.trainers.backend.Backend`. With any backend but ``"hf"``, TRL's importance-sampling
+    :class:`~agentlightning.trainers.backends.base.Backend`. With any backend but ``"hf"``, TRL's importance-sampling
     correction is on (``trainer_args={"vllm_importance_sampling_correction": False}`` turns it off)."""
     vllm: Any = field(default_factory=VLLMOptions)
     """:class:`VLLMOptions` (or a dict of its fields) for ``backend="vllm"``."""

@@ -1,13 +1,13 @@
 """The training loop behind ``agl.train``: rollouts -> transitions -> advantages -> packed batch -> TRL update.
 
 :class:`TrainingRun` owns the pieces for the length of one run: the policy model and its
-:class:`~agentlightning.trainers.grpo.LightningGRPOTrainer`, the backend serving the live weights (HF) or kept in sync
-with them (vLLM; :func:`make_backend`, behind :class:`~agentlightning.trainers.backend.Backend`), the rollout source
+:class:`~agentlightning.trainers.learner.grpo.LightningGRPOTrainer`, the backend serving the live weights (HF) or kept in sync
+with them (vLLM; :func:`make_backend`, behind :class:`~agentlightning.trainers.backends.base.Backend`), the rollout source
 (Lightning Server + workers, or in-process), the metrics writer and checkpoints. Model versions are ``v<step>``:
 ``v0`` is the initial model, and a call recorded with ``v3`` was sampled from the weights after the third update. Each
 step's groups come from a :class:`~agentlightning.trainers._pipeline.RolloutPipeline`, which with
 ``max_staleness > 0`` runs the rollouts of the next steps while a step trains. With ``policies=`` (one LoRA adapter
-per role), the trainer is a :class:`~agentlightning.trainers._policy_set.PolicySet` and each policy has its own update
+per role), the trainer is a :class:`~agentlightning.trainers.learner._policy_set.PolicySet` and each policy has its own update
 and version.
 """
 
@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentlightning.trainers._distributed import Ranks, served_model
 from agentlightning.trainers._pipeline import RolloutPipeline, timed
-from agentlightning.trainers.batch import pack
 from agentlightning.trainers.config import TrainConfig, TrainResult
+from agentlightning.trainers.learner._distributed import Ranks, served_model
+from agentlightning.trainers.learner.batch import pack
 from agentlightning.trainers.policies import PolicyMap, serving_routes
 
 from agentlightning._decorator import RolloutAgent
@@ -67,7 +67,7 @@ class TrainingRun:
 
     def run(self) -> TrainResult:
         from agentlightning.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-        from agentlightning.trainers.grpo import grpo_config
+        from agentlightning.trainers.learner.grpo import grpo_config
         from agentlightning.trainers.reporting import MetricsWriter, plot_curve, read_metrics
 
         run_started = time.perf_counter()
@@ -363,12 +363,12 @@ class TrainingRun:
     def _trainer(self, model: Any, tokenizer: Any, config: Any, settings: dict[str, Any]) -> Any:
         """The TRL trainer of the run (``config``, made by ``grpo_config`` from ``settings``), or with ``policies``
         a PolicySet (one trainer per policy's adapter, with the policy's learning rate)."""
-        from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+        from agentlightning.trainers.learner.grpo import LightningGRPOTrainer, grpo_config
 
         trl_dir = self.output_dir / "trl"
         if self.policies is None:
             return LightningGRPOTrainer(model, config, tokenizer, peft_config=_lora_config(self.config.lora))
-        from agentlightning.trainers._policy_set import PolicySet
+        from agentlightning.trainers.learner._policy_set import PolicySet
 
         policies = self.policies.policies
         adapters = {
@@ -455,11 +455,11 @@ def make_backend(
     base_dir: Path | None,
     policies: PolicyMap | None = None,
 ) -> Any:
-    """The :class:`~agentlightning.trainers.backend.Backend` that ``config.backend`` names, serving ``policy`` (not
+    """The :class:`~agentlightning.trainers.backends.base.Backend` that ``config.backend`` names, serving ``policy`` (not
     started), with one adapter per policy of ``policies``. ``base_dir`` is the initial model a vLLM server started
     here loads."""
     if config.backend == "hf":
-        from agentlightning.trainers.hf_backend import HFBackendServer
+        from agentlightning.trainers.backends.hf.server import HFBackendServer
 
         return HFBackendServer(
             policy,
@@ -472,7 +472,7 @@ def make_backend(
             policies=policies,
         )
     if config.backend == "vllm":
-        from agentlightning.trainers.vllm_backend import VLLMBackend
+        from agentlightning.trainers.backends.vllm.server import VLLMBackend
 
         options = config.vllm
         return VLLMBackend(
@@ -510,7 +510,7 @@ _CHECK_MESSAGES = [{"role": "user", "content": "What is 2 + 3? Answer briefly."}
 def _decodes_beside_updates(backend: Any) -> bool:
     """Whether ``backend`` generates from the trainer's own weights (the HF backend, not a copy as vLLM) in the mode
     they are in (not when it switches them to eval mode, which an update's forward passes would see)."""
-    from agentlightning.trainers.hf_backend import HFBackendServer
+    from agentlightning.trainers.backends.hf.server import HFBackendServer
 
     return isinstance(backend, HFBackendServer) and not backend.engine.decodes_in_eval
 

@@ -1,7 +1,7 @@
 """LightningRL: rollouts -> transitions (credit assignment, AIR) -> advantages -> padded batches.
 
 Everything here is pure Python; :func:`pack`, which needs torch and numpy (the ``[train]`` extra), lives with the
-trainer (``agentlightning.trainers.batch``) and is loaded from there on first use.
+trainer (``agentlightning.trainers.learner.batch``) and is loaded from there on first use.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from agentlightning.rl.credit import CREDIT_FUNCTIONS, CreditFunction, discounte
 from agentlightning.rl.transitions import Extraction, ExtractionStats, extract_transitions, transitions
 
 if TYPE_CHECKING:
-    from agentlightning.trainers.batch import PackedBatch, PackStats, pack
+    from agentlightning.trainers.learner.batch import PackedBatch, PackStats, pack
 
 __all__ = [
     "AIR",
@@ -45,4 +45,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name not in ("PackedBatch", "PackStats", "pack"):
         raise AttributeError(f"module 'agentlightning.rl' has no attribute {name!r}")
-    return getattr(importlib.import_module("agentlightning.trainers.batch"), name)
+    return getattr(importlib.import_module("agentlightning.trainers.learner.batch"), name)

@@ -73,7 +73,7 @@ def measure(
 def bench(temperatures: list[float], problems: int = 12, samples: int = 16, group_size: int = 4) -> str:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from agentlightning.trainers.hf_backend import HFBackendServer
+    from agentlightning.trainers.backends.hf.server import HFBackendServer
     from agentlightning.trainers.models import load_model
 
     from examples.demo.task import make_problems

@@ -86,7 +86,7 @@ def _shared(prompts: list[list[int]]) -> int:
 def child(steps: int, seed: int, output_dir: str, demo_args: list[str]) -> dict[str, Any]:
     import agentlightning.trainers.models as models
     import torch
-    from agentlightning.trainers.generation import GenerationEngine
+    from agentlightning.trainers.backends.hf.generation import GenerationEngine
     from agentlightning.trainers.rollouts import LocalRollouts
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 

@@ -47,14 +47,14 @@ def _rows(vocab: int) -> tuple[list[list[int]], list[list[int]], list[float]]:
 
 
 def _config(output_dir: str, **extra):
-    from agentlightning.trainers.grpo import grpo_config
+    from agentlightning.trainers.learner.grpo import grpo_config
 
     return grpo_config(output_dir, micro_batch_size=ROWS, learning_rate=1e-4, max_steps=STEPS + 1, **extra)
 
 
 def bench_training_step() -> dict[str, float]:
-    from agentlightning.trainers.batch import pack
-    from agentlightning.trainers.grpo import LightningGRPOTrainer
+    from agentlightning.trainers.learner.batch import pack
+    from agentlightning.trainers.learner.grpo import LightningGRPOTrainer
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -126,7 +126,7 @@ def bench_training_step() -> dict[str, float]:
 
 def bench_backend(requests: int = 16, max_tokens: int = 32) -> dict[str, float]:
     import openai
-    from agentlightning.trainers.hf_backend import HFBackendServer
+    from agentlightning.trainers.backends.hf.server import HFBackendServer
 
     model, tokenizer = _model()
     model.eval()

@@ -28,8 +28,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
             pytest.fail(f"AGL_REQUIRE_VLLM=1 but {reason}")
         pytest.skip(reason)
     pytest.importorskip("peft")
+    from agentlightning.trainers.backends.vllm.server import VLLMBackend
     from agentlightning.trainers.models import tiny_model
-    from agentlightning.trainers.vllm_backend import VLLMBackend
 
     model, tokenizer = tiny_model(hidden_size=256)
     directory = tmp_path_factory.mktemp("tiny-llama")

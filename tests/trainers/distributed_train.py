@@ -26,7 +26,7 @@ TASKS = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(3)]
 
 
 class CountingBackend:
-    """A :class:`~agentlightning.trainers.backend.Backend` over the mock server: the k-th reply to a prompt is
+    """A :class:`~agentlightning.trainers.backends.base.Backend` over the mock server: the k-th reply to a prompt is
     ``"answer k"``. It leaves ``backend-started-rank<N>`` in ``marks`` when it starts. ``version``: of the weights
     it stands for (a resumed run's)."""
 

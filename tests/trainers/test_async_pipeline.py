@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from agentlightning.trainers._importance import importance_weights
 from agentlightning.trainers._pipeline import RolloutPipeline, fresh_enough, version_number
 from agentlightning.trainers.config import TrainConfig
+from agentlightning.trainers.learner._importance import importance_weights
 from agentlightning.trainers.rollouts import LocalRollouts, ServerRollouts
 from async_agents import scored_agent
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import async_agents
 import pytest
 import torch
-from agentlightning.trainers.hf_backend import HFBackendServer
+from agentlightning.trainers.backends.hf.server import HFBackendServer
 from agentlightning.trainers.models import tiny_model
 from agentlightning.trainers.rollouts import LocalRollouts
 from async_agents import sampled_together_agent, two_call_agent
@@ -28,7 +28,7 @@ from agentlightning.types import Transition
 
 def test_the_weights_change_only_inside_weights_changing(tmp_path):
     """What lets the HF backend keep generating through the forward and backward passes of an update."""
-    from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+    from agentlightning.trainers.learner.grpo import LightningGRPOTrainer, grpo_config
 
     from agentlightning.rl import pack
 
@@ -64,7 +64,7 @@ def test_the_importance_ratio_comes_from_the_training_forward_and_scales_the_upd
     """With one iteration, step() runs no extra forward pass for the ratio: each micro-batch's training forward
     gives the old log-probabilities. Sampling log-probabilities ln 2 below the model's make a (truncated) ratio of
     2 on every token, which doubles the SGD update against sampling log-probabilities equal to the model's."""
-    from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+    from agentlightning.trainers.learner.grpo import LightningGRPOTrainer, grpo_config
 
     from agentlightning.rl import pack
 
@@ -248,8 +248,8 @@ def test_an_update_beside_a_decoding_batch_computes_the_loss_it_computes_alone(t
     (``max_staleness > 0``) must leave the shared model's mode alone."""
     import copy
 
-    from agentlightning.trainers.generation import GenerationEngine, SamplingParams
-    from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+    from agentlightning.trainers.backends.hf.generation import GenerationEngine, SamplingParams
+    from agentlightning.trainers.learner.grpo import LightningGRPOTrainer, grpo_config
 
     from agentlightning.rl import pack
 

@@ -1,10 +1,10 @@
-"""Grouped-query attention on CPU with each key/value head read in place (``trainers/attention.py``)."""
+"""Grouped-query attention on CPU with each key/value head read in place (``trainers/backends/hf/attention.py``)."""
 
 from __future__ import annotations
 
 import torch
-from agentlightning.trainers.attention import NAME, use_shared_kv_attention
-from agentlightning.trainers.generation import GenerationEngine
+from agentlightning.trainers.backends.hf.attention import NAME, use_shared_kv_attention
+from agentlightning.trainers.backends.hf.generation import GenerationEngine
 from agentlightning.trainers.models import tiny_model
 
 

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-from agentlightning.trainers._distributed import shard
-from agentlightning.trainers.batch import pack
+from agentlightning.trainers.learner._distributed import shard
+from agentlightning.trainers.learner.batch import pack
 from agentlightning.trainers.models import tiny_model
 
 from agentlightning.types import Transition

@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-from agentlightning.trainers.batch import pack
 from agentlightning.trainers.checkpoint import load_checkpoint, save_checkpoint
 from agentlightning.trainers.config import TrainConfig
+from agentlightning.trainers.learner.batch import pack
 from agentlightning.trainers.models import tiny_model
 from agentlightning.trainers.policies import Policy, PolicyMap
 from train_agents import writer_rewriter_agent
@@ -27,8 +27,8 @@ POLICIES = {"writer": Policy(lora=LORA), "rewriter": Policy(lora=LORA, learning_
 
 
 def _policy_set(tmp_path, seed: int = 3):
-    from agentlightning.trainers._policy_set import PolicySet
-    from agentlightning.trainers.grpo import grpo_config
+    from agentlightning.trainers.learner._policy_set import PolicySet
+    from agentlightning.trainers.learner.grpo import grpo_config
     from peft import LoraConfig
 
     model, tokenizer = tiny_model(seed=seed)
@@ -108,7 +108,7 @@ def test_credit_per_policy_receives_the_policy_name():
 
 
 def test_hf_backend_serves_each_role_by_its_adapter_in_one_batch(tmp_path):
-    from agentlightning.trainers.hf_backend import HFBackendServer
+    from agentlightning.trainers.backends.hf.server import HFBackendServer
 
     policies, tokenizer = _policy_set(tmp_path)
     with torch.no_grad():  # make the adapters differ from each other and from the base
@@ -263,7 +263,7 @@ def _perturb(model, names: tuple[str, ...] = ("writer", "rewriter"), std: float 
 def test_vllm_backend_loads_each_policys_adapter_by_name(tmp_path):
     """VLLMBackend's multi-LoRA sync against a stand-in for vLLM's LoRA endpoints (``/v1/load_lora_adapter`` and
     ``/v1/unload_lora_adapter``); the real server is driven by the next test where .venv-vllm exists."""
-    from agentlightning.trainers.vllm_backend import VLLMBackend
+    from agentlightning.trainers.backends.vllm.server import VLLMBackend
     from safetensors.torch import load_file
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse
@@ -326,7 +326,7 @@ def test_vllm_backend_loads_each_policys_adapter_by_name(tmp_path):
 
 def test_vllm_serves_two_policies_as_lora_adapters_at_once(served, tmp_path):
     """Where .venv-vllm exists: two adapters hot-loaded by name into one vLLM server, each matching the trainer."""
-    from agentlightning.trainers.vllm_backend import VLLMBackend
+    from agentlightning.trainers.backends.vllm.server import VLLMBackend
     from peft import LoraConfig, get_peft_model
 
     server, model, tokenizer = served

@@ -6,7 +6,7 @@ import threading
 import time
 
 import torch
-from agentlightning.trainers.generation import GenerationEngine, SamplingParams, training_mode_matters
+from agentlightning.trainers.backends.hf.generation import GenerationEngine, SamplingParams, training_mode_matters
 from agentlightning.trainers.models import tiny_model
 
 SYSTEM = "You are a helpful assistant. Use the calculator tool to compute 12 * 5 - 8 / 2. " * 2

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from agentlightning.trainers.batch import pack
-from agentlightning.trainers.grpo import LightningGRPOTrainer, grpo_config
+from agentlightning.trainers.learner.batch import pack
+from agentlightning.trainers.learner.grpo import LightningGRPOTrainer, grpo_config
 from agentlightning.trainers.models import tiny_model
 
 from agentlightning.types import Transition
@@ -133,7 +133,7 @@ def test_bad_batches_are_rejected_with_a_reason(tmp_path):
 def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tmp_path):
     """Rows sharing a long prompt prefix (left-padded prompts of different lengths, right-padded completions):
     the prefix-sharing forward gives TRL's per-token log-probabilities, entropies and LoRA gradients."""
-    from agentlightning.trainers.grpo import _shared_prompt_prefix
+    from agentlightning.trainers.learner.grpo import _shared_prompt_prefix
     from peft import LoraConfig
     from trl import GRPOTrainer
 

@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 import torch
-from agentlightning.trainers.hf_backend import HFBackendServer
+from agentlightning.trainers.backends.hf.server import HFBackendServer
 from agentlightning.trainers.models import tiny_model
 
 TOOL = {
@@ -157,7 +157,7 @@ def test_sampling_overrides_and_version_change(served):
 
 
 def test_tool_calls_are_parsed_from_generated_text():
-    from agentlightning.trainers.tool_calls import parse_tool_calls
+    from agentlightning.trainers.backends.hf.tool_calls import parse_tool_calls
 
     content, calls = parse_tool_calls(
         'Sure. <tool_call>{"name": "calculator", "arguments": {"expression": "1+2"}}</tool_call>'
@@ -172,7 +172,7 @@ def test_tool_calls_are_parsed_from_generated_text():
 
 
 def test_shared_prompt_prefix_is_computed_once_with_identical_results():
-    from agentlightning.trainers.generation import GenerationEngine, SamplingParams, _shared_prefix
+    from agentlightning.trainers.backends.hf.generation import GenerationEngine, SamplingParams, _shared_prefix
 
     model, tokenizer = tiny_model(seed=8)
     system = "You are a helpful assistant. Use the calculator tool to compute 12 * 5 - 8 / 2. " * 2

@@ -19,10 +19,10 @@ import pytest
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 
-from agentlightning.trainers.backend import Backend  # noqa: E402
-from agentlightning.trainers.hf_backend import HFBackendServer  # noqa: E402
+from agentlightning.trainers.backends.base import Backend  # noqa: E402
+from agentlightning.trainers.backends.hf.server import HFBackendServer  # noqa: E402
+from agentlightning.trainers.backends.vllm.server import VLLMBackend, VLLMUnavailable, default_python  # noqa: E402
 from agentlightning.trainers.models import tiny_model  # noqa: E402
-from agentlightning.trainers.vllm_backend import VLLMBackend, VLLMUnavailable, default_python  # noqa: E402
 
 logger = logging.getLogger(__name__)
 

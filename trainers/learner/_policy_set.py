@@ -1,7 +1,7 @@
 """The trainers of a multi-policy run: one LoRA adapter per policy on one PEFT model, one GRPO trainer per adapter.
 
 :class:`PolicySet` wraps the base model once with every policy's adapter (``peft``'s ``add_adapter``) and builds a
-:class:`~agentlightning.trainers.grpo.LightningGRPOTrainer` per policy whose optimizer holds only that adapter's
+:class:`~agentlightning.trainers.learner.grpo.LightningGRPOTrainer` per policy whose optimizer holds only that adapter's
 parameters (own optimizer state, own learning rate, own scheduler and update count). :meth:`PolicySet.update` is one
 training step: each policy's transitions are packed and trained apart (a policy without signal is skipped), and the
 backend serves each updated adapter under that policy's next version (``v<its update count>``).
@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from agentlightning.trainers.batch import pack
+from agentlightning.trainers.learner.batch import pack
 from agentlightning.trainers.policies import PolicyMap
 
 from agentlightning.rl.advantages import GROUP_BASELINES
@@ -25,13 +25,13 @@ logger = logging.getLogger(__name__)
 
 
 class PolicySet:
-    """One :class:`~agentlightning.trainers.grpo.LightningGRPOTrainer` per policy of ``policies``, over adapters
+    """One :class:`~agentlightning.trainers.learner.grpo.LightningGRPOTrainer` per policy of ``policies``, over adapters
     ``adapters`` (policy -> ``peft.LoraConfig``) on ``model``; ``args`` are each policy's ``GRPOConfig``."""
 
     def __init__(
         self, model: Any, tokenizer: Any, policies: PolicyMap, adapters: Mapping[str, Any], args: Mapping[str, Any]
     ) -> None:
-        from agentlightning.trainers.grpo import LightningGRPOTrainer
+        from agentlightning.trainers.learner.grpo import LightningGRPOTrainer
         from peft import PeftModel, get_peft_model
 
         if isinstance(model, PeftModel):

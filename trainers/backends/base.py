@@ -1,7 +1,7 @@
 """The model backend behind the Lightning proxy: an OpenAI-compatible server that serves the policy being trained.
 
-Two implement it: :class:`~agentlightning.trainers.hf_backend.HFBackendServer` (in-process, CPU or GPU, serves the
-trainer's live weights) and :class:`~agentlightning.trainers.vllm_backend.VLLMBackend` (a vLLM server, weights
+Two implement it: :class:`~agentlightning.trainers.backends.hf.server.HFBackendServer` (in-process, CPU or GPU, serves the
+trainer's live weights) and :class:`~agentlightning.trainers.backends.vllm.server.VLLMBackend` (a vLLM server, weights
 synced after each update). The training loop uses a backend like this::
 
     backend.start()

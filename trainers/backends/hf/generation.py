@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from agentlightning.trainers.attention import use_shared_kv_attention
+from agentlightning.trainers.backends.hf.attention import use_shared_kv_attention
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@
 Every response carries vLLM-style exact token ids — ``prompt_token_ids`` at the top level and
 ``choices[i].token_ids`` — whether or not the request asked (``return_token_ids``), per-token ``logprobs`` when
 asked, and the ``model_version`` that produced it (also as the ``X-Model-Version`` header). Concurrent requests
-are decoded together (see :mod:`agentlightning.trainers.generation`). Streaming responses are sent once the
+are decoded together (see :mod:`agentlightning.trainers.backends.hf.generation`). Streaming responses are sent once the
 completion is generated (one content chunk plus a final chunk), with the token ids on the chunks as vLLM does.
 
 With ``policies`` (several policies, one LoRA adapter each on a PEFT model, named after the policy), a request is
@@ -30,9 +30,9 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
-from agentlightning.trainers.generation import GenerationEngine, Sample, SamplingParams
+from agentlightning.trainers.backends.hf.generation import GenerationEngine, Sample, SamplingParams
+from agentlightning.trainers.backends.hf.tool_calls import parse_tool_calls
 from agentlightning.trainers.policies import BASE_VERSION, PolicyMap, combined_version
-from agentlightning.trainers.tool_calls import parse_tool_calls
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse

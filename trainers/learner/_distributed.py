@@ -2,7 +2,7 @@
 GPUs of one or more machines (or CPU processes over gloo).
 
 Every rank runs the same script. TRL's ``TrainingArguments`` set up the process group (so ``trainer_args`` such as
-``ddp_backend`` and ``ddp_timeout`` apply) and :class:`~agentlightning.trainers.grpo.LightningGRPOTrainer` wraps its
+``ddp_backend`` and ``ddp_timeout`` apply) and :class:`~agentlightning.trainers.learner.grpo.LightningGRPOTrainer` wraps its
 model (:func:`wrap_model`). Then:
 
 - rank 0 owns the run: the Lightning Server, the model backend, the workers and the rollout pipeline; it writes
@@ -34,8 +34,8 @@ import torch
 from agentlightning.trainers.checkpoint import contribute_checkpoint, full_tensor
 
 if TYPE_CHECKING:
-    from agentlightning.trainers.batch import PackedBatch
     from agentlightning.trainers.config import TrainConfig, TrainResult
+    from agentlightning.trainers.learner.batch import PackedBatch
 
 logger = logging.getLogger(__name__)
 

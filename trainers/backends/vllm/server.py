@@ -3,7 +3,7 @@
 ``VLLMBackend(model=DIR, policy=..., tokenizer=...)`` starts ``python -m vllm.entrypoints.openai.api_server`` on
 127.0.0.1 (with the trainer tokenizer's chat template, Hermes tool-call parsing and ``--served-model-name``);
 ``VLLMBackend(url=..., policy=...)`` uses a server someone else started. It implements
-:class:`~agentlightning.trainers.backend.Backend`: after the block of ``with backend.updating(version):`` changes
+:class:`~agentlightning.trainers.backends.base.Backend`: after the block of ``with backend.updating(version):`` changes
 the trainer's weights, the new weights are pushed to the server by one of four sync modes:
 
 - ``"lora"`` (any hardware; the default for a LoRA policy): save the PEFT adapter (to ``/dev/shm`` when it exists),
@@ -11,7 +11,7 @@ the trainer's weights, the new weights are pushed to the server by one of four s
   (with ``keep_previous=True``, for asynchronous training, one sync later: requests already running on it finish
   there). :attr:`model_name` changes with every version: requests must name the new adapter.
 - ``"disk"`` (any hardware; full fine-tuning; a shared filesystem across machines): save the full weights, pause,
-  reload them through the worker extension :mod:`agentlightning.trainers._vllm_worker` (which also re-ties a tied
+  reload them through the worker extension :mod:`agentlightning.trainers.backends.vllm._worker` (which also re-ties a tied
   ``lm_head``), reset the prefix cache, set the weight version, resume.
 - ``"nccl"`` (separate GPUs or machines; full fine-tuning): vLLM's NCCL weight-transfer engine through TRL's
   ``VLLMClient``; the server needs ``--weight-transfer-config '{"backend":"nccl"}'`` (added when started here).
@@ -55,7 +55,7 @@ SYNC_MODES: tuple[str, ...] = ("lora", "disk", "nccl", "ipc")
 WORKER_EXTENSION = "agl_vllm_worker.WeightReloader"
 """``--worker-extension-cls`` of a server started here (a copy of ``_vllm_worker.py`` put on its ``PYTHONPATH``).
 A server started by hand in an environment with Agent Lightning uses
-``agentlightning.trainers._vllm_worker.WeightReloader``."""
+``agentlightning.trainers.backends.vllm._worker.WeightReloader``."""
 
 
 class VLLMUnavailable(RuntimeError):
@@ -423,7 +423,7 @@ class VLLMBackend:
                 probe.bind(("127.0.0.1", 0))
                 self._port = probe.getsockname()[1]
         self._base_name = self._base_name or "policy"
-        shutil.copy(Path(__file__).with_name("_vllm_worker.py"), self._dir / "agl_vllm_worker.py")
+        shutil.copy(Path(__file__).with_name("_worker.py"), self._dir / "agl_vllm_worker.py")
         env = {
             **os.environ,
             # /collective_rpc, /pause and friends (dev mode) are safe only because the server binds 127.0.0.1.
