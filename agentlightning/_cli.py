@@ -141,7 +141,7 @@ def _serve_training(args: argparse.Namespace, extra: list[str]) -> int:
         from agentlightning.trainers.serve import serve_training
     except ImportError as exc:
         raise RuntimeError(
-            f"agl server --model needs the training extra: pip install 'agentlightning[train]' ({exc})"
+            f"agl server --model needs the training extra: pip install 'agentlightning-rl[train]' ({exc})"
         ) from None
     return serve_training(server_from_args(args), args, extra)
 
@@ -253,7 +253,9 @@ def _train(args: argparse.Namespace) -> int:
     try:
         result = train(load_agent(args.agent), load_records(args.dataset), val_dataset=val, config=config)
     except ModuleNotFoundError as exc:
-        raise RuntimeError(f"agl train needs the training extra: pip install 'agentlightning[train]' ({exc})") from None
+        raise RuntimeError(
+            f"agl train needs the training extra: pip install 'agentlightning-rl[train]' ({exc})"
+        ) from None
     print(result.summary(), flush=True)
     return 0
 

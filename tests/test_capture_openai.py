@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import multiprocessing
 import multiprocessing.queues
@@ -12,7 +13,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx2
 import openai
 import pytest
 from pydantic import BaseModel
@@ -22,6 +22,8 @@ from agentlightning.capture._context import RolloutRecorder, recording
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall, render_chat_prompt
 
 MESSAGES = [{"role": "system", "content": "You write SQL."}, {"role": "user", "content": "count users"}]
+# The HTTP library under the installed openai client: httpx2 for openai 3, httpx for openai 2.
+http = importlib.import_module(openai.DefaultHttpxClient.__mro__[1].__module__.partition(".")[0])
 TOOLS = [{"type": "function", "function": {"name": "run_sql", "parameters": {"type": "object"}}}]
 
 
@@ -565,14 +567,14 @@ def test_token_ids_are_exact_copies_and_malformed_ones_do_not_lose_the_call(
             ],
         }
 
-        def handler(request: httpx2.Request) -> httpx2.Response:
-            return httpx2.Response(200, json=body)
+        def handler(request: http.Request) -> http.Response:
+            return http.Response(200, json=body)
 
         return openai.OpenAI(
             base_url="http://backend.local/v1",
             api_key="x",
             max_retries=0,
-            http_client=httpx2.Client(transport=httpx2.MockTransport(handler)),
+            http_client=http.Client(transport=http.MockTransport(handler)),
         )
 
     recorder = RolloutRecorder("ro")

@@ -9,6 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = (
     "import agentlightning, agentlightning.adapters, agentlightning.adapters.openai, agentlightning.trainers, "
@@ -45,14 +47,14 @@ def test_built_wheel_imports_adapters_and_trainers(tmp_path: Path) -> None:
         timeout=300,
     )
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    (wheel,) = dist.glob("agentlightning-*.whl")
+    (wheel,) = dist.glob("agentlightning_rl-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {
         "agentlightning/adapters/openai.py",
         "agentlightning/trainers/__init__.py",
         "agentlightning/testing/_server.py",
     } <= set(names)
-    assert all(n.startswith(("agentlightning/", "agentlightning-")) for n in names), "stray top-level files"
+    assert all(n.startswith(("agentlightning/", "agentlightning_rl-")) for n in names), "stray top-level files"
 
     target = tmp_path / "site"
     install = subprocess.run(
@@ -112,3 +114,27 @@ def test_public_api_imports_no_torch_and_no_framework() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]", f"importing agentlightning's public API imported {result.stdout.strip()}"
+
+
+@pytest.mark.parametrize(
+    "beside",
+    [["crewai"], ["llama-index-core", "llama-index-llms-openai"]],
+    ids=["crewai", "llama-index"],
+)
+def test_all_extras_resolve_beside_frameworks_that_need_openai_2(beside: list[str], tmp_path: Path) -> None:
+    # Both pin openai<3 (and crewai pydantic<2.13): the ranges must leave the resolver a solution, found against the
+    # package registry (uv's resolver: pip's backtracks for over ten minutes through crewai's chromadb tree).
+    from uv import find_uv_bin
+
+    requirements = tmp_path / "requirements.in"
+    requirements.write_text("\n".join([f"{ROOT}[all]", *beside]) + "\n")
+    result = subprocess.run(
+        [find_uv_bin(), "pip", "compile", "--quiet", "--python-version", "3.11", "--no-header", str(requirements)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    pinned = dict(line.split("==", 1) for line in result.stdout.splitlines() if "==" in line and " " not in line)
+    assert pinned["openai"].startswith("2."), pinned["openai"]
+    assert {"transformers", "trl", "langchain-openai", "openai-agents", "autogen-agentchat", *beside} <= set(pinned)

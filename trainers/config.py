@@ -133,7 +133,7 @@ class TrainConfig:
     nworkers: int = 4
     workers: Any = "local"
     """Who runs the agent for the server: ``"local"`` (``nworkers`` worker processes), ``"ray"`` (``nworkers`` Ray
-    actors, ``pip install 'agentlightning[ray]'``) or an ``agl.RayWorkers(...)`` (see ``docs/scaling.md``)."""
+    actors, ``pip install 'agentlightning-rl[ray]'``) or an ``agl.RayWorkers(...)`` (see ``docs/scaling.md``)."""
     rollout_timeout: float | None = 300.0
     max_batch_size: int = 64
     """Largest generation batch of the Hugging Face backend."""

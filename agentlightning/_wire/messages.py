@@ -6,15 +6,35 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pydantic
 import pydantic_core
 
 
 def as_plain(value: Any) -> Any:
     """``value`` as plain JSON data (a copy, by pydantic-core): pydantic objects without their None fields, tuples as
     lists, classes by name, other values that JSON cannot hold as their ``repr``."""
+    try:
+        return _jsonable(value)
+    except TypeError:
+        # pydantic < 2.14 cannot serialise, inside another value, a model whose class has not been built yet (its
+        # serializer is still a placeholder until the class is first used); the model's own model_dump builds it.
+        return _jsonable(_models_dumped(value))
+
+
+def _jsonable(value: Any) -> Any:
     return pydantic_core.to_jsonable_python(  # a class: e.g. response_format=SomeModel for .parse()
         value, exclude_none=True, fallback=lambda other: other.__name__ if isinstance(other, type) else repr(other)
     )
+
+
+def _models_dumped(value: Any) -> Any:
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump(exclude_none=True)
+    if isinstance(value, dict):
+        return {key: _models_dumped(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_models_dumped(item) for item in value]
+    return value
 
 
 def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:

@@ -55,7 +55,7 @@ def instrument(name: str) -> None:
             importlib.import_module(trigger)
         except ImportError as exc:
             extra = {"openai_agents": "openai-agents"}.get(name, name)
-            message = f"agl.instrument({name!r}) needs {trigger!r}: pip install 'agentlightning[{extra}]'"
+            message = f"agl.instrument({name!r}) needs {trigger!r}: pip install 'agentlightning-rl[{extra}]'"
             raise ImportError(message) from exc
         importlib.import_module(f"agentlightning.adapters.{name}").install()
         logger.debug("installed capture adapter %s", name)

@@ -1,4 +1,4 @@
-"""Rollout workers as Ray actors (``pip install 'agentlightning[ray]'``; Ray is imported here only, on use): each
+"""Rollout workers as Ray actors (``pip install 'agentlightning-rl[ray]'``; Ray is imported here only, on use): each
 actor runs the worker loop of :mod:`._worker` against a Lightning Server over HTTP. Ray restarts an actor that dies;
 the rollout it held comes back through the server's lease expiry. See ``docs/scaling.md``."""
 
@@ -213,5 +213,5 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise ImportError("Ray workers need Ray: pip install 'agentlightning[ray]'") from exc
+        raise ImportError("Ray workers need Ray: pip install 'agentlightning-rl[ray]'") from exc
     return ray

@@ -22,7 +22,7 @@ import agentlightning as agl
 from agentlightning.server import LightningServer, Settings, SQLiteStore
 from agentlightning.testing import MockLLMServer
 
-ray = pytest.importorskip("ray", reason="the Ray worker tests need Ray: pip install 'agentlightning[ray]'")
+ray = pytest.importorskip("ray", reason="the Ray worker tests need Ray: pip install 'agentlightning-rl[ray]'")
 
 import ray_agents  # noqa: E402 - after the skip
 
