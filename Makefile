@@ -98,10 +98,13 @@ vllm-venv: .venv-vllm/.installed
 	.venv-vllm/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
-# `agentlightning-rl[train,vllm]` must resolve as one install (vllm's mistral_common caps numpy below 2.4). ~1.5 min.
+# `agentlightning-rl[train,vllm]` must resolve as one install, with the tested set (vllm's mistral_common caps numpy
+# below 2.4). Less mcp: vllm 0.30+ needs mcp 2, the MCP clients of [openai-agents] and [autogen] need mcp 1, and
+# [train,vllm] has no MCP client. ~1.5 min.
 .PHONY: vllm-pins
 vllm-pins: .venv-vllm/.installed
-	.venv-vllm/bin/pip install --quiet --dry-run -c constraints.txt '.[train,vllm]'
+	grep -v '^mcp==' constraints.txt > .venv-vllm/constraints-without-mcp.txt
+	.venv-vllm/bin/pip install --quiet --dry-run -c .venv-vllm/constraints-without-mcp.txt '.[train,vllm]'
 
 clean:
 	rm -rf $(VENV) .venv-vllm $(LOWEST) build dist *.egg-info
