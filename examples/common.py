@@ -199,8 +199,6 @@ class MockPolicyBackend:
 
         self.server = MockLLMServer(handler=handler, token_ids=True)
         self.sampling_overrides: dict[str, Any] = {}
-        self.policies: Any = None  # set by agl.train (a PolicyMap)
-        self.policy: Any = None
         self.versions: dict[str | None, str] = {}
 
     @property
@@ -214,6 +212,14 @@ class MockPolicyBackend:
     @property
     def model_version(self) -> str:
         return ",".join(f"{name}@{version}" for name, version in sorted(self.versions.items()) if name)
+
+    @property
+    def generates_during_update(self) -> bool:
+        return False
+
+    @property
+    def last_logprob_gap(self) -> float | None:
+        return None
 
     def start(self) -> MockPolicyBackend:
         self.server.start()

@@ -64,7 +64,7 @@ class VLLMUnavailable(RuntimeError):
 
 def default_python() -> str:
     """Python that runs a vLLM server started here: the repository's ``.venv-vllm`` if present, else this one."""
-    venv = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    venv = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
     return str(venv) if venv.exists() else sys.executable
 
 
@@ -263,6 +263,11 @@ class VLLMBackend:
         if self.check_messages is not None:
             self.last_logprob_gap = self.logprob_gap(self.check_messages)
             logger.info("sampler/trainer logprob gap after sync: %.2e nats", self.last_logprob_gap)
+
+    @property
+    def generates_during_update(self) -> bool:
+        """False: vLLM serves a copy of the weights, synced on leaving :meth:`updating`."""
+        return False
 
     def served(self, policy: str | None) -> tuple[str, str]:
         """(model name, version) that serve ``policy``'s adapter now (None: the frozen base)."""
