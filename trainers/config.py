@@ -146,7 +146,8 @@ class TrainConfig:
     """Who runs the agent for the server: ``"local"`` (``nworkers`` worker processes), ``"ray"`` (``nworkers`` Ray
     actors, ``pip install 'agentlightning[ray]'``) or an ``agl.RayWorkers(...)`` (see ``docs/scaling.md``)."""
     rollout_timeout: float | None = 300.0
-    """Seconds one rollout may run; None: no limit."""
+    """Seconds one rollout may run once started (waiting in the queue for a worker does not count); None: no
+    limit."""
     max_batch_size: int = 64
     """Largest generation batch of the Hugging Face backend."""
 

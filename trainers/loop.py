@@ -136,7 +136,7 @@ class TrainingRun:
             group_size=self.config.group_size,
             max_staleness=self.config.max_staleness,
             refill_cap=self.config.refill_cap,
-            timeout=self._group_timeout(source),
+            timeout=self.config.rollout_timeout,  # from each rollout's start: queued ones are not hung
             roles=self.policies.trained_roles if self.policies else self.config.roles,
             credit=self.policies.credit(self.config.credit) if self.policies else self.config.credit,
             air=self.config.air,
@@ -419,16 +419,6 @@ class TrainingRun:
         if not path.exists():
             raise FileNotFoundError(f"agl.train(resume={str(self.config.resume)!r}): no such checkpoint directory")
         return path
-
-    def _group_timeout(self, source: Any) -> float | None:
-        """Seconds per rollout for threads; for a server, how long to wait for a submitted group, whose rollouts
-        may queue behind ``max_staleness`` steps of groups (the server times each attempt out itself)."""
-        from agentlightning.trainers.rollouts import LocalRollouts
-
-        timeout = self.config.rollout_timeout
-        if timeout is None or isinstance(source, LocalRollouts):
-            return timeout
-        return timeout * (self.config.max_staleness + 1)
 
     def _rollout_source(self) -> Any:
         from agentlightning.trainers.rollouts import LocalRollouts, ServerRollouts
