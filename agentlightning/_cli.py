@@ -254,7 +254,7 @@ def _train(args: argparse.Namespace) -> int:
     from agentlightning.client._worker import load_agent
     from agentlightning.trainers import train
     from agentlightning.trainers._arguments import options_from_args
-    from agentlightning.trainers.config import TrainConfig
+    from agentlightning.trainers.config import NothingTrainedError, TrainConfig
 
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
     config = TrainConfig.from_options(None, options_from_args(args))
@@ -263,6 +263,10 @@ def _train(args: argparse.Namespace) -> int:
         result = train(load_agent(args.agent), load_records(args.dataset), val_dataset=val, config=config)
     except ModuleNotFoundError as exc:
         raise RuntimeError(f"agl train needs the training extra: pip install 'agentlightning[train]' ({exc})") from None
+    except NothingTrainedError as exc:
+        print(exc.result.summary(), flush=True)
+        print(f"agl train: error: {exc}", file=sys.stderr)
+        return 1
     print(result.summary(), flush=True)
     return 0
 

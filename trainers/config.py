@@ -164,6 +164,9 @@ class TrainConfig:
     """Where per-step metrics also go, as in Hugging Face's ``TrainingArguments``: any of ``"tensorboard"``,
     ``"wandb"``, ``"mlflow"``, ``"trackio"`` (each needs its package; TensorBoard is in the ``train`` extra), or
     ``"none"``. ``metrics.jsonl`` is always written."""
+    allow_no_update: bool = False
+    """Finish normally even if no step updated the model; by default such a run (every group tied, was too stale,
+    or captured no token ids of a trained role) raises :class:`NothingTrainedError` with the reason."""
     progress: bool = True
     """Show a progress bar (tqdm) over the steps."""
     seed: int = 0
@@ -299,6 +302,7 @@ class TrainOptions(TypedDict, total=False):
     checkpoint_every: int
     save_model: bool
     report_to: str | Sequence[str]
+    allow_no_update: bool
     progress: bool
     seed: int
 
@@ -364,9 +368,32 @@ class TrainResult:
     model: Any = None
     tokenizer: Any = None
 
+    @property
+    def updated_steps(self) -> int:
+        """How many steps updated the model (a step with nothing to train on leaves it unchanged)."""
+        return sum(1 for row in self.history if row.get("step", 0) >= 1 and not row.get("skipped_update"))
+
+    def warnings(self) -> list[str]:
+        """The steps' distinct warnings (what extraction skipped, why an update was skipped), with their steps."""
+        steps: dict[str, list[int]] = {}
+        for row in self.history:
+            for line in row.get("warnings") or ():
+                steps.setdefault(line, []).append(int(row.get("step", 0)))
+        return [f"{line} (step{'s' if len(at) > 1 else ''} {', '.join(map(str, at))})" for line, at in steps.items()]
+
     def summary(self) -> str:
         """A few lines saying what changed."""
-        lines = [f"trained {self.steps} steps -> model version {self.model_version} ({self.output_dir})"]
+        if self.steps and not self.updated_steps:
+            lines = [
+                f"ran {self.steps} steps, but none updated the model: it is still {self.model_version} "
+                f"({self.output_dir})",
+                *(f"  {line}" for line in self.warnings()),
+            ]
+        else:
+            lines = [
+                f"trained {self.steps} steps ({self.updated_steps} updated the model) -> model version "
+                f"{self.model_version} ({self.output_dir})"
+            ]
         if self.initial_validation and self.final_validation:
             for key in ("reward", "accuracy"):
                 if key in self.initial_validation and key in self.final_validation:
@@ -390,3 +417,16 @@ def _is_ray_workers(value: Any) -> bool:
     from agentlightning.client import RayWorkers  # here: a run with local workers imports no client module
 
     return isinstance(value, RayWorkers)
+
+
+class NothingTrainedError(RuntimeError):
+    """A training run ended without one update of the model (``TrainConfig.allow_no_update`` accepts that).
+    ``result`` is the run's :class:`TrainResult`: its metrics, curve and checkpoint were written."""
+
+    def __init__(self, result: TrainResult) -> None:
+        self.result = result
+        reasons = "; ".join(result.warnings()) or "every step had nothing to train on"
+        super().__init__(
+            f"no step updated the model ({result.steps} steps ran; it is still {result.model_version}): {reasons}. "
+            "Pass --allow-no-update (agl.train(allow_no_update=True)) to accept a run that trained nothing"
+        )

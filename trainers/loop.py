@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning.trainers._pipeline import RolloutPipeline, timed
-from agentlightning.trainers.config import TrainConfig, TrainResult
+from agentlightning.trainers.config import NothingTrainedError, TrainConfig, TrainResult
 from agentlightning.trainers.learner._distributed import Ranks, served_model
 from agentlightning.trainers.learner.batch import pack
 from agentlightning.trainers.policies import PolicyMap, serving_routes
@@ -53,6 +53,12 @@ class TrainingRun:
             if not callable(agent):
                 raise TypeError(f"agl.train(agent=...) must be an @agl.rollout function, got {agent!r}")
             agent = RolloutAgent(agent)
+        if source is None and not agent.receives_llm:
+            raise TypeError(
+                f"agl.train: the agent {agent.name} does not take the model it should call, so training could not "
+                f"change what it does; give it an llm parameter after the task, def {agent.name}(task, llm): ..., "
+                "and build its client from llm.base_url, llm.model and llm.api_key"
+            )
         if isinstance(dataset, (str, bytes, dict)) or not isinstance(dataset, Sequence) or not dataset:
             raise ValueError(f"agl.train(dataset=...) must be a non-empty list of tasks, got {type(dataset).__name__}")
         self.agent, self.dataset, self.config = agent, dataset, config
@@ -234,6 +240,8 @@ class TrainingRun:
         )
         ranks.finish(result)
         logger.info("training finished:\n%s", result.summary())
+        if result.steps and not result.updated_steps and not self.config.allow_no_update:
+            raise NothingTrainedError(result)
         return result
 
     def _train_step(
@@ -250,6 +258,7 @@ class TrainingRun:
         row["transitions"] = len(transitions)
         row["rollout_seconds"] = rollout_seconds
         row.update(data.metrics)
+        row["warnings"] = list(data.warnings)  # in metrics.jsonl: the dashboard shows why nothing trained
         if self.policies is not None:  # each policy's own batch, update and version
             row.update(
                 trainer.update(
@@ -260,6 +269,8 @@ class TrainingRun:
                     self.config.algorithm,
                 )
             )
+            if row.get("skipped_update"):
+                row["warnings"].append("no policy had anything to train on: the adapters are unchanged")
             row.update(trainer.rewards(data.rollouts, self.config.credit, self.config.air))
             _serve(source, backend)
             row["model_version_after"] = backend.model_version
@@ -284,6 +295,7 @@ class TrainingRun:
                 len(transitions),
             )
             row["skipped_update"] = 1
+            row["warnings"].append(_nothing_to_train(transitions, batch))
             # The step still counts: the optimizer schedule and the version do not move.
             return row
         new_version = f"v{trainer.state.global_step + 1}"
@@ -592,6 +604,19 @@ def _postfix(row: dict[str, Any], asynchronous: bool = False) -> dict[str, str]:
         text["stale"] = f"{row['async/dropped_stale_total']:.0f}"
         text["wait"] = f"{row['async/trainer_wait_seconds']:.0f}/{row['async/sampler_wait_seconds']:.0f}"
     return text
+
+
+def _nothing_to_train(transitions: Sequence[Any], batch: Any) -> str:
+    """Why a step had nothing to train on, in plain words (the warnings before it say what extraction skipped)."""
+    if not transitions:
+        return "nothing to train on (no transitions): the model is unchanged"
+    ties = batch.stats.dropped_zero_variance_groups if batch is not None else 0
+    if ties:
+        return (
+            f"nothing to train on: every rollout of a group got the same reward ({ties} groups; GRPO learns from "
+            "the differences within a group): the model is unchanged"
+        )
+    return f"nothing to train on ({len(transitions)} transitions, none kept by the batch): the model is unchanged"
 
 
 def _fmt(values: dict[str, float] | None) -> str:

@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from agentlightning.trainers._arguments import options_from_args
-from agentlightning.trainers.config import TrainConfig
+from agentlightning.trainers.config import NothingTrainedError, TrainConfig
 from agentlightning.trainers.loop import TrainingRun
 from agentlightning.trainers.rollouts import RemoteRollouts
 
@@ -37,7 +37,13 @@ def serve_training(server: LightningServer, args: argparse.Namespace) -> int:
         val, train_tasks = (tasks[:held], tasks[held:]) if held else (None, tasks)
         logger.info("training %s on dataset %s (%d tasks, %d held out)", args.model, dataset_id, len(train_tasks), held)
         run = TrainingRun(None, train_tasks, config, val_dataset=val, source=RemoteRollouts(server, logprobs=True))
-        print(run.run().summary(), flush=True)
+        try:
+            result = run.run()
+        except NothingTrainedError as exc:
+            print(exc.result.summary(), flush=True)
+            logger.error("%s", exc)
+            return 1
+        print(result.summary(), flush=True)
     finally:
         server.stop()
     return 0
