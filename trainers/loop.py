@@ -27,7 +27,7 @@ from typing import Any
 from agentlightning.trainers._pipeline import RolloutPipeline
 from agentlightning.trainers.backends._make import make_backend
 from agentlightning.trainers.backends.base import Backend
-from agentlightning.trainers.config import TrainConfig, TrainResult
+from agentlightning.trainers.config import NothingTrainedError, TrainConfig, TrainResult
 from agentlightning.trainers.learner._distributed import Ranks, served_model
 from agentlightning.trainers.learner._policy_set import PolicySet, UpdateOptions
 from agentlightning.trainers.policies import PolicyMap, serving_routes
@@ -58,6 +58,12 @@ class TrainingRun:
             if not callable(agent):
                 raise TypeError(f"agl.train(agent=...) must be an @agl.rollout function, got {agent!r}")
             agent = RolloutAgent(agent)
+        if source is None and not agent.receives_llm:
+            raise TypeError(
+                f"agl.train: the agent {agent.name} does not take the model it should call, so training could not "
+                f"change what it does; give it an llm parameter after the task, def {agent.name}(task, llm): ..., "
+                "and build its client from llm.base_url, llm.model and llm.api_key"
+            )
         if isinstance(dataset, (str, bytes, dict)) or not isinstance(dataset, Sequence) or not dataset:
             raise ValueError(f"agl.train(dataset=...) must be a non-empty list of tasks, got {type(dataset).__name__}")
         self.agent, self.dataset, self.config = agent, dataset, config
@@ -105,6 +111,8 @@ class TrainingRun:
         result = self._result(steps, policy, tokenizer)
         ranks.finish(result)
         logger.info("training finished:\n%s", result.summary())
+        if result.steps and not result.updated_steps and not self.config.allow_no_update:
+            raise NothingTrainedError(result)
         return result
 
     # -- the pieces of the run, in the order it uses them -------------------------------------------------------
@@ -230,16 +238,6 @@ class TrainingRun:
             )
         return LocalRollouts(self.agent, self.config.nworkers)
 
-    def _group_timeout(self, source: Any) -> float | None:
-        """Seconds per rollout for threads; for a server, how long to wait for a submitted group, whose rollouts
-        may queue behind ``max_staleness`` steps of groups (the server times each attempt out itself)."""
-        from agentlightning.trainers.rollouts import LocalRollouts
-
-        timeout = self.config.rollout_timeout
-        if timeout is None or isinstance(source, LocalRollouts):
-            return timeout
-        return timeout * (self.config.max_staleness + 1)
-
     def _pipeline(self, source: Any, sampler: _TaskSampler, state: _RunState) -> RolloutPipeline:
         return RolloutPipeline(
             source,
@@ -249,7 +247,7 @@ class TrainingRun:
             group_size=self.config.group_size,
             max_staleness=self.config.max_staleness,
             refill_cap=self.config.refill_cap,
-            timeout=self._group_timeout(source),
+            timeout=self.config.rollout_timeout,  # from each rollout's start: queued ones are not hung
             roles=self.policies.trained_roles if self.policies else self.config.roles,
             credit=self.policies.credit(self.config.credit) if self.policies else self.config.credit,
             air=self.config.air,
@@ -365,6 +363,7 @@ class _Steps:
         row["transitions"] = len(data.transitions)
         row["rollout_seconds"] = time.perf_counter() - started
         row.update(data.metrics)
+        row["warnings"] = list(data.warnings)  # in metrics.jsonl: the dashboard shows why nothing trained
         options = UpdateOptions(
             max_prompt_length=self.config.max_prompt_length,
             max_completion_length=self.config.max_completion_length,
@@ -373,12 +372,9 @@ class _Steps:
         )
         row.update(self.learner.update(data.transitions, self.backend, options, self.ranks))
         if row.get("skipped_update"):
-            logger.warning(
-                "step %d: nothing to train on (%d transitions; every group had equal rewards, was too stale or no "
-                "tokens were captured) — the model is unchanged",
-                step + 1,
-                len(data.transitions),
-            )
+            reason = _nothing_to_train(row, len(data.transitions), several=self.training.policies is not None)
+            logger.warning("step %d: %s", step + 1, reason)
+            row["warnings"].append(reason)
         row.update(self.learner.rewards(data.rollouts, self.config.credit, self.config.air))
         _serve(self.source, self.backend, self.training.policies)
         row["model_version_after"] = self.backend.model_version
@@ -553,6 +549,21 @@ def _postfix(row: dict[str, Any], asynchronous: bool = False) -> dict[str, str]:
         text["stale"] = f"{row['async/dropped_stale_total']:.0f}"
         text["wait"] = f"{row['async/trainer_wait_seconds']:.0f}/{row['async/sampler_wait_seconds']:.0f}"
     return text
+
+
+def _nothing_to_train(row: dict[str, Any], transitions: int, several: bool) -> str:
+    """Why a step trained nothing, in plain words (the warnings before it say what extraction skipped)."""
+    if several:
+        return "no policy had anything to train on: the adapters are unchanged"
+    if not transitions:
+        return "nothing to train on (no transitions): the model is unchanged"
+    ties = row.get("batch/dropped_zero_variance_groups", 0)
+    if ties:
+        return (
+            f"nothing to train on: every rollout of a group got the same reward ({ties} groups; GRPO learns from "
+            "the differences within a group): the model is unchanged"
+        )
+    return f"nothing to train on ({transitions} transitions, none kept by the batch): the model is unchanged"
 
 
 def _fmt(values: dict[str, float] | None) -> str:
