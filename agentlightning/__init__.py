@@ -20,6 +20,7 @@ _EXPORTS: dict[str, str] = {
         "agentlightning._run": ("run", "arun"),
         "agentlightning.rl.transitions": ("transitions",),
         "agentlightning.trainers": ("train",),
+        "agentlightning.evaluation": ("evaluate", "EvalReport"),
         "agentlightning.trainers.policies": ("Policy",),
         "agentlightning.client": ("Client", "RayWorkers"),
     }.items()
@@ -31,6 +32,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from agentlightning._decorator import RolloutAgent, rollout
     from agentlightning.capture import emit_reward, instrument, role, uninstrument
+    from agentlightning.evaluation import EvalReport, evaluate
     from agentlightning.types import LLM, Call, ErrorInfo, Reward, Rollout, Transition
 
 

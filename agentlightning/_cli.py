@@ -1,4 +1,5 @@
-"""The ``agl`` command: ``agl server``, ``agl client``, ``agl train``, ``agl rollouts list|show``, ``agl dashboard``.
+"""The ``agl`` command: ``agl server``, ``agl client``, ``agl train``, ``agl eval``, ``agl sft``, ``agl rollouts
+list|show``, ``agl dashboard``.
 
 ``agl server --model NAME`` hands over to ``agentlightning.trainers.serve.serve_training(server, args, extra)``
 with the parsed server options and the words this parser did not know (the trainer's own options).
@@ -19,6 +20,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from agentlightning._cli_eval import eval_arguments, run_eval, run_sft, sft_arguments
+
 logger = logging.getLogger("agl")
 
 
@@ -36,6 +39,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_server_arguments(commands.add_parser("server", parents=[common], help="run the Lightning Server"))
     _client_arguments(commands.add_parser("client", parents=[remote], help="serve rollouts of an agent"))
     _train_arguments(commands.add_parser("train", parents=[common], help="train the LLM inside an agent"))
+    eval_arguments(commands.add_parser("eval", parents=[common], help="score an agent against a model"))
+    sft_arguments(commands.add_parser("sft", parents=[common], help="fine-tune on a run's successful rollouts"))
     rollouts = commands.add_parser("rollouts", help="inspect rollouts").add_subparsers(dest="action", required=True)
     listing = rollouts.add_parser("list", parents=[source], help="list rollouts, newest first")
     listing.add_argument("--status", help="only this state (queued, running, succeeded, failed, timeout, cancelled)")
@@ -59,7 +64,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     training = args.command == "server" and args.model
     if extra and not training:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    commands = {"server": _serve, "client": _client, "train": _train, "dashboard": _dashboard, "rollouts": _rollouts}
+    commands = {
+        "server": _serve,
+        "client": _client,
+        "train": _train,
+        "eval": run_eval,
+        "sft": run_sft,
+        "dashboard": _dashboard,
+        "rollouts": _rollouts,
+    }
     try:
         return _serve_training(args, extra) if training else commands[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
