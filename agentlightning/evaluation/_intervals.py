@@ -43,7 +43,8 @@ def wilson_interval(successes: int, n: int, z: float = Z_95) -> Interval:
     share = successes / n
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return Interval(value=share, low=max(0.0, centre - half), high=min(1.0, centre + half), method="wilson")
+    low, high = max(0.0, min(share, centre - half)), min(1.0, max(share, centre + half))  # float noise at 0 and n
+    return Interval(value=share, low=low, high=high, method="wilson")
 
 
 def bootstrap_mean_interval(values: Sequence[float], resamples: int = BOOTSTRAP_RESAMPLES) -> Interval:
