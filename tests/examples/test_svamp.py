@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentlightning.evaluation import EvalReport
 from agentlightning.trainers.models import tiny_model
 
+from agentlightning.evaluation import EvalReport
 from examples.calc_x import svamp
 from examples.calc_x.data import SVAMP_SPLIT_FILE, load_svamp_one_op, make_svamp_split, svamp_operations
 from examples.calc_x.reward import parse_gold
