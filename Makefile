@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-lowest lint dist bench browser clean
+.PHONY: install demo svamp test test-lowest lint dist bench browser clean
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 
 demo: install
 	$(BIN)/python -m examples.demo
+
+# SVAMP one-operation problems through the Calc-X agent: held-out accuracy before/after GRPO (SVAMP_ARGS=--sft for the
+# SFT warm start); see examples/calc_x/README.md.
+svamp: install
+	$(BIN)/python -m examples.calc_x.svamp $(SVAMP_ARGS)
 
 test: install
 	$(BIN)/python -m pytest -q

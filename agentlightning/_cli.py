@@ -1,4 +1,5 @@
-"""The ``agl`` command: ``agl server``, ``agl client``, ``agl train``, ``agl rollouts list|show``, ``agl dashboard``.
+"""The ``agl`` command: ``agl server``, ``agl client``, ``agl train``, ``agl eval``, ``agl sft``, ``agl rollouts
+list|show``, ``agl dashboard``.
 
 The training options of ``agl train`` and ``agl server --model`` are the fields of ``TrainConfig``, one flag each
 (``agentlightning.trainers._arguments``); ``agl server --model NAME`` hands over to
@@ -20,6 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from agentlightning._cli_eval import eval_arguments, run_eval, run_sft, sft_arguments
+
 logger = logging.getLogger("agl")
 
 
@@ -38,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_server_arguments(commands.add_parser("server", parents=[common], help="run the Lightning Server", **shown))
     _client_arguments(commands.add_parser("client", parents=[remote], help="serve rollouts of an agent", **shown))
     _train_arguments(commands.add_parser("train", parents=[common], help="train the LLM inside an agent", **shown))
+    eval_arguments(commands.add_parser("eval", parents=[common], help="score an agent against a model", **shown))
+    sft_arguments(
+        commands.add_parser("sft", parents=[common], help="fine-tune on a run's successful rollouts", **shown)
+    )
     rollouts = commands.add_parser("rollouts", help="inspect rollouts").add_subparsers(dest="action", required=True)
     listing = rollouts.add_parser("list", parents=[source], help="list rollouts, newest first", **shown)
     listing.add_argument("--status", help="only this state (queued, running, succeeded, failed, timeout, cancelled)")
@@ -59,7 +66,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     training = args.command == "server" and args.model
-    commands = {"server": _serve, "client": _client, "train": _train, "dashboard": _dashboard, "rollouts": _rollouts}
+    commands = {
+        "server": _serve,
+        "client": _client,
+        "train": _train,
+        "eval": run_eval,
+        "sft": run_sft,
+        "dashboard": _dashboard,
+        "rollouts": _rollouts,
+    }
     try:
         return _serve_training(args) if training else commands[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
