@@ -16,6 +16,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypedDict
 
+from agentlightning.rl.advantages import ESTIMATORS
+from agentlightning.types import Rollout
+
 REPORTERS = ("tensorboard", "wandb", "mlflow", "trackio")
 """``report_to`` values (as in Hugging Face's ``TrainingArguments``; ``"none"`` reports nowhere)."""
 
@@ -45,10 +48,6 @@ class VLLMOptions:
     check_logprobs: bool = True
     """After each sync, sample a few tokens and record the largest |vLLM - trainer| logprob (``sync/logprob_gap``)."""
     startup_timeout: float = 600.0
-
-
-from agentlightning.rl.advantages import ESTIMATORS
-from agentlightning.types import Rollout
 
 
 @dataclass

@@ -294,7 +294,7 @@ def _rollout_transitions(
         return []
     credited = assign_credit(credit, rollout, calls)
     made: list[Transition] = []
-    for index, (call, (prompt, completion, source), value) in enumerate(zip(calls, tokens, credited)):
+    for index, (call, (prompt, completion, source), value) in enumerate(zip(calls, tokens, credited, strict=True)):
         logprobs = call.completion_logprobs if source != "retokenized" else None
         if logprobs is not None and len(logprobs) != len(completion):
             stats.logprobs_dropped += 1

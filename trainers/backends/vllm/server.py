@@ -11,8 +11,8 @@ the trainer's weights, the new weights are pushed to the server by one of four s
   (with ``keep_previous=True``, for asynchronous training, one sync later: requests already running on it finish
   there). :attr:`model_name` changes with every version: requests must name the new adapter.
 - ``"disk"`` (any hardware; full fine-tuning; a shared filesystem across machines): save the full weights, pause,
-  reload them through the worker extension :mod:`agentlightning.trainers.backends.vllm._worker` (which also re-ties a tied
-  ``lm_head``), reset the prefix cache, set the weight version, resume.
+  reload them through the worker extension :mod:`agentlightning.trainers.backends.vllm._worker` (which also re-ties a
+  tied ``lm_head``), reset the prefix cache, set the weight version, resume.
 - ``"nccl"`` (separate GPUs or machines; full fine-tuning): vLLM's NCCL weight-transfer engine through TRL's
   ``VLLMClient``; the server needs ``--weight-transfer-config '{"backend":"nccl"}'`` (added when started here).
 - ``"ipc"`` (trainer and vLLM on one GPU; full fine-tuning): CUDA IPC handles through vLLM's IPC weight-transfer
