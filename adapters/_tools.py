@@ -37,7 +37,7 @@ class PendingTool:
         try:
             parent = requesting_llm_call(self.recorder, self.tool_call_id, self.name, self.arguments, self.role)
             metadata = {"adapter": self.adapter} | ({"tool_call_id": self.tool_call_id} if self.tool_call_id else {})
-            role = self.role if self.role is not None else parent and parent.role
+            role = self.role if self.role is not None or parent is None else parent.role
             call = Call(
                 kind="tool",
                 sequence=self.sequence,
@@ -47,7 +47,7 @@ class PendingTool:
                 output=jsonable(output),
                 status="ok" if error is None else "error",
                 error=error,
-                parent_call_id=parent and parent.call_id,
+                parent_call_id=parent.call_id if parent is not None else None,
                 start_time=self.start_time,
                 end_time=time.time(),
                 metadata=metadata,

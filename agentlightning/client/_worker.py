@@ -158,8 +158,8 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> No
     in_rollout.addFilter(lambda _record: current_recorder() is not None)
     in_rollout.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     logging.getLogger().addHandler(in_rollout)
-    sys.stdout = _TeeToRollout(sys.stdout, "stdout", attempt_log)  # type: ignore[assignment]
-    sys.stderr = _TeeToRollout(sys.stderr, "stderr", attempt_log)  # type: ignore[assignment]
+    sys.stdout = _TeeToRollout(sys.stdout, "stdout", attempt_log)
+    sys.stderr = _TeeToRollout(sys.stderr, "stderr", attempt_log)
     threading.Thread(target=_stamp, args=(slot,), name="agl-alive", daemon=True).start()
     agent = load_agent(config.agent_ref)
     enable_auto_instrumentation()  # pay adapter set-up now, not inside the first lease

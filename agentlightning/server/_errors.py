@@ -8,7 +8,7 @@ import contextlib
 import hmac
 import ipaddress
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,7 +24,7 @@ def openai_error(
     message: str,
     code: str | int,
     kind: str = "invalid_request_error",
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     """An error answer in the OpenAI format."""
     error = {"message": message, "type": kind, "param": None, "code": code}

@@ -109,8 +109,10 @@ def rollouts_router(runtime: Runtime) -> APIRouter:
     def enqueue(body: EnqueueRequest) -> dict[str, list[str]]:  # on a thread: a large enqueue takes a while
         if (body.dataset_id is None) == (body.tasks is None):
             raise HTTPException(422, "give exactly one of dataset_id or tasks")
+        source = body.dataset_id if body.tasks is None else body.tasks
+        assert source is not None  # exactly one of them, as checked above
         ids = runtime.enqueue(
-            body.dataset_id if body.tasks is None else body.tasks,
+            source,
             group_size=body.group_size,
             group_id=body.group_id,
             timeout=body.timeout,
