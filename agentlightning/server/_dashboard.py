@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
+from agentlightning.server._errors import StrictJSONRoute
 from agentlightning.server._runtime import Runtime
 from agentlightning.server.store._browse import RolloutQuery, StoreReader
 
@@ -95,7 +96,7 @@ def read_metrics(path: Path | None, since: int = 0) -> tuple[int, list[dict[str,
 
 
 def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callable[[], dict[str, Any]]) -> APIRouter:
-    routes = APIRouter(prefix="/ui/api", tags=["dashboard"])
+    routes = APIRouter(prefix="/ui/api", route_class=StrictJSONRoute, tags=["dashboard"])
 
     def store() -> StoreReader:
         if reader is None:

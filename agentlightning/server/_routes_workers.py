@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, field_validator
 
 from agentlightning.protocol import Lease
+from agentlightning.server._errors import StrictJSONRoute
 from agentlightning.server._runtime import Runtime
 from agentlightning.types import LLM, Rollout
 
@@ -56,7 +57,7 @@ class LeaseAnswer(BaseModel):
 def router(runtime: Runtime) -> APIRouter:
     """The worker protocol of ``runtime``'s server."""
     store, settings, metrics = runtime.store, runtime.settings, runtime.metrics
-    routes = APIRouter(tags=["workers"])
+    routes = APIRouter(route_class=StrictJSONRoute, tags=["workers"])
     # worker id -> ((rollout id, attempt) of its last result, the lease handed with the answer)
     handed: OrderedDict[str, tuple[tuple[str, int], Lease]] = OrderedDict()
 

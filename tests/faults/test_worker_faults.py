@@ -101,3 +101,45 @@ def test_a_hang_holding_the_gil_ends_as_timeout_with_its_logs_and_frees_the_slot
     assert attempt.ended - attempt.started < settings.lease_seconds
     assert any("agent line before gil on gil" in line for line in attempt.logs)
     assert following.status == "succeeded"
+
+
+def test_an_agent_that_logs_a_lone_surrogate_keeps_its_worker_and_its_result(tmp_path: Path) -> None:
+    """Issue 36, defect 1: such a log line crashed the worker at upload (WorkerDied, the result never spooled)."""
+    tasks = [{"id": f"sur-{i}", "mode": "surrogate"} for i in range(3)] + [{"id": "ok-0"}]
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in tasks))
+    with (
+        MockLLMServer() as mock,
+        LightningServer(tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model") as server,
+    ):
+        client = agl(
+            "client",
+            "--agent",
+            "fault_agents:fault_agent",
+            "--dataset",
+            str(dataset),
+            "--nworkers",
+            "1",
+            "--server-url",
+            server.url,
+            "--log-level",
+            "WARNING",
+        )
+        try:
+            dataset_id = wait_for(
+                lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None,
+                60,
+                "the client to attach its dataset",
+            )
+            assert client.poll() is None, client.stdout.read().decode()
+            rollouts = server.wait(server.enqueue(dataset_id), timeout=60)
+            server.request_stop()
+            assert client.wait(30) == 0
+        finally:
+            if client.poll() is None:
+                os.killpg(client.pid, signal.SIGKILL)
+        assert [(r.status, r.attempt, r.final_reward) for r in rollouts] == [("succeeded", 1, 1.0)] * 4
+        for rollout in rollouts[:3]:
+            [attempt] = server.store.attempts(rollout.rollout_id)
+            assert f"agent line with a lone surrogate \ufffd on {rollout.task_id}" in "\n".join(attempt.logs)
+        assert not list(tmp_path.glob("**/*.json"))  # uploaded, nothing left spooled
