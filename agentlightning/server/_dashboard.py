@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 
 from agentlightning.server._errors import StrictJSONRoute
 from agentlightning.server._runtime import Runtime
-from agentlightning.server.store._browse import RolloutQuery, StoreReader
+from agentlightning.server.store._browse import MAX_OFFSET, RolloutQuery, StoreReader
 
 STATIC = Path(__file__).parent / "static"
 
@@ -142,13 +142,15 @@ def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callab
     def tasks(
         sort: Literal["task", "rollouts", "reward", "last"] = "last",
         desc: bool = True,
-        limit: int = 50,
-        offset: int = 0,
+        limit: Annotated[int, Query(le=MAX_OFFSET)] = 50,
+        offset: Annotated[int, Query(le=MAX_OFFSET)] = 0,
     ) -> dict[str, Any]:
         return store().tasks(sort=sort, descending=desc, limit=max(1, min(limit, 500)), offset=max(0, offset))
 
     @routes.get("/tasks/{task_id:path}")
-    def task(task_id: str, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+    def task(
+        task_id: str, limit: Annotated[int, Query(le=MAX_OFFSET)] = 20, offset: Annotated[int, Query(le=MAX_OFFSET)] = 0
+    ) -> dict[str, Any]:
         return store().task_groups(task_id, limit=max(1, min(limit, 200)), offset=max(0, offset))
 
     return routes

@@ -5,9 +5,9 @@ The worker protocol is in ``_routes_workers``, the proxy in ``_proxy``."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field, ValidationError
 
@@ -15,6 +15,7 @@ from agentlightning import _json
 from agentlightning.protocol import AttemptInfo, DatasetInfo, ModelVersion, RolloutSummary
 from agentlightning.server._errors import StrictJSONRoute
 from agentlightning.server._runtime import Runtime
+from agentlightning.server.store._browse import MAX_OFFSET
 
 
 class DatasetUpload(BaseModel):
@@ -96,9 +97,9 @@ class EnqueueRequest(BaseModel):
     dataset_id: str | None = None
     tasks: list[Any] | None = None
     group_size: int = Field(default=1, ge=1, le=10_000)
-    group_id: str | None = None
+    group_id: str | None = Field(default=None, max_length=256)
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    max_attempts: int | None = Field(default=None, ge=1)
+    max_attempts: int | None = Field(default=None, ge=1, le=1000)
 
 
 def rollouts_router(runtime: Runtime) -> APIRouter:
@@ -129,8 +130,8 @@ def rollouts_router(runtime: Runtime) -> APIRouter:
         task_id: str | None = None,
         group_id: str | None = None,
         dataset_id: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
+        limit: Annotated[int, Query(le=MAX_OFFSET)] = 100,
+        offset: Annotated[int, Query(le=MAX_OFFSET)] = 0,
     ) -> list[RolloutSummary]:
         return store.list_rollouts(
             status=status,

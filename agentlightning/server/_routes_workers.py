@@ -28,7 +28,7 @@ _HANDED_MAX = 4096  # workers whose last result-and-lease answer is remembered (
 class ResultUpload(BaseModel):
     """Body of ``POST /rollouts/{id}/result``."""
 
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=1000)  # as max_attempts; larger integers would not fit a SQLite row
     worker_id: str = Field(description="The worker holding the attempt's lease.")
     rollout: Rollout
 
@@ -43,7 +43,7 @@ class ResultUpload(BaseModel):
 class HeartbeatRequest(BaseModel):
     """Body of ``POST /rollouts/{id}/heartbeat``."""
 
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=1000)
     worker_id: str
 
 

@@ -138,6 +138,33 @@ def test_unknown_rollouts_and_bounds(server: LightningServer) -> None:
     too_big = http.post("/rollouts", json={"tasks": [1], "group_size": 200_000})
     assert too_big.status_code == 422 and "group_size" in too_big.json()["detail"]
     assert server.store.counts() == {}
+    # issue 36, defect 3: integers past SQLite's and an unbounded group_id were a 500 and a reset connection
+    big = 2**63
+    [rid] = server.enqueue([{"q": 1}])
+    assert http.post("/workers/w1/dequeue").json()["lease"]["rollout_id"] == rid
+    for answer, field in [
+        (
+            http.post("/rollouts", json={"tasks": [1], "max_attempts": big}),
+            "max_attempts: Input should be less than or equal to",
+        ),
+        (
+            http.post("/rollouts", json={"tasks": [1], "group_id": "g" * 100_000}),
+            "group_id: String should have at most",
+        ),
+        (
+            http.post(f"/rollouts/{rid}/heartbeat", json={"attempt": big, "worker_id": "w1"}),
+            "attempt: Input should be less than or equal to",
+        ),
+        (
+            http.post(f"/rollouts/{rid}/result", json={**_result(rid, "w1"), "attempt": big}),
+            "attempt: Input should be less than or equal to",
+        ),
+        (http.get("/rollouts", params={"offset": big}), "offset: Input should be less than or equal to"),
+        (http.get("/ui/api/rollouts", params={"offset": big}), "offset: Input should be less than or equal to"),
+        (http.get("/ui/api/tasks", params={"limit": big}), "limit: Input should be less than or equal to"),
+    ]:
+        assert answer.status_code == 422 and field in answer.json()["detail"], answer.text
+    assert server.store.rollout_state(rid) == ("running", 1) and server.store.counts() == {"running": 1}
 
 
 def test_a_large_prompt_does_not_stall_other_requests(tmp_path: Path) -> None:
