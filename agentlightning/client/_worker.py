@@ -148,7 +148,9 @@ class WorkerSlot:
 def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> None:
     """Entry point of a worker process (or of a Ray actor's thread, :mod:`._ray`)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the pool drains us
+        # Ctrl-C and a SIGTERM to the group reach us too: the pool drains us (and ends us with SIGKILL if it must)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for stream in (sys.stdout, sys.stderr):  # an agent's lone surrogate must not fail its logging
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
