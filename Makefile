@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-lowest lint dist bench browser clean
+.PHONY: install demo svamp test test-lowest lint dist bench browser clean
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 
 demo: install
 	$(BIN)/python -m examples.demo
+
+# SVAMP one-operation problems through the Calc-X agent: held-out accuracy before/after GRPO (SVAMP_ARGS=--sft for the
+# SFT warm start); see examples/calc_x/README.md.
+svamp: install
+	$(BIN)/python -m examples.calc_x.svamp $(SVAMP_ARGS)
 
 test: install
 	$(BIN)/python -m pytest -q
@@ -98,10 +103,13 @@ vllm-venv: .venv-vllm/.installed
 	.venv-vllm/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $@
 
-# `agentlightning-rl[train,vllm]` must resolve as one install (vllm's mistral_common caps numpy below 2.4). ~1.5 min.
+# `agentlightning-rl[train,vllm]` must resolve as one install, with the tested set (vllm's mistral_common caps numpy
+# below 2.4). Less mcp: vllm 0.30+ needs mcp 2, the MCP clients of [openai-agents] and [autogen] need mcp 1, and
+# [train,vllm] has no MCP client. ~1.5 min.
 .PHONY: vllm-pins
 vllm-pins: .venv-vllm/.installed
-	.venv-vllm/bin/pip install --quiet --dry-run -c constraints.txt '.[train,vllm]'
+	grep -v '^mcp==' constraints.txt > .venv-vllm/constraints-without-mcp.txt
+	.venv-vllm/bin/pip install --quiet --dry-run -c .venv-vllm/constraints-without-mcp.txt '.[train,vllm]'
 
 clean:
 	rm -rf $(VENV) .venv-vllm $(LOWEST) build dist *.egg-info

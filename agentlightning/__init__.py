@@ -20,6 +20,8 @@ _EXPORTS: dict[str, str] = {
         "agentlightning._run": ("run", "arun"),
         "agentlightning.rl.transitions": ("transitions",),
         "agentlightning.trainers": ("train",),
+        "agentlightning.trainers.config": ("TrainConfig", "TrainResult", "NothingTrainedError"),
+        "agentlightning.evaluation": ("evaluate", "EvalReport"),
         "agentlightning.trainers.policies": ("Policy",),
         "agentlightning.client": ("Client", "RayWorkers"),
     }.items()
@@ -31,6 +33,9 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from agentlightning._decorator import RolloutAgent, rollout
     from agentlightning.capture import emit_reward, instrument, role, uninstrument
+    from agentlightning.evaluation import EvalReport, evaluate
+    from agentlightning.trainers import train
+    from agentlightning.trainers.config import NothingTrainedError, TrainConfig, TrainResult
     from agentlightning.types import LLM, Call, ErrorInfo, Reward, Rollout, Transition
 
 

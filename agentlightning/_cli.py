@@ -1,7 +1,9 @@
-"""The ``agl`` command: ``agl server``, ``agl client``, ``agl train``, ``agl rollouts list|show``, ``agl dashboard``.
+"""The ``agl`` command: ``agl server``, ``agl client``, ``agl train``, ``agl eval``, ``agl sft``, ``agl rollouts
+list|show``, ``agl dashboard``.
 
-``agl server --model NAME`` hands over to ``agentlightning.trainers.serve.serve_training(server, args, extra)``
-with the parsed server options and the words this parser did not know (the trainer's own options).
+The training options of ``agl train`` and ``agl server --model`` are the fields of ``TrainConfig``, one flag each
+(``agentlightning.trainers._arguments``); ``agl server --model NAME`` hands over to
+``agentlightning.trainers.serve.serve_training(server, args)``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from agentlightning._cli_eval import eval_arguments, run_eval, run_sft, sft_arguments
+
 logger = logging.getLogger("agl")
 
 
@@ -33,44 +37,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     source.add_argument("--store", help="read this SQLite store directly instead of asking a server")
     parser = argparse.ArgumentParser(prog="agl", description="Agent Lightning: train the LLM inside any agent.")
     commands = parser.add_subparsers(dest="command", required=True)
-    add_server_arguments(commands.add_parser("server", parents=[common], help="run the Lightning Server"))
-    _client_arguments(commands.add_parser("client", parents=[remote], help="serve rollouts of an agent"))
-    _train_arguments(commands.add_parser("train", parents=[common], help="train the LLM inside an agent"))
+    shown: dict[str, Any] = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter}
+    add_server_arguments(commands.add_parser("server", parents=[common], help="run the Lightning Server", **shown))
+    _client_arguments(commands.add_parser("client", parents=[remote], help="serve rollouts of an agent", **shown))
+    _train_arguments(commands.add_parser("train", parents=[common], help="train the LLM inside an agent", **shown))
+    eval_arguments(commands.add_parser("eval", parents=[common], help="score an agent against a model", **shown))
+    sft_arguments(
+        commands.add_parser("sft", parents=[common], help="fine-tune on a run's successful rollouts", **shown)
+    )
     rollouts = commands.add_parser("rollouts", help="inspect rollouts").add_subparsers(dest="action", required=True)
-    listing = rollouts.add_parser("list", parents=[source], help="list rollouts, newest first")
+    listing = rollouts.add_parser("list", parents=[source], help="list rollouts, newest first", **shown)
     listing.add_argument("--status", help="only this state (queued, running, succeeded, failed, timeout, cancelled)")
     listing.add_argument("--task-id")
     listing.add_argument("--group-id")
     listing.add_argument("--dataset-id")
-    listing.add_argument("--limit", type=int, default=20)
+    listing.add_argument("--limit", type=int, default=20, help="most rollouts listed")
     listing.add_argument("--json", action="store_true", help="print JSON lines")
-    show = rollouts.add_parser("show", parents=[source], help="show one rollout in detail")
+    show = rollouts.add_parser("show", parents=[source], help="show one rollout in detail", **shown)
     show.add_argument("rollout_id")
     show.add_argument("--tokens", action="store_true", help="print the token ids of every LLM call")
     show.add_argument("--json", action="store_true", help="print the rollout as JSON")
-    dashboard = commands.add_parser("dashboard", parents=[common], help="serve a run's dashboard, read-only")
+    dashboard = commands.add_parser("dashboard", parents=[common], help="serve a run's dashboard, read-only", **shown)
     dashboard.add_argument("run_dir", help="a run's output directory (store.db, metrics.jsonl) or a store file")
     dashboard.add_argument("--host", default="127.0.0.1", help="interface to bind (beyond loopback needs --token)")
-    dashboard.add_argument("--port", type=int, default=4748)
+    dashboard.add_argument("--port", type=int, default=4748, help="port to listen on")
     dashboard.add_argument("--token", default=os.environ.get("AGL_SERVER_TOKEN"), help="bearer token the page asks for")
 
-    args, extra = parser.parse_known_args(argv)
+    args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     training = args.command == "server" and args.model
-    if extra and not training:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    commands = {"server": _serve, "client": _client, "train": _train, "dashboard": _dashboard, "rollouts": _rollouts}
+    commands = {
+        "server": _serve,
+        "client": _client,
+        "train": _train,
+        "eval": run_eval,
+        "sft": run_sft,
+        "dashboard": _dashboard,
+        "rollouts": _rollouts,
+    }
     try:
-        return _serve_training(args, extra) if training else commands[args.command](args)
+        return _serve_training(args) if training else commands[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
         print(f"agl {args.command}: error: {exc}", file=sys.stderr)
         return 2
 
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``agl server`` (shared with the trainer's ``serve_training``)."""
+    """Options of ``agl server``, and the training options it takes with ``--model`` (``serve_training``)."""
+    from agentlightning.trainers._arguments import add_train_arguments
+
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (beyond loopback needs --token)")
-    parser.add_argument("--port", type=int, default=4747)
+    parser.add_argument("--port", type=int, default=4747, help="port to listen on (0: a free one)")
     parser.add_argument("--store", default="agl-store.db", help="SQLite file (reopening it resumes)")
     parser.add_argument(
         "--token",
@@ -80,7 +97,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--upstream", help="OpenAI-compatible base URL the proxy forwards to, e.g. http://h:8000/v1")
     parser.add_argument("--model-name", help="model name to request upstream")
     parser.add_argument("--model-version", help="version stamped on recorded calls (default: the model name)")
-    parser.add_argument("--upstream-api-key", default=os.environ.get("AGL_UPSTREAM_API_KEY"))
+    parser.add_argument(
+        "--upstream-api-key",
+        default=os.environ.get("AGL_UPSTREAM_API_KEY"),
+        help="API key sent to the upstream (default $AGL_UPSTREAM_API_KEY)",
+    )
     parser.add_argument("--logprobs", action="store_true", help="ask the upstream for sampling logprobs")
     parser.add_argument("--lease", type=float, default=30.0, help="seconds a worker may go without a heartbeat")
     parser.add_argument("--timeout", type=float, default=600.0, help="default seconds per rollout")
@@ -98,7 +119,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         default=2.0,
         help="seconds before a failed attempt is leased again (doubling per attempt, up to 60)",
     )
-    parser.add_argument("--public-url", help="URL clients reach this server at (default http://host:port)")
+    parser.add_argument("--public-url", help="URL clients reach this server at (None: http://host:port)")
     parser.add_argument(
         "--collect",
         type=int,
@@ -106,7 +127,14 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="when a client attaches a dataset, run K rollouts per task, then stop everyone",
     )
-    parser.add_argument("--model", help="train this model on the rollouts clients run (agentlightning.trainers.serve)")
+    parser.add_argument(
+        "--model", help="train this model on the rollouts clients run (the training options below apply)"
+    )
+    parser.add_argument(
+        "--val-fraction", type=float, default=0.0, help="with --model: hold out this share of the attached dataset"
+    )
+    # the server's --timeout is the rollout timeout; its workers are the remote clients
+    add_train_arguments(parser, exclude={"model", "use_server", "nworkers", "workers", "rollout_timeout"})
 
 
 def server_from_args(args: argparse.Namespace) -> Any:
@@ -136,14 +164,15 @@ def server_from_args(args: argparse.Namespace) -> Any:
     )
 
 
-def _serve_training(args: argparse.Namespace, extra: list[str]) -> int:
+def _serve_training(args: argparse.Namespace) -> int:
     try:
-        from agentlightning.trainers.serve import serve_training
+        from agentlightning.trainers.serve import serve_training, training_config
     except ImportError as exc:
         raise RuntimeError(
             f"agl server --model needs the training extra: pip install 'agentlightning-rl[train]' ({exc})"
         ) from None
-    return serve_training(server_from_args(args), args, extra)
+    training_config(args)  # a bad training option fails before the server creates its store
+    return serve_training(server_from_args(args), args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -228,28 +257,23 @@ def _client(args: argparse.Namespace) -> int:
 
 
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
+    from agentlightning.trainers._arguments import add_train_arguments
+
     parser.add_argument("agent", help="the agent as 'package.module:function'")
     parser.add_argument("--dataset", required=True, help="JSONL or JSON file of training tasks")
     parser.add_argument("--val-dataset", help="JSONL or JSON file of held-out tasks")
-    parser.add_argument("--config", help="JSON (or YAML, with PyYAML) file of TrainConfig fields")
-    parser.add_argument(
-        "--set",
-        dest="sets",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="a TrainConfig field (value read as JSON, else text), e.g. group_size=8, vllm.sync=disk",
-    )
+    add_train_arguments(parser)
 
 
 def _train(args: argparse.Namespace) -> int:
     from agentlightning.client._client import load_records
     from agentlightning.client._worker import load_agent
     from agentlightning.trainers import train
-    from agentlightning.trainers.config import load_config
+    from agentlightning.trainers._arguments import options_from_args
+    from agentlightning.trainers.config import NothingTrainedError, TrainConfig
 
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
-    config = load_config(args.config, args.sets)
+    config = TrainConfig.from_options(None, options_from_args(args))
     val = load_records(args.val_dataset) if args.val_dataset else None
     try:
         result = train(load_agent(args.agent), load_records(args.dataset), val_dataset=val, config=config)
@@ -257,6 +281,10 @@ def _train(args: argparse.Namespace) -> int:
         raise RuntimeError(
             f"agl train needs the training extra: pip install 'agentlightning-rl[train]' ({exc})"
         ) from None
+    except NothingTrainedError as exc:
+        print(exc.result.summary(), flush=True)
+        print(f"agl train: error: {exc}", file=sys.stderr)
+        return 1
     print(result.summary(), flush=True)
     return 0
 

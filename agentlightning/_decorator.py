@@ -38,6 +38,11 @@ class RolloutAgent:
         self._parameters, self._rollout_keyword = _agent_parameters(func)
         functools.update_wrapper(self, func)
 
+    @property
+    def receives_llm(self) -> bool:
+        """Whether the function takes the ``llm`` argument (the model to call: what training serves it)."""
+        return "llm" in self._parameters
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs)
 

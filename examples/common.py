@@ -62,35 +62,52 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 
 
 def endpoint_parser(description: str) -> argparse.ArgumentParser:
-    """Options of the ``eval.py`` scripts: any OpenAI-compatible endpoint and how much to evaluate."""
+    """Options of the ``eval.py`` scripts: the model (any OpenAI-compatible endpoint, or a run / model served
+    in-process) and how much to evaluate; the scripts hand them to ``agl.evaluate``."""
     parser = base_parser(description)
-    parser.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
-    parser.add_argument("--model", required=True, help="model name to send in requests")
+    parser.add_argument("--base-url", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument(
+        "--model",
+        required=True,
+        help="with --base-url: the model name to request; without: a training run's directory, a model directory "
+        "or LoRA adapter, 'smollm2' or a hub name, served in-process",
+    )
     parser.add_argument("--api-key", default="EMPTY", help="API key for the endpoint (default: EMPTY)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N held-out tasks")
     parser.add_argument("--workers", type=int, default=4, help="rollouts run in parallel (default: 4)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default: 0, greedy)")
+    parser.add_argument("--max-tokens", type=int, default=None, help="largest completion per LLM call")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per rollout (default: 600)")
-    parser.add_argument("--output", type=Path, default=None, help="write one JSON line per rollout here")
+    parser.add_argument(
+        "--output", type=Path, default=None, help="the JSON report (default: <run>/eval/<name>.json for a run)"
+    )
+    parser.add_argument("--rollouts", type=Path, default=None, help="also write one JSON line per rollout here")
     return parser
 
 
-def evaluate_endpoint(arguments: argparse.Namespace, agent: Any, tasks: Sequence[Any]) -> list[Any]:
-    """Run ``agent`` on ``tasks`` (the first ``--limit``) against the endpoint of :func:`endpoint_parser`'s options;
-    the rollouts are written to ``--output`` when given."""
+def evaluate_endpoint(arguments: argparse.Namespace, agent: Any, tasks: Sequence[Any], name: str) -> Any:
+    """``agl.evaluate`` of ``agent`` on ``tasks`` (the first ``--limit``) with :func:`endpoint_parser`'s options;
+    prints and returns the report (its rollouts also go to ``--rollouts`` when given)."""
     import agentlightning as agl
 
     tasks = list(tasks[: arguments.limit] if arguments.limit else tasks)
-    llm = agl.LLM(
-        base_url=arguments.base_url,
-        model=arguments.model,
+    report = agl.evaluate(
+        agent,
+        tasks,
+        arguments.base_url or arguments.model,
+        name=name,
+        model_name=arguments.model if arguments.base_url else None,
         api_key=arguments.api_key,
-        sampling_parameters={"temperature": arguments.temperature},
+        temperature=arguments.temperature,
+        max_tokens=arguments.max_tokens,
+        n_workers=arguments.workers,
+        timeout=arguments.timeout,
+        output=arguments.output,
     )
-    rollouts = agl.run(agent, tasks, llm=llm, n_workers=arguments.workers, timeout=arguments.timeout)
-    if arguments.output:
-        write_rollouts(arguments.output, rollouts)
-    return rollouts
+    if arguments.rollouts:
+        write_rollouts(arguments.rollouts, report.rollout_records)
+    print(report.summary())
+    return report
 
 
 @dataclass(frozen=True)
@@ -199,8 +216,6 @@ class MockPolicyBackend:
 
         self.server = MockLLMServer(handler=handler, token_ids=True)
         self.sampling_overrides: dict[str, Any] = {}
-        self.policies: Any = None  # set by agl.train (a PolicyMap)
-        self.policy: Any = None
         self.versions: dict[str | None, str] = {}
 
     @property
@@ -214,6 +229,14 @@ class MockPolicyBackend:
     @property
     def model_version(self) -> str:
         return ",".join(f"{name}@{version}" for name, version in sorted(self.versions.items()) if name)
+
+    @property
+    def generates_during_update(self) -> bool:
+        return False
+
+    @property
+    def last_logprob_gap(self) -> float | None:
+        return None
 
     def start(self) -> MockPolicyBackend:
         self.server.start()

@@ -150,7 +150,7 @@ def _update(model: Any, args: argparse.Namespace, report: Any, label: str, train
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16")
     tokens = ids.numel()
-    for attempt in range(2):  # the first builds kernels and optimizer state
+    for _ in range(2):  # the first builds kernels and optimizer state
         _sync(device)
         started = time.perf_counter()
         for row in range(0, args.update_rows, args.micro_batch):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agentlightning.rl.advantages import GROUP_BASELINES, compute_advantages, group_key
-from agentlightning.rl.transitions import extract_transitions
+from agentlightning.rl.transitions import ExtractionStats, extract_transitions
 from agentlightning.types import Rollout, Transition
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,8 @@ class StepData:
     transitions: list[Transition]
     """Transitions of the used groups with advantages, stale ones removed."""
     metrics: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    """What extraction skipped or fell back on in this step's groups, in plain words (also logged)."""
 
 
 @dataclass
@@ -141,7 +143,7 @@ class RolloutPipeline:
         used: list[tuple[list[Rollout], list[Transition]]] = []
         set_aside: list[tuple[list[Rollout], list[Transition]]] = []
         discarded = refills = dropped = 0
-        problems: collections.Counter[str] = collections.Counter()
+        extracted: list[ExtractionStats] = []
         while len(used) < self.tasks_per_step:
             # A group set aside is replaced at once, so that the steps ahead do not find their groups taken
             short = self.tasks_per_step + reserve - len(used) - len(self.pending)
@@ -154,7 +156,7 @@ class RolloutPipeline:
             group = self.pending.pop(0)  # the oldest; result() waits for it while the younger ones run on
             rollouts = group.future.result()
             extraction = extract_transitions(rollouts, self.roles, self.credit, self.air)
-            problems.update(extraction.stats.problems())
+            extracted.append(extraction.stats)
             fresh = fresh_enough(extraction.transitions, trained, self.max_staleness)[0]
             if not self.filtering or (fresh and self._has_signal(extraction.transitions)):
                 used.append((rollouts, extraction.transitions))
@@ -163,8 +165,9 @@ class RolloutPipeline:
                 dropped += len(extraction.transitions) - len(fresh)
                 set_aside.append((rollouts, extraction.transitions))  # in the step's reward metrics, never trained
         trainer_wait = time.perf_counter() - waited
-        for line, count in problems.items():
-            logger.warning("step %d: %s%s", step + 1, line, f" (in {count} groups)" if count > 1 else "")
+        warnings = ExtractionStats.combined(extracted).problems()  # counted over the step, not per group
+        for line in warnings:
+            logger.warning("step %d: %s", step + 1, line)
         transitions = self._advantages([row for _, rows in used for row in rows])
         fresh, lags = fresh_enough(transitions, trained, self.max_staleness)
         dropped += len(transitions) - len(fresh)
@@ -189,7 +192,7 @@ class RolloutPipeline:
             "async/sampler_wait_seconds": idle,
         }
         rollouts = [rollout for group_rollouts, _ in used + set_aside for rollout in group_rollouts]
-        return StepData(rollouts, fresh, metrics)
+        return StepData(rollouts, fresh, metrics, warnings)
 
     def drain(self) -> None:
         """Wait until every submitted group has finished (they stay pending for the next steps)."""

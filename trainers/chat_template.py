@@ -20,7 +20,8 @@ CHATML_TOOLS_TEMPLATE = (
     "{% if tools %}"
     "{{ '\\n\\n# Tools\\n<tools>' }}"
     "{% for tool in tools %}{{ '\\n' + ((tool.function if tool.function is defined else tool) | tojson) }}{% endfor %}"
-    '{{ \'\\n</tools>\\nTo call a tool, reply <tool_call>{"name": <tool-name>, "arguments": <json-object>}</tool_call>\' }}'
+    "{{ '\\n</tools>\\nTo call a tool, reply ' }}"
+    '{{ \'<tool_call>{"name": <tool-name>, "arguments": <json-object>}</tool_call>\' }}'
     "{% endif %}"
     "{{ '<|im_end|>\\n' }}"
     "{% for message in rest %}"

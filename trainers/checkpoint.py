@@ -2,8 +2,8 @@
 
 Layout: ``<output_dir>/checkpoints/step-<N>/`` with ``trainable.pt`` (the parameters that train: the LoRA adapter
 or the whole model), ``optimizer.pt``, ``scheduler.pt`` and ``state.json`` (step, model version, task sampler,
-RNG state). With several policies (:class:`~agentlightning.trainers.learner._policy_set.PolicySet`), each policy's adapter,
-optimizer and scheduler are in ``policies/<name>/`` with its own ``trainer_state.json`` (its update count). A
+RNG state). With several policies (:class:`~agentlightning.trainers.learner._policy_set.PolicySet`), each policy's
+adapter, optimizer and scheduler are in ``policies/<name>/`` with its own ``trainer_state.json`` (its update count). A
 checkpoint directory appears only once complete (written under a temporary name, then renamed). Under FSDP the
 weights and optimizer state are gathered whole (:func:`trained_state`, on every rank) and saved in the same layout,
 so a checkpoint resumes with or without sharding. Under DeepSpeed the weights are gathered the same way, and the
@@ -173,10 +173,11 @@ def trained_state(trainer: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]
 
 
 def _units(trainer: Any) -> list[tuple[str, Any]]:
-    """(folder, trainer) for each trainer a checkpoint holds: the one, or one per policy."""
+    """(folder, trainer) for each trainer a checkpoint holds: a trainer, or each of a
+    :class:`~agentlightning.trainers.learner._policy_set.PolicySet` (a set of one: the same layout as its trainer)."""
     policies = getattr(trainer, "trainers", None)
     if isinstance(policies, dict):
-        return [(f"policies/{name}", unit) for name, unit in policies.items()]
+        return [("" if name is None else f"policies/{name}", unit) for name, unit in policies.items()]
     return [("", trainer)]
 
 

@@ -1,8 +1,10 @@
 """``TrainConfig``: every setting of a training run, grouped and documented like TRL's ``GRPOConfig``.
 
-``agl.train(agent, dataset, **fields)``, ``agl train`` (:func:`load_config`: a JSON/YAML file plus ``--set``
-pairs), ``agl server --model`` and :class:`~agentlightning.trainers.loop.TrainingRun` all take one of these; no
-torch is imported here.
+This is the one configuration surface: ``agl.train(agent, dataset, **fields)`` (typed by :class:`TrainOptions`),
+``agl train`` and ``agl server --model`` (one flag per field, ``--max-steps``, with the field's default and
+docstring: :mod:`agentlightning.trainers.arguments`), their ``--config`` JSON/YAML file and ``--set FIELD=VALUE``
+pairs (:func:`load_config`) and :class:`~agentlightning.trainers.loop.TrainingRun` all take one of these, under the
+same names and with the same defaults; no torch is imported here.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from agentlightning.rl.advantages import ESTIMATORS
+from agentlightning.types import Rollout
 
 REPORTERS = ("tensorboard", "wandb", "mlflow", "trackio")
 """``report_to`` values (as in Hugging Face's ``TrainingArguments``; ``"none"`` reports nowhere)."""
@@ -45,10 +50,6 @@ class VLLMOptions:
     startup_timeout: float = 600.0
 
 
-from agentlightning.rl.advantages import ESTIMATORS
-from agentlightning.types import Rollout
-
-
 @dataclass
 class TrainConfig:
     """The settings of one training run (see ``docs/training.md``)."""
@@ -74,11 +75,14 @@ class TrainConfig:
     group_size: int = 4
     """Rollouts per task (the GRPO group)."""
     tasks_per_step: int = 4
+    """Tasks (GRPO groups) per training step: a step trains on ``tasks_per_step * group_size`` rollouts."""
     shuffle_dataset: bool = True
     """Take a step's tasks from shuffled epochs of ``dataset`` (True, as TRL) or in the dataset's own order (False:
     a curriculum, or an order that mixes the kinds of task in every step)."""
     max_steps: int = 10
+    """Training steps (optimizer updates) of the run."""
     learning_rate: float = 1e-5
+    """The optimizer's (AdamW) learning rate."""
     beta: float = 0.0
     """KL penalty against the initial model."""
     loss_type: str = "grpo"
@@ -86,8 +90,11 @@ class TrainConfig:
     temperature: float = 1.0
     """Sampling temperature of training rollouts (the backend enforces it, so TRL's log-probabilities match)."""
     micro_batch_size: int = 8
+    """Transitions per forward/backward pass; a step's batch is split into micro-batches of this size."""
     max_prompt_length: int | None = None
+    """Prompt tokens kept per transition (the left is cut); None keeps them all."""
     max_completion_length: int | None = None
+    """Most tokens a rollout's LLM call generates (and the trainer keeps); None: 512."""
     credit: Any = "identical"
     """Credit assignment: a name from ``agentlightning.rl.CREDIT_FUNCTIONS`` or a function."""
     air: Any = None
@@ -110,9 +117,11 @@ class TrainConfig:
     val_every: int = 5
     """Evaluate ``val_dataset`` (one rollout per task) before training, every ``val_every`` steps and at the end."""
     val_temperature: float = 0.0
+    """Sampling temperature of held-out rollouts (0: greedy)."""
     success_threshold: float = 1.0
     """Accuracy is ``accuracy(rollout)``, else ``final_reward >= success_threshold``."""
     accuracy: Callable[[Rollout], bool] | None = None
+    """Whether a rollout succeeded, for the ``accuracy`` metric; None: ``final_reward >= success_threshold``."""
     stop_accuracy: float | None = None
     """Stop training once a held-out evaluation's accuracy reaches this (None: run all ``max_steps``)."""
 
@@ -131,10 +140,13 @@ class TrainConfig:
     False runs them in threads of this process (``backend="hf"`` only: the proxy is what asks vLLM for token ids
     and enforces the training temperature)."""
     nworkers: int = 4
+    """Processes (or threads, ``use_server=False``) running the agent's rollouts."""
     workers: Any = "local"
     """Who runs the agent for the server: ``"local"`` (``nworkers`` worker processes), ``"ray"`` (``nworkers`` Ray
     actors, ``pip install 'agentlightning-rl[ray]'``) or an ``agl.RayWorkers(...)`` (see ``docs/scaling.md``)."""
     rollout_timeout: float | None = 300.0
+    """Seconds one rollout may run once started (waiting in the queue for a worker does not count); None: no
+    limit."""
     max_batch_size: int = 64
     """Largest generation batch of the Hugging Face backend."""
 
@@ -146,12 +158,18 @@ class TrainConfig:
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: only at the end)."""
     save_model: bool = True
+    """Save the trained model (and tokenizer) to ``output_dir/model`` at the end."""
     report_to: str | Sequence[str] = ()
     """Where per-step metrics also go, as in Hugging Face's ``TrainingArguments``: any of ``"tensorboard"``,
     ``"wandb"``, ``"mlflow"``, ``"trackio"`` (each needs its package; TensorBoard is in the ``train`` extra), or
     ``"none"``. ``metrics.jsonl`` is always written."""
+    allow_no_update: bool = False
+    """Finish normally even if no step updated the model; by default such a run (every group tied, was too stale,
+    or captured no token ids of a trained role) raises :class:`NothingTrainedError` with the reason."""
     progress: bool = True
+    """Show a progress bar (tqdm) over the steps."""
     seed: int = 0
+    """Seed of the task order and of TRL's trainer."""
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
@@ -241,14 +259,64 @@ class TrainConfig:
         return cls(**{**base, **options})
 
 
+class TrainOptions(TypedDict, total=False):
+    """The keyword arguments of ``agl.train``: the fields of :class:`TrainConfig` (but ``roles``, its own parameter),
+    under the same names and types; each one's meaning and default are on :class:`TrainConfig`."""
+
+    model: Any
+    tokenizer: Any
+    lora: Any
+    policies: Any
+    algorithm: str
+    group_size: int
+    tasks_per_step: int
+    shuffle_dataset: bool
+    max_steps: int
+    learning_rate: float
+    beta: float
+    loss_type: str
+    temperature: float
+    micro_batch_size: int
+    max_prompt_length: int | None
+    max_completion_length: int | None
+    credit: Any
+    air: Any
+    trainer_args: dict[str, Any]
+    max_staleness: int
+    dynamic_sampling: int | None
+    val_every: int
+    val_temperature: float
+    success_threshold: float
+    accuracy: Callable[[Rollout], bool] | None
+    stop_accuracy: float | None
+    backend: Any
+    vllm: Any
+    use_server: bool
+    nworkers: int
+    workers: Any
+    rollout_timeout: float | None
+    max_batch_size: int
+    output_dir: str | Path
+    resume: bool | str | Path
+    checkpoint_every: int
+    save_model: bool
+    report_to: str | Sequence[str]
+    allow_no_update: bool
+    progress: bool
+    seed: int
+
+
 def load_config(path: str | Path | None = None, sets: Sequence[str] = ()) -> TrainConfig:
     """A :class:`TrainConfig` from a JSON or YAML file (``.yaml``/``.yml`` need PyYAML) of field names, then
     ``sets`` (``"group_size=8"``, ``"vllm.sync=disk"``; values are read as JSON, else kept as text)."""
     return TrainConfig.from_options(None, config_options(path, sets))
 
 
-def config_options(path: str | Path | None = None, sets: Sequence[str] = ()) -> dict[str, Any]:
-    """The field values of :func:`load_config`, not yet checked (to lay over another config)."""
+def config_options(
+    path: str | Path | None = None, sets: Sequence[str] = (), flags: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The field values of :func:`load_config`, not yet checked (to lay over another config); ``flags`` (field
+    values given as command-line flags) replace the file's, ``sets`` replace both."""
     options: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -263,6 +331,7 @@ def config_options(path: str | Path | None = None, sets: Sequence[str] = ()) -> 
             options = json.loads(text)
         if not isinstance(options, dict):
             raise ValueError(f"{path}: a training config is a mapping of TrainConfig fields")
+    options.update(flags or {})
     for item in sets:
         key, sep, raw = item.partition("=")
         if not sep or not key:
@@ -298,9 +367,32 @@ class TrainResult:
     model: Any = None
     tokenizer: Any = None
 
+    @property
+    def updated_steps(self) -> int:
+        """How many steps updated the model (a step with nothing to train on leaves it unchanged)."""
+        return sum(1 for row in self.history if row.get("step", 0) >= 1 and not row.get("skipped_update"))
+
+    def warnings(self) -> list[str]:
+        """The steps' distinct warnings (what extraction skipped, why an update was skipped), with their steps."""
+        steps: dict[str, list[int]] = {}
+        for row in self.history:
+            for line in row.get("warnings") or ():
+                steps.setdefault(line, []).append(int(row.get("step", 0)))
+        return [f"{line} (step{'s' if len(at) > 1 else ''} {', '.join(map(str, at))})" for line, at in steps.items()]
+
     def summary(self) -> str:
         """A few lines saying what changed."""
-        lines = [f"trained {self.steps} steps -> model version {self.model_version} ({self.output_dir})"]
+        if self.steps and not self.updated_steps:
+            lines = [
+                f"ran {self.steps} steps, but none updated the model: it is still {self.model_version} "
+                f"({self.output_dir})",
+                *(f"  {line}" for line in self.warnings()),
+            ]
+        else:
+            lines = [
+                f"trained {self.steps} steps ({self.updated_steps} updated the model) -> model version "
+                f"{self.model_version} ({self.output_dir})"
+            ]
         if self.initial_validation and self.final_validation:
             for key in ("reward", "accuracy"):
                 if key in self.initial_validation and key in self.final_validation:
@@ -324,3 +416,16 @@ def _is_ray_workers(value: Any) -> bool:
     from agentlightning.client import RayWorkers  # here: a run with local workers imports no client module
 
     return isinstance(value, RayWorkers)
+
+
+class NothingTrainedError(RuntimeError):
+    """A training run ended without one update of the model (``TrainConfig.allow_no_update`` accepts that).
+    ``result`` is the run's :class:`TrainResult`: its metrics, curve and checkpoint were written."""
+
+    def __init__(self, result: TrainResult) -> None:
+        self.result = result
+        reasons = "; ".join(result.warnings()) or "every step had nothing to train on"
+        super().__init__(
+            f"no step updated the model ({result.steps} steps ran; it is still {result.model_version}): {reasons}. "
+            "Pass --allow-no-update (agl.train(allow_no_update=True)) to accept a run that trained nothing"
+        )

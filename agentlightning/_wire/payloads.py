@@ -3,6 +3,7 @@ vLLM-style token ids; built from a :class:`Reply` by the mock server and the Hug
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -111,15 +112,7 @@ def _spans(choice: Choice, default: list[tuple[str, int]]) -> Iterator[tuple[str
 def chat_chunks(reply: Reply, include_usage: bool = False) -> Iterator[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a streamed reply (token ids on the chunks, as vLLM sends them)."""
     for index, choice in enumerate(reply.choices):
-
-        def chunk(delta: dict[str, Any], ids: slice = slice(0, 0), finish: str | None = None) -> dict[str, Any]:
-            entries = choice.logprobs  # noqa: B023
-            logprobs = None if entries is None else {"content": entries[ids], "refusal": None}
-            item = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
-            if reply.token_ids:
-                item["token_ids"] = choice.token_ids[ids]  # noqa: B023
-            return reply.envelope("chat.completion.chunk", [item])
-
+        chunk = functools.partial(_chat_chunk, reply, index, choice)
         first = chunk({"role": "assistant", "content": ""})
         yield {**first, "prompt_token_ids": reply.prompt_token_ids} if reply.token_ids and not index else first
         *pieces, (_, rest) = _spans(choice, [(choice.content or "", len(choice.token_ids))])
@@ -143,6 +136,23 @@ def chat_chunks(reply: Reply, include_usage: bool = False) -> Iterator[dict[str,
         yield chunk({}, rest, finish=choice.finish_reason)
     if include_usage:
         yield {**reply.envelope("chat.completion.chunk", []), "usage": reply.usage()}
+
+
+def _chat_chunk(
+    reply: Reply,
+    index: int,
+    choice: Choice,
+    delta: dict[str, Any],
+    ids: slice = slice(0, 0),
+    finish: str | None = None,
+) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` of choice ``index``: ``delta`` with the logprobs and token ids of ``ids``."""
+    entries = choice.logprobs
+    logprobs = None if entries is None else {"content": entries[ids], "refusal": None}
+    item = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+    if reply.token_ids:
+        item["token_ids"] = choice.token_ids[ids]
+    return reply.envelope("chat.completion.chunk", [item])
 
 
 def completion(reply: Reply) -> dict[str, Any]:

@@ -74,7 +74,7 @@ def assign_credit(credit: CreditFunction, rollout: Rollout, calls: Sequence[Call
             f"credit function {name!r} returned {len(values)} values for the {len(calls)} calls of "
             f"rollout {rollout.rollout_id!r}"
         )
-    for call, value in zip(calls, values):
+    for call, value in zip(calls, values, strict=True):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(
                 f"credit function {name!r} gave call {call.call_id!r} of rollout {rollout.rollout_id!r} "

@@ -60,6 +60,21 @@ class ExtractionStats:
             if name not in ("roles_seen", "unmatched_roles")
         }
 
+    @classmethod
+    def combined(cls, parts: Iterable[ExtractionStats]) -> ExtractionStats:
+        """The statistics of several extractions as one (e.g. a training step's groups); a role pattern is
+        unmatched if it matched in none of them."""
+        total = cls()
+        unmatched: list[str] | None = None
+        for part in parts:
+            for name, value in vars(part).items():
+                if name == "unmatched_roles":
+                    unmatched = list(value) if unmatched is None else [p for p in unmatched if p in value]
+                else:
+                    setattr(total, name, getattr(total, name) + value)
+        total.unmatched_roles = unmatched or []
+        return total
+
     def problems(self) -> list[str]:
         """Plain-words lines for every skip or fallback (empty when everything was used as recorded)."""
         lines: list[str] = []
@@ -129,6 +144,7 @@ def extract_transitions(
     stats = ExtractionStats()
     found: list[Transition] = []
     seen_ids: set[str] = set()
+    requested = list(patterns or ())  # the role patterns asked for, to name those that matched nothing
     for rollout in rollouts:
         if not isinstance(rollout, Rollout):
             raise TypeError(f"transitions() expects Rollout records, got {type(rollout).__name__}: {rollout!r:.80}")
@@ -142,12 +158,13 @@ def extract_transitions(
         if usable is None:
             continue
         selected = patterns if patterns is not None else rollout.trainable_roles
+        requested += [pattern for pattern in selected or () if pattern not in requested]
         made = _rollout_transitions(usable, selected, credit_function, rules, tokenizer, include_emitted, stats)
         if made:
             stats.rollouts_used += 1
             found.extend(made)
-    if patterns is not None and stats.rollouts_seen:
-        stats.unmatched_roles = unmatched_patterns(patterns, stats.roles_seen)
+    if requested and stats.rollouts_seen:
+        stats.unmatched_roles = unmatched_patterns(requested, stats.roles_seen)
     stats.transitions = len(found)
     return Extraction(found, stats)
 
@@ -277,7 +294,7 @@ def _rollout_transitions(
         return []
     credited = assign_credit(credit, rollout, calls)
     made: list[Transition] = []
-    for index, (call, (prompt, completion, source), value) in enumerate(zip(calls, tokens, credited)):
+    for index, (call, (prompt, completion, source), value) in enumerate(zip(calls, tokens, credited, strict=True)):
         logprobs = call.completion_logprobs if source != "retokenized" else None
         if logprobs is not None and len(logprobs) != len(completion):
             stats.logprobs_dropped += 1

@@ -95,6 +95,36 @@ def read_metrics(path: Path | None, since: int = 0) -> tuple[int, list[dict[str,
     return len(lines), [json.loads(line) for line in lines[max(0, since) :]]
 
 
+EVAL_DIR = "eval"
+"""Where ``agl.evaluate`` writes the reports of a run's model (``<run>/eval/<name>.json``)."""
+EVAL_FIELDS = (
+    "name",
+    "model",
+    "model_version",
+    "rollouts",
+    "tasks",
+    "accuracy",
+    "reward",
+    "tool_error_rate",
+    "created",
+)
+
+
+def read_evals(directory: Path | None) -> list[dict[str, Any]]:
+    """The headline fields of every evaluation report in ``directory``, newest first; a file that is not one is
+    listed with the reason."""
+    if directory is None or not directory.is_dir():
+        return []
+    found = []
+    for path in directory.glob("*.json"):
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+            found.append({"file": path.name, **{key: report[key] for key in EVAL_FIELDS}})
+        except (ValueError, KeyError, TypeError) as exc:
+            found.append({"file": path.name, "error": f"not an evaluation report: {exc!r}"})
+    return sorted(found, key=lambda entry: entry.get("created") or 0, reverse=True)
+
+
 def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callable[[], dict[str, Any]]) -> APIRouter:
     routes = APIRouter(prefix="/ui/api", route_class=StrictJSONRoute, tags=["dashboard"])
 
@@ -129,6 +159,10 @@ def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callab
     def metrics(since: int = 0) -> dict[str, Any]:
         total, rows = read_metrics(metrics_path, since)
         return {"total": total, "rows": rows}
+
+    @routes.get("/evals")
+    def evals() -> list[dict[str, Any]]:
+        return read_evals(metrics_path.parent / EVAL_DIR if metrics_path is not None else None)
 
     @routes.get("/rollouts")
     def rollouts(query: Annotated[RolloutQuery, Query()]) -> dict[str, Any]:

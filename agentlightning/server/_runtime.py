@@ -47,7 +47,8 @@ class Upstream:
 class Settings:
     """Server behaviour. Seconds unless named otherwise. The proxy retries a failing upstream for
     ``upstream_retry_window``, waiting ``retry_backoff`` doubling to ``retry_backoff_max`` (jittered) or what
-    ``Retry-After`` asks; a failed attempt is leased again after ``requeue_delay``, doubling up to ``requeue_delay_max``."""
+    ``Retry-After`` asks; a failed attempt is leased again after ``requeue_delay``, doubling up to
+    ``requeue_delay_max``."""
 
     lease_seconds: float = 30.0
     rollout_timeout: float | None = 600.0

@@ -4,6 +4,8 @@ as tasks ``{"task_id", "question", "answer", "source"}`` with a fixed train / te
 from __future__ import annotations
 
 import json
+import random
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,9 @@ from examples.calc_x.reward import parse_gold
 from examples.common import data_file, read_jsonl
 
 SVAMP_TRAIN_SIZE = 700
+SVAMP_SPLIT_FILE = Path(__file__).with_name("svamp_one_op_split.json")
+"""The fixed split of SVAMP's one-operation problems, as ``ID`` lists (see :func:`make_svamp_split`)."""
+SVAMP_SPLITS = ("train", "heldout")
 SOURCES = ("gsm8k", "svamp", "aqua", "calcx_sample")
 SPLITS = ("train", "test")
 
@@ -37,15 +42,42 @@ def _gsm8k(data_dir: Path, split: str) -> list[dict[str, Any]]:
 def _svamp(data_dir: Path, split: str) -> list[dict[str, Any]]:
     rows = json.loads(data_file(data_dir, "calc_x/svamp/SVAMP.json").read_text(encoding="utf-8"))
     chosen = rows[:SVAMP_TRAIN_SIZE] if split == "train" else rows[SVAMP_TRAIN_SIZE:]
-    return [
-        {
-            "task_id": f"svamp-{row['ID']}",
-            "question": f"{row['Body'].strip().rstrip('.')}. {row['Question'].strip()}",
-            "answer": _plain(row["Answer"]),
-            "source": "svamp",
-        }
-        for row in chosen
-    ]
+    return [_svamp_task(row) for row in chosen]
+
+
+def _svamp_task(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "task_id": f"svamp-{row['ID']}",
+        "question": f"{row['Body'].strip().rstrip('.')}. {row['Question'].strip()}",
+        "answer": _plain(row["Answer"]),
+        "source": "svamp",
+    }
+
+
+def svamp_operations(equation: str) -> int:
+    """How many arithmetic operations an SVAMP ``Equation`` has (``( 76.0 - 25.0 )`` has one)."""
+    return len(re.findall(r"[-+*/]", re.sub(r"(?<=\()\s*-", "", equation)))
+
+
+def make_svamp_split(rows: Sequence[dict[str, Any]], heldout: int = 162, seed: int = 34) -> dict[str, list[str]]:
+    """The one-operation problems of SVAMP split by ``ID``: ``heldout`` of them drawn at random (``seed``), the rest
+    for training; each list is in the file's order. This made :data:`SVAMP_SPLIT_FILE` (600 / 162)."""
+    ids = [row["ID"] for row in rows if svamp_operations(row["Equation"]) == 1]
+    chosen = set(random.Random(seed).sample(ids, heldout))
+    return {"train": [i for i in ids if i not in chosen], "heldout": [i for i in ids if i in chosen]}
+
+
+def load_svamp_one_op(data_dir: Path, split: str) -> list[dict[str, Any]]:
+    """SVAMP one-operation tasks of ``split`` (``"train"``: 600, ``"heldout"``: 162), by the committed IDs of
+    :data:`SVAMP_SPLIT_FILE`; an ID missing from the data file is an error naming it."""
+    if split not in SVAMP_SPLITS:
+        raise ValueError(f"SVAMP split must be one of {SVAMP_SPLITS}, got {split!r}")
+    rows = {row["ID"]: row for row in json.loads(data_file(data_dir, "calc_x/svamp/SVAMP.json").read_text("utf-8"))}
+    ids = json.loads(SVAMP_SPLIT_FILE.read_text(encoding="utf-8"))[split]
+    missing = [i for i in ids if i not in rows]
+    if missing:
+        raise ValueError(f"{SVAMP_SPLIT_FILE.name}: IDs {missing[:5]} are not in SVAMP.json (another SVAMP release?)")
+    return [_svamp_task(rows[i]) for i in ids]
 
 
 def _aqua(data_dir: Path, split: str) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Score any OpenAI-compatible endpoint on held-out number games (a seed never used for training).
+"""Score a model on held-out number games (a seed never used for training) with ``agl.evaluate``.
 
 python -m examples.game.eval --base-url http://127.0.0.1:8000/v1 --model Qwen/Qwen2.5-0.5B-Instruct
 """
@@ -9,7 +9,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from examples.common import cli, endpoint_parser, evaluate_endpoint, summarise
+from examples.common import cli, endpoint_parser, evaluate_endpoint
 from examples.game.train import agent_run, make_tasks
 
 HELD_OUT_SEED = 10_000
@@ -21,8 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     arguments = parser.parse_args(argv)
     logging.basicConfig(level=arguments.log_level.upper())
     tasks = make_tasks(arguments.limit or arguments.games, HELD_OUT_SEED)
-    rollouts = evaluate_endpoint(arguments, agent_run, tasks)
-    print(summarise(rollouts).line(f"number game ({arguments.model})"))
+    evaluate_endpoint(arguments, agent_run, tasks, "number-game")
     return 0
 
 

@@ -17,7 +17,7 @@ def handle(request: MockRequest) -> MockReply:
     messages = request.messages
     found = _RANGE.search(str(messages[1].get("content", ""))) if len(messages) > 1 else None
     low, high = (int(found.group(1)), int(found.group(2))) if found else (1, 100)
-    for reply, answer in zip(messages[2::2], messages[3::2]):
+    for reply, answer in zip(messages[2::2], messages[3::2], strict=False):
         guess = _GUESS.search(str(reply.get("content", "")))
         if guess is None:
             continue

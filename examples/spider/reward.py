@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import product
+from itertools import pairwise, product
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +110,7 @@ def has_top_level_order_by(sql: str) -> bool:
             words.append("")  # a subquery or literal separates "order" from a later "by"
     if word:
         words.append(word)
-    return any(first == "order" and second == "by" for first, second in zip(words, words[1:]))
+    return any(first == "order" and second == "by" for first, second in pairwise(words))
 
 
 def results_match(predicted: Sequence[Row], gold: Sequence[Row], *, ordered: bool) -> bool:

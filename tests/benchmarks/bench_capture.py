@@ -31,6 +31,7 @@ import statistics
 import time
 import timeit
 from collections.abc import Callable
+from typing import Any
 
 import httpx2
 import openai
@@ -300,7 +301,7 @@ def capture_work(n: int = 5000) -> dict[str, float]:
         response = client.chat.completions.with_raw_response.create(**kwargs).parse()
         resource = client.chat.completions
 
-        def call() -> object:
+        def call(resource: Any = resource, response: Any = response) -> object:
             recorder = RolloutRecorder("ro-bench")
             _stainless.ClientCall(openai, "chat.completions", recorder, resource, dict(kwargs)).handle(response)
             return recorder.calls

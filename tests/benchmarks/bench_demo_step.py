@@ -351,8 +351,10 @@ def _report(results: dict[str, list[dict[str, Any]]]) -> str:
     for phase in PHASES + ["step total"]:
         cells = []
         for side in ("baseline", "current"):
-            seconds = med(side, lambda a: a["step"] if phase == "step total" else a["phases"][phase])
-            limit = med(side, lambda a: sum(a["limits"].values()) if phase == "step total" else a["limits"][phase])
+            seconds = med(side, lambda a, phase=phase: a["step"] if phase == "step total" else a["phases"][phase])
+            limit = med(
+                side, lambda a, phase=phase: sum(a["limits"].values()) if phase == "step total" else a["limits"][phase]
+            )
             cells.append((seconds, limit))
         (b, bl), (c, cl) = cells
         ratio = lambda s, lim: f"{s / lim:8.2f}" if lim > 0 else f"{'-':>8}"  # noqa: E731

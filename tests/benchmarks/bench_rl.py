@@ -77,7 +77,7 @@ def naive_pack(rows: list[Transition]) -> dict[str, torch.Tensor]:
     width_p = max(len(p) for p in prompts)
     width_c = max(len(c) for c in completions)
     prompt_ids, prompt_mask, completion_ids, completion_mask, old_logprobs = [], [], [], [], []
-    for prompt, completion, values in zip(prompts, completions, logprobs):
+    for prompt, completion, values in zip(prompts, completions, logprobs, strict=True):
         ids, mask = [], []
         for _ in range(width_p - len(prompt)):
             ids.append(PAD)
@@ -88,7 +88,7 @@ def naive_pack(rows: list[Transition]) -> dict[str, torch.Tensor]:
         prompt_ids.append(ids)
         prompt_mask.append(mask)
         ids, mask, lps = [], [], []
-        for token, value in zip(completion, values):
+        for token, value in zip(completion, values, strict=True):
             ids.append(token)
             mask.append(1)
             lps.append(value)

@@ -173,7 +173,8 @@ def test_bench_trainer() -> None:
     backend = bench_backend()
     print(
         f"HF backend, 16 requests x 32 tokens: one at a time {backend['sequential_tok_s']:.0f} tok/s, batched "
-        f"{backend['batched_tok_s']:.0f} tok/s -> {backend['speedup']:.1f}x wall ({backend['cpu_speedup']:.1f}x per CPU s)"
+        f"{backend['batched_tok_s']:.0f} tok/s -> {backend['speedup']:.1f}x wall "
+        f"({backend['cpu_speedup']:.1f}x per CPU s)"
     )
     assert step["ratio"] <= 1.5, "the LightningRL path must not add meaningful overhead to TRL's step"
     assert backend["speedup"] > 1.0

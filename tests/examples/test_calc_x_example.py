@@ -4,6 +4,7 @@ failures) -> capture with the agent's name as role -> numeric reward -> AIR pena
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,7 +72,9 @@ def test_eval_script(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None
         arguments = ["--base-url", server.base_url, "--model", "m", "--data-dir", str(data_dir), "--limit", "3"]
         assert calc_eval.main(arguments) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2].startswith("calc-x test (m): 3 rollouts") and lines[-1].startswith("calculator calls ")
+    assert lines[0].startswith(f"calc-x-test ({server.base_url}, version ") and "3 rollouts of 3 tasks" in lines[0]
+    assert lines[1].startswith("accuracy ") and "(Wilson 95%)" in lines[1]
+    assert re.match(r"LLM calls \d+ \(calculator_assistant \d+\); tool calls \d+, failed \d+", lines[2]), lines[2]
 
 
 def test_train_cli_dry_run_and_missing_data_dir(data_dir: Path, tmp_path: Path) -> None:

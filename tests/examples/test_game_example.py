@@ -67,4 +67,5 @@ def test_bad_task_fails_its_rollout_clearly() -> None:
 def test_eval_script(capsys: pytest.CaptureFixture[str]) -> None:
     with MockLLMServer(handler=handle) as server:
         assert game_eval.main(["--base-url", server.base_url, "--model", "m", "--games", "4"]) == 0
-    assert capsys.readouterr().out.strip().startswith("number game (m): 4 rollouts")
+    first = capsys.readouterr().out.strip().splitlines()[0]
+    assert first.startswith("number-game (") and "4 rollouts of 4 tasks" in first

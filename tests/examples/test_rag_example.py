@@ -71,7 +71,7 @@ def test_eval_script(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None
             == 0
         )
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2].startswith("musique dev (m): 3 rollouts") and "failed rollouts 0" in lines[-2]
+    assert lines[0].startswith("musique-dev (") and "3 rollouts of 3 tasks" in lines[0] and "(3 succeeded)" in lines[0]
     assert lines[-1].startswith("answer F1 ")
 
 

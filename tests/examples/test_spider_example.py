@@ -93,9 +93,9 @@ def test_eval_script_scores_an_endpoint(tasks: list[dict], data_dir: Path, capsy
             ["--base-url", server.base_url, "--model", "mock", "--data-dir", str(data_dir), "--limit", "3"]
         )
     assert code == 0
-    line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.startswith("spider validation (mock): 3 rollouts, mean reward")
-    assert "failed rollouts 0" in line
+    line = capsys.readouterr().out.strip().splitlines()[0]
+    assert line.startswith(f"spider-validation ({server.base_url}, version ")
+    assert "3 rollouts of 3 tasks" in line and "(3 succeeded)" in line
 
 
 def test_train_main_dry_run_prints_rollouts_and_transitions(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,7 +25,7 @@ def group(rewards: list[float | None], task_id: str = "t1", calls: list[int] | N
             task_id=task_id,
             status="succeeded" if reward is not None else "failed",
         )
-        for i, (reward, count) in enumerate(zip(rewards, counts))
+        for i, (reward, count) in enumerate(zip(rewards, counts, strict=True))
     ]
     return transitions(rollouts, **kw)  # type: ignore[arg-type]
 

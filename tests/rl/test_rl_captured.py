@@ -47,11 +47,11 @@ def test_captured_rollouts_become_a_training_batch() -> None:
 
     found = agl.transitions(rollouts, air=FormatRule("^ANSWER:", failed=-0.5))
     assert len(found) == 8 and {t.role for t in found} == {"writer"}  # the critic is context only
-    for transition, task in zip(found, tasks):
+    for transition, task in zip(found, tasks, strict=True):
         content = f"{task['question']} {task['seed']}"
         prompt = render_chat_prompt([{"role": "user", "content": content}])
         assert transition.prompt_token_ids == tokenizer.encode(prompt)
-        reply = "ANSWER: {0}".format(task["seed"]) if task["seed"] % 2 == 0 else f"maybe {task['seed']}"
+        reply = f"ANSWER: {task['seed']}" if task["seed"] % 2 == 0 else f"maybe {task['seed']}"
         assert tokenizer.decode(transition.completion_token_ids) == reply
         assert transition.completion_logprobs is not None
         assert len(transition.completion_logprobs) == len(transition.completion_token_ids)

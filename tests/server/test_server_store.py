@@ -60,8 +60,9 @@ def test_enqueue_groups_and_dequeue_in_order(store: SQLiteStore) -> None:
     )
     assert len(ids) == 6
     leases = [store.dequeue("w1", 10.0) for _ in range(6)]
-    assert [l.rollout_id for l in leases] == ids
-    assert {l.group_id for l in leases[:3]} == {"step-1:t1"} and {l.group_id for l in leases[3:]} == {"step-1:t2"}
+    assert [lease.rollout_id for lease in leases] == ids
+    assert {lease.group_id for lease in leases[:3]} == {"step-1:t1"}
+    assert {lease.group_id for lease in leases[3:]} == {"step-1:t2"}
     assert store.dequeue("w1", 10.0) is None
     assert store.counts() == {"running": 6}
     with pytest.raises(StoreError, match="group_size"):

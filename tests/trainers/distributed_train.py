@@ -63,10 +63,21 @@ class CountingBackend:
     def stop(self) -> None:
         self._server.stop()
 
+    @property
+    def generates_during_update(self) -> bool:
+        return False
+
+    @property
+    def last_logprob_gap(self) -> float | None:
+        return None
+
     @contextlib.contextmanager
-    def updating(self, new_version: str) -> Any:
+    def updating(self, new_version: str, policy: str | None = None) -> Any:
         yield
         self._version = new_version
+
+    def served(self, policy: str | None) -> tuple[str, str]:
+        return self.model_name, self._version
 
 
 def train(out: Path, momentum: float = 0.0, **options: Any) -> Any:

@@ -215,3 +215,19 @@ def test_sequence_importance_weights():
     assert two[1]["sampling/masked_tokens"] == 2
     with pytest.raises(ValueError, match="mode"):
         importance_weights(TRAINED, SAMPLED, MASK, "tokens", None, None)
+
+
+def test_queued_rollouts_are_not_hung_the_group_wait_counts_from_their_start(tmp_path):
+    """Issue 35: ``agl server --model`` + 2 workers died with "5 of 8 rollouts unfinished after 600 s" although
+    they were only queued. Here one worker runs 3 groups of 4 rollouts of 1.2 s each (about 15 s) under a 2 s
+    rollout timeout: every group waits far longer than that in the queue, and none times out."""
+    tasks = [{"id": f"t{i}", "question": f"q{i}", "delay": 1.2} for i in range(3)]
+    with MockLLMServer(token_ids=True) as server:
+        source = ServerRollouts(scored_agent, tmp_path / "store.db", 1, rollout_timeout=2.0)
+        try:
+            source.set_model(server.base_url, "mock-model", "v0")
+            groups = source.submit(tasks, 4, "step0", timeout=2.0)
+            rollouts = [rollout for group in groups for rollout in group.result(timeout=120)]
+        finally:
+            source.close()
+    assert len(rollouts) == 12 and {rollout.status for rollout in rollouts} == {"succeeded"}

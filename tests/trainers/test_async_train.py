@@ -106,7 +106,7 @@ def test_the_importance_ratio_comes_from_the_training_forward_and_scales_the_upd
         run = trainer(name)
         batch = pack(rows([[value - shift for value in row] for row in own_rows]), run.processing_class.pad_token_id)
         forwards = []
-        hook = run.model.register_forward_hook(lambda *args: forwards.append(1))
+        hook = run.model.register_forward_hook(lambda *args, calls=forwards: calls.append(1))
         before = [parameter.detach().clone() for parameter in run.model.parameters()]
         metrics = run.step(batch)
         hook.remove()

@@ -269,7 +269,10 @@ def test_shards_split_the_rows_and_pad_short_ranks_with_rows_that_add_nothing():
     assert (totals.rows, totals.tokens, totals.processes) == (5, 15.0, 3)
     assert totals.mean_weight == pytest.approx(2.5)
     real = [
-        rollout for part, _ in parts for rollout, mask in zip(part.rollout_ids, part.completion_mask.sum(1)) if mask > 0
+        rollout
+        for part, _ in parts
+        for rollout, mask in zip(part.rollout_ids, part.completion_mask.sum(1), strict=True)
+        if mask > 0
     ]
     assert real == batch.rollout_ids  # every row once, in order
     padding, _ = parts[2]  # rows 4 and a padding copy of it

@@ -38,7 +38,7 @@ def _policy_set(tmp_path, seed: int = 3):
         name: grpo_config(str(tmp_path / name), micro_batch_size=4, learning_rate=0.2, optim="sgd", max_grad_norm=0.0)
         for name in mapping.policies
     }
-    return PolicySet(model, tokenizer, mapping, adapters, args), tokenizer
+    return PolicySet.of_adapters(model, tokenizer, mapping, adapters, args), tokenizer
 
 
 def _adapter(model, name: str) -> dict[str, torch.Tensor]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from agentlightning.trainers.models import tiny_model
@@ -67,10 +69,12 @@ def test_train_updates_weights_and_serves_the_new_version(tmp_path):
 @pytest.mark.parametrize("algorithm", ["grpo", "reinforce++"])
 def test_groups_that_tie_are_trained_on_only_under_a_batch_baseline(tmp_path, algorithm):
     """Every group ties (the reward is the task's own) and the two groups differ: GRPO has nothing to learn and
-    skips the update; reinforce++ centres on the batch mean and trains on every row."""
+    skips the update (and a run that updated nothing fails, saying why); reinforce++ centres on the batch mean and
+    trains on every row."""
     model, tokenizer = tiny_model(seed=1)
     tasks = [{"id": "t0", "question": "a?", "reward": 0.0}, {"id": "t1", "question": "b?", "reward": 1.0}]
-    result = agl.train(
+    train = functools.partial(
+        agl.train,
         task_reward_agent,
         tasks,
         model=model,
@@ -87,6 +91,14 @@ def test_groups_that_tie_are_trained_on_only_under_a_batch_baseline(tmp_path, al
         progress=False,
         save_model=False,
     )
+    if algorithm == "grpo":
+        with pytest.raises(
+            agl.NothingTrainedError, match="every rollout of a group got the same reward \\(2 groups"
+        ) as caught:
+            train()
+        result = caught.value.result
+    else:
+        result = train()
     (step,) = [row for row in result.history if row["step"] == 1]
     if algorithm == "grpo":
         assert step.get("skipped_update") == 1 and result.model_version == "v0"
@@ -113,6 +125,7 @@ def test_shuffle_dataset_false_takes_the_tasks_in_the_dataset_order_epoch_after_
         nworkers=2,
         progress=False,
         save_model=False,
+        allow_no_update=True,  # every reward is 0: only the order of the tasks is looked at
     )
     store = SQLiteStore(tmp_path / "run" / "store.db")
     try:

@@ -31,27 +31,32 @@ def test_server_with_model_trains_on_client_rollouts(tmp_path, staleness):
     parser = argparse.ArgumentParser()
     add_server_arguments(parser)
     args = parser.parse_args(
-        ["--port", str(port), "--store", str(tmp_path / "store.db"), "--model", str(tmp_path / "tiny")]
+        [
+            "--port",
+            str(port),
+            "--store",
+            str(tmp_path / "store.db"),
+            "--model",
+            str(tmp_path / "tiny"),
+            "--max-steps",
+            "2",
+            "--group-size",
+            "2",
+            "--tasks-per-step",
+            "2",
+            "--learning-rate",
+            "0.01",
+            "--max-completion-length",
+            "6",
+            "--output-dir",
+            str(tmp_path / "out"),
+            "--set",
+            f"max_staleness={staleness}",
+        ]
     )
-    trainer_options = [
-        "--max-steps",
-        "2",
-        "--group-size",
-        "2",
-        "--tasks-per-step",
-        "2",
-        "--learning-rate",
-        "0.01",
-        "--max-completion-length",
-        "6",
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--set",
-        f"max_staleness={staleness}",
-    ]
     outcome: dict[str, int] = {}
     server = threading.Thread(
-        target=lambda: outcome.update(code=serve_training(server_from_args(args), args, trainer_options)), daemon=True
+        target=lambda: outcome.update(code=serve_training(server_from_args(args), args)), daemon=True
     )
     server.start()
 

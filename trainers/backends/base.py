@@ -1,8 +1,8 @@
 """The model backend behind the Lightning proxy: an OpenAI-compatible server that serves the policy being trained.
 
-Two implement it: :class:`~agentlightning.trainers.backends.hf.server.HFBackendServer` (in-process, CPU or GPU, serves the
-trainer's live weights) and :class:`~agentlightning.trainers.backends.vllm.server.VLLMBackend` (a vLLM server, weights
-synced after each update). The training loop uses a backend like this::
+Two implement it: :class:`~agentlightning.trainers.backends.hf.server.HFBackendServer` (in-process, CPU or GPU,
+serves the trainer's live weights) and :class:`~agentlightning.trainers.backends.vllm.server.VLLMBackend` (a vLLM
+server, weights synced after each update). The training loop uses a backend like this::
 
     backend.start()
     backend.sampling_overrides = {"temperature": 1.0}  # forced on every rollout request (see below)
@@ -25,7 +25,11 @@ from typing import Any, Protocol, runtime_checkable
 
 @runtime_checkable
 class Backend(Protocol):
-    """An OpenAI-compatible endpoint serving the policy, kept equal to the trainer's weights."""
+    """An OpenAI-compatible endpoint serving the policy, kept equal to the trainer's weights.
+
+    This is everything the training loop uses. ``agl.train(backend=<a Backend>)`` uses the object as it is given
+    (it is never written to): it serves what it was built to serve.
+    """
 
     sampling_overrides: dict[str, Any]
     """Request fields forced on every rollout request (e.g. ``{"temperature": 1.0}``), whatever the agent sends,
@@ -46,6 +50,19 @@ class Backend(Protocol):
         """Version of the weights served now."""
         ...
 
+    @property
+    def generates_during_update(self) -> bool:
+        """Whether the backend samples from the trainer's own weights, in the mode they are in, so that rollouts can
+        keep generating through an update's forward and backward passes (then :meth:`updating` is entered around
+        the optimizer step only). False for a backend that serves a copy (vLLM) or switches the weights' mode."""
+        ...
+
+    @property
+    def last_logprob_gap(self) -> float | None:
+        """The largest sampler/trainer log-probability difference measured after the last weight sync, or None when
+        the backend does not measure one (the HF backend serves the trained weights themselves)."""
+        ...
+
     def start(self) -> Backend:
         """Start serving (or connect); returns ``self`` once requests are answered."""
         ...
@@ -54,7 +71,12 @@ class Backend(Protocol):
         """Stop what :meth:`start` started (idempotent)."""
         ...
 
-    def updating(self, new_version: str) -> AbstractContextManager[None]:
+    def updating(self, new_version: str, policy: str | None = None) -> AbstractContextManager[None]:
         """Context for one weight update: the block changes the trainer's weights; on exit the backend serves
-        them as ``new_version``."""
+        them as ``new_version`` (with ``agl.train(policies=...)``: the adapter of policy ``policy``)."""
+        ...
+
+    def served(self, policy: str | None) -> tuple[str, str]:
+        """(model name, version) that serve ``policy``'s adapter now (None: the base model); the proxy routes each
+        role's calls there with ``agl.train(policies=...)``."""
         ...

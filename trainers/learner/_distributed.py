@@ -2,8 +2,8 @@
 GPUs of one or more machines (or CPU processes over gloo).
 
 Every rank runs the same script. TRL's ``TrainingArguments`` set up the process group (so ``trainer_args`` such as
-``ddp_backend`` and ``ddp_timeout`` apply) and :class:`~agentlightning.trainers.learner.grpo.LightningGRPOTrainer` wraps its
-model (:func:`wrap_model`). Then:
+``ddp_backend`` and ``ddp_timeout`` apply) and :class:`~agentlightning.trainers.learner.grpo.LightningGRPOTrainer`
+wraps its model (:func:`wrap_model`). Then:
 
 - rank 0 owns the run: the Lightning Server, the model backend, the workers and the rollout pipeline; it writes
   metrics and checkpoints and shows progress. The other ranks build the same model and trainer, load the same

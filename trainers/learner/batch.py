@@ -204,7 +204,7 @@ def _zero_variance_rows(rows: Sequence[Transition], stats: PackStats) -> np.ndar
 
     bounds: dict[str, tuple[float, float]] = {}
     keys = [group_key(row) for row in rows]
-    for key, row in zip(keys, rows):
+    for key, row in zip(keys, rows, strict=True):
         low, high = bounds.get(key, (row.reward, row.reward))
         bounds[key] = (min(low, row.reward), max(high, row.reward))
     flat = {key for key, (low, high) in bounds.items() if high - low <= 1e-12 * max(1.0, abs(high))}

@@ -141,6 +141,7 @@ async function runPage() {
   const settings = Object.entries(overview.settings).map(([k, v]) => `<tr><td>${esc(k)}</td><td>${esc(json(v))}</td></tr>`);
   page.innerHTML = `<h2>Run</h2><p>${counts || '<span class="empty">no rollouts in the store</span>'}</p>
     <h3>Curves <small id="curve-note"></small></h3><div class="charts" id="charts"></div>
+    <div id="evals"></div>
     <h3>Model versions</h3><table><thead><tr><th>version</th><th>model</th><th>since</th><th class="num">rollouts</th>
     <th class="num">mean reward</th></tr></thead><tbody>${versions.join("") || '<tr><td colspan="5" class="empty">none</td></tr>'}
     </tbody></table>${listing("Datasets", overview.datasets, (d) => [d.dataset_id, d.name, d.size, time(d.created)])}
@@ -166,6 +167,22 @@ async function runPage() {
   };
   await draw();
   timer = setInterval(() => draw().catch(() => {}), 2000);
+  const reports = await api("/evals");
+  const box = document.getElementById("evals");
+  if (box) box.innerHTML = evalTable(reports);
+}
+
+// Reports of agl.evaluate beside the run (<run>/eval/*.json): accuracy and reward with their 95% intervals.
+function evalTable(reports) {
+  if (!reports.length) return "";
+  const ci = (i) => (i ? `${num(i.value)} [${num(i.low)}, ${num(i.high)}]` : "");
+  const rows = reports.map((r) => (r.error ? `<tr><td>${esc(r.file)}</td><td colspan="6" class="error">${esc(r.error)}</td></tr>` :
+    `<tr data-eval="${esc(r.file)}"><td>${esc(r.name)}</td><td>${esc(r.model_version)}</td><td class="num">${r.rollouts}</td>
+    <td class="num">${ci(r.accuracy)}</td><td class="num">${ci(r.reward)}</td><td class="num">${num(r.tool_error_rate)}</td>
+    <td>${time(r.created)}</td></tr>`));
+  return `<h3>Evaluations</h3><table><thead><tr><th>name</th><th>model version</th><th class="num">rollouts</th>
+    <th class="num">accuracy [95%]</th><th class="num">mean reward [95%]</th><th class="num">tool errors</th><th>when</th></tr>
+    </thead><tbody>${rows.join("")}</tbody></table>`;
 }
 
 const ROLLOUT_FILTERS = ["status", "failed", "retried", "task_id", "group_id", "role", "model_version", "reward_min",

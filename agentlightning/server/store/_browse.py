@@ -165,7 +165,8 @@ class StoreReader:
         rows = self._all(
             "SELECT rollout_id, group_id, status, final_reward, model_version, attempt, (SELECT "
             "json_extract(body, '$.output.content') FROM calls c WHERE c.rollout_id=r.rollout_id AND c.kind='llm' "
-            "ORDER BY sequence DESC LIMIT 1) AS answer FROM rollouts r WHERE group_id IN (SELECT value FROM json_each(?)) "
+            "ORDER BY sequence DESC LIMIT 1) AS answer FROM rollouts r "
+            "WHERE group_id IN (SELECT value FROM json_each(?)) "
             "ORDER BY seq",
             json.dumps([g["group_id"] for g in groups]),
         )

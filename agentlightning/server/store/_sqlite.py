@@ -131,7 +131,7 @@ class SQLiteStore(Store):
         prefix = group_id or new_id("g")
         now = time.time()
         payloads = [json_text_of(task.payload, f"task {index}") for index, task in enumerate(tasks)]
-        check_task_ids([(task.task_id, payload) for task, payload in zip(tasks, payloads)])
+        check_task_ids([(task.task_id, payload) for task, payload in zip(tasks, payloads, strict=True)])
         rows = [
             (
                 new_id("ro"),
@@ -144,7 +144,7 @@ class SQLiteStore(Store):
                 now,
                 now,
             )
-            for task, payload in zip(tasks, payloads)
+            for task, payload in zip(tasks, payloads, strict=True)
             for _ in range(group_size)
         ]
         with self._lock, self._transaction():

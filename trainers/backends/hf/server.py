@@ -109,6 +109,17 @@ class HFBackendServer:
         """OpenAI base URL: ``http://127.0.0.1:<port>/v1``."""
         return f"{self.url}/v1"
 
+    @property
+    def generates_during_update(self) -> bool:
+        """True unless the decoder switches the model to eval mode to decode (several adapters, or modules whose
+        training mode matters): an update's forward passes would then see that mode."""
+        return not self.engine.decodes_in_eval
+
+    @property
+    def last_logprob_gap(self) -> float | None:
+        """None: the HF backend serves the trained weights themselves, so there is no gap to measure."""
+        return None
+
     def start(self) -> HFBackendServer:
         """Start the generation thread and the HTTP server; returns once it accepts connections."""
         if self._http is not None:

@@ -11,8 +11,8 @@ the trainer's weights, the new weights are pushed to the server by one of four s
   (with ``keep_previous=True``, for asynchronous training, one sync later: requests already running on it finish
   there). :attr:`model_name` changes with every version: requests must name the new adapter.
 - ``"disk"`` (any hardware; full fine-tuning; a shared filesystem across machines): save the full weights, pause,
-  reload them through the worker extension :mod:`agentlightning.trainers.backends.vllm._worker` (which also re-ties a tied
-  ``lm_head``), reset the prefix cache, set the weight version, resume.
+  reload them through the worker extension :mod:`agentlightning.trainers.backends.vllm._worker` (which also re-ties a
+  tied ``lm_head``), reset the prefix cache, set the weight version, resume.
 - ``"nccl"`` (separate GPUs or machines; full fine-tuning): vLLM's NCCL weight-transfer engine through TRL's
   ``VLLMClient``; the server needs ``--weight-transfer-config '{"backend":"nccl"}'`` (added when started here).
 - ``"ipc"`` (trainer and vLLM on one GPU; full fine-tuning): CUDA IPC handles through vLLM's IPC weight-transfer
@@ -64,7 +64,7 @@ class VLLMUnavailable(RuntimeError):
 
 def default_python() -> str:
     """Python that runs a vLLM server started here: the repository's ``.venv-vllm`` if present, else this one."""
-    venv = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+    venv = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
     return str(venv) if venv.exists() else sys.executable
 
 
@@ -263,6 +263,11 @@ class VLLMBackend:
         if self.check_messages is not None:
             self.last_logprob_gap = self.logprob_gap(self.check_messages)
             logger.info("sampler/trainer logprob gap after sync: %.2e nats", self.last_logprob_gap)
+
+    @property
+    def generates_during_update(self) -> bool:
+        """False: vLLM serves a copy of the weights, synced on leaving :meth:`updating`."""
+        return False
 
     def served(self, policy: str | None) -> tuple[str, str]:
         """(model name, version) that serve ``policy``'s adapter now (None: the frozen base)."""
