@@ -238,6 +238,7 @@ def _client(args: argparse.Namespace) -> int:
     from agentlightning.client import Client, RayWorkers  # RayWorkers imports Ray once they start
 
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM drains like Ctrl-C (a second one kills)
     workers = (
         None
         if args.ray is None

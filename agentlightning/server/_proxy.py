@@ -22,9 +22,10 @@ import pydantic_core
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from agentlightning import _json
 from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
 from agentlightning.protocol import ROLE_HEADER
-from agentlightning.server._errors import openai_error
+from agentlightning.server._errors import StrictJSONRoute, openai_error
 from agentlightning.server._runtime import Route, Runtime, Upstream
 from agentlightning.types import new_id
 
@@ -76,9 +77,9 @@ class Proxy:
                 "server_error",
             )
         try:
-            body = json.loads(await request.body())
+            body = _json.loads(await request.body())
         except ValueError as exc:
-            return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
+            return openai_error(400, str(exc), "invalid_json")
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
         role = url_role or request.headers.get(ROLE_HEADER)
@@ -247,7 +248,7 @@ class Proxy:
 
 def router(runtime: Runtime) -> APIRouter:
     """The proxy's routes; the upstream client is the one the server's lifespan opened (``request.state``)."""
-    routes = APIRouter(prefix="/rollouts/{rollout_id}/v1", tags=["proxy"])
+    routes = APIRouter(prefix="/rollouts/{rollout_id}/v1", route_class=StrictJSONRoute, tags=["proxy"])
     proxy = Proxy(runtime)
 
     @routes.get("/models", response_model=None)
