@@ -173,3 +173,22 @@ def test_openai_responses_path_unchanged(server: LightningServer, mock: MockLLMS
     ).json()
     assert answer["output"][0]["content"][0]["text"] == "echo: hi"
     assert json.loads(json.dumps(answer))["object"] == "response"
+
+
+def test_logprobs_and_version_recorded_when_training_wants_them(server: LightningServer, mock: MockLLMServer) -> None:
+    server.set_upstream(mock.base_url, "mock-model", "v5", logprobs=True)
+    rid, client = _running(server)
+    client.messages.create(model="claude-x", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+    assert mock.requests[-1].body["logprobs"] is True
+    [call] = _finish(server, rid).calls
+    assert call.metadata["model_version"] == "v5"
+    assert call.completion_logprobs is not None and len(call.completion_logprobs) == len(call.completion_token_ids)
+
+
+def test_upstream_error_reaches_the_agent_with_its_status(server: LightningServer, mock: MockLLMServer) -> None:
+    mock.set_replies([MockReply(status=400, error_message="context too long")])
+    rid, client = _running(server)
+    with pytest.raises(anthropic.BadRequestError, match="context too long"):
+        client.messages.create(model="claude-x", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+    [call] = _finish(server, rid).calls
+    assert call.status == "error" and "context too long" in call.error
