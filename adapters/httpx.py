@@ -73,7 +73,7 @@ class _Stream(_Tee, httpx.SyncByteStream):
 
 
 class _AsyncStream(_Tee, httpx.AsyncByteStream):
-    async def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         async for data in self.stream:
             yield self.answer.add(data)
         self.answer.finish()
