@@ -312,6 +312,7 @@ def add_training_arguments(
     group.add_argument("--nworkers", type=int, default=8, help="rollout worker processes")
     group.add_argument("--output-dir", default=output_dir, help="metrics.jsonl, reward_curve.png, checkpoints")
     group.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
+    group.add_argument("--overwrite", action="store_true", help="replace the run already in --output-dir")
     group.add_argument(
         "--config",
         type=Path,
@@ -337,6 +338,7 @@ def training_kwargs(arguments: argparse.Namespace) -> dict[str, Any]:
         "nworkers": arguments.nworkers,
         "output_dir": arguments.output_dir,
         "resume": arguments.resume,
+        "overwrite": arguments.overwrite,
         **(config_options(arguments.config) if arguments.config else {}),
     }
 

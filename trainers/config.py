@@ -151,10 +151,14 @@ class TrainConfig:
     """Largest generation batch of the Hugging Face backend."""
 
     # -- output -----------------------------------------------------------------------------------------------
-    output_dir: str | Path = "runs/agl-train"
-    """Receives ``metrics.jsonl``, ``reward_curve.png``, checkpoints and the final model."""
+    output_dir: str | Path | None = None
+    """Receives ``store.db``, ``metrics.jsonl``, ``reward_curve.png``, checkpoints and the final model. None: a fresh
+    ``runs/agl-train-<date>-<time>`` (with ``resume=True``: the newest of them). A directory that holds another run
+    is refused unless ``resume`` or ``overwrite``: two runs never share one store."""
     resume: bool | str | Path = False
     """True continues from the latest checkpoint in ``output_dir``; or a checkpoint path."""
+    overwrite: bool = False
+    """Delete the run in ``output_dir`` (its store, metrics, checkpoints, model) and start afresh there."""
     checkpoint_every: int = 0
     """Save a checkpoint every this many steps (0: only at the end)."""
     save_model: bool = True
@@ -172,7 +176,10 @@ class TrainConfig:
     """Seed of the task order and of TRL's trainer."""
 
     def __post_init__(self) -> None:
-        self.output_dir = Path(self.output_dir)
+        if self.output_dir is not None:
+            self.output_dir = Path(self.output_dir)
+        if self.resume and self.overwrite:
+            raise ValueError("agl.train(resume=..., overwrite=True): continue the run or replace it, not both")
         names = (self.report_to,) if isinstance(self.report_to, str) else tuple(self.report_to)
         self.report_to = tuple(name for name in names if name != "none")
         unknown = [name for name in self.report_to if name not in REPORTERS]
@@ -296,8 +303,9 @@ class TrainOptions(TypedDict, total=False):
     workers: Any
     rollout_timeout: float | None
     max_batch_size: int
-    output_dir: str | Path
+    output_dir: str | Path | None
     resume: bool | str | Path
+    overwrite: bool
     checkpoint_every: int
     save_model: bool
     report_to: str | Sequence[str]

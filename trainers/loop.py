@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning.trainers._pipeline import RolloutPipeline
+from agentlightning.trainers._run_dir import run_directory
 from agentlightning.trainers.backends._make import make_backend
 from agentlightning.trainers.backends.base import Backend
 from agentlightning.trainers.config import NothingTrainedError, TrainConfig, TrainResult
@@ -68,7 +69,7 @@ class TrainingRun:
             raise ValueError(f"agl.train(dataset=...) must be a non-empty list of tasks, got {type(dataset).__name__}")
         self.agent, self.dataset, self.config = agent, dataset, config
         self.val_dataset, self.source = val_dataset, source
-        self.output_dir = Path(config.output_dir)
+        self.output_dir = run_directory(config)  # a fresh one, or refused if it holds another run
         self.policies = (
             None if config.policies is None else PolicyMap.parse(config.policies, getattr(agent, "roles", None))
         )

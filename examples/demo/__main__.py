@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         "--nworkers", type=int, default=32, help="agents running at once (threads, or worker processes with --server)"
     )
     parser.add_argument("--model", default="smollm2", help="'smollm2' (bundled GGUF), a local path or a hub name")
-    parser.add_argument("--output-dir", default="runs/demo")
+    parser.add_argument("--output-dir", default="runs/demo", help="replaced by each run of the demo")
     parser.add_argument("--target", type=float, default=0.9, help="held-out accuracy to stop at, timed")
     parser.add_argument("--all-steps", action="store_true", help="keep training after reaching --target")
     parser.add_argument(
@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         val_dataset=held_out,
         val_every=args.val_every,
         output_dir=Path(args.output_dir),
+        overwrite=True,  # `make demo` again replaces the last demo run
         use_server=args.server,
         nworkers=args.nworkers,
         seed=args.seed,

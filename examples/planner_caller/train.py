@@ -127,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--nworkers", type=int, default=32, help="agent threads")
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--output-dir", default="runs/planner-caller")
+    parser.add_argument("--output-dir", default="runs/planner-caller", help="replaced by each run")
     parser.add_argument("--rollout-timeout", type=float, default=900.0, help="seconds (a busy CPU is slow)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -154,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         micro_batch_size=16,
         max_completion_length=40,
         output_dir=Path(args.output_dir),
+        overwrite=True,  # a second run replaces the first
         use_server=False,
         nworkers=args.nworkers,
         seed=args.seed,
