@@ -302,6 +302,10 @@ class ObservedAsyncStream(wrapt.ObjectProxy):
         finally:
             await self._self_chunks.aclose()
 
+    async def aclose(self) -> None:
+        """``close()`` by the name the client also gives it (and LiteLLM calls)."""
+        await self.close()
+
     async def __aenter__(self) -> ObservedAsyncStream:
         return self
 
