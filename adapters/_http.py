@@ -74,7 +74,7 @@ class _SyncTee(_Tee):
 
 
 class _AsyncTee(_Tee):
-    async def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+    async def __aiter__(self) -> AsyncIterator[bytes]:
         async for data in self.stream:
             yield self.answer.add(data)
         self.answer.finish()

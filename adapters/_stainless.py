@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
 from contextvars import ContextVar
 from types import ModuleType
 from typing import Any
@@ -163,6 +163,7 @@ class Patch:
             note_stray_call(endpoint(instance))  # for the diagnostics of a rollout that captured nothing
             return None
         try:
+            assert self.sdk is not None, "start() records calls of an SDK's own methods"
             return ClientCall(self.sdk, api, recorder, instance, kwargs)
         except Exception:  # noqa: BLE001 - a capture bug must not break the agent
             logger.warning("capture failed at the start of a %s call; it is not recorded", api, exc_info=True)
@@ -242,7 +243,7 @@ class _StreamEnd:
             logger.warning("capture failed to record a streamed %s call", self.call.api, exc_info=True)
 
 
-def observed(chunks: Iterator[Any], call: LLMCall) -> Iterator[Any]:
+def observed(chunks: Iterator[Any], call: LLMCall) -> Generator[Any, None, None]:
     """``chunks``, passed on while the call is recorded from them (see :class:`_StreamEnd`)."""
     with _StreamEnd(call) as end:
         for chunk in chunks:
@@ -250,7 +251,7 @@ def observed(chunks: Iterator[Any], call: LLMCall) -> Iterator[Any]:
             yield chunk
 
 
-async def _aobserved(chunks: AsyncIterator[Any], call: LLMCall) -> AsyncIterator[Any]:
+async def _aobserved(chunks: AsyncIterator[Any], call: LLMCall) -> AsyncGenerator[Any, None]:
     with _StreamEnd(call) as end:
         async for chunk in chunks:
             end.add(chunk)
@@ -331,7 +332,7 @@ class _ObservedRaw(wrapt.ObjectProxy):
 class _ObservedAsyncRaw(_ObservedRaw):
     """An async raw response (``with_streaming_response``): recorded when ``await parse()`` first reads it."""
 
-    async def parse(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    async def parse(self, *args: Any, **kwargs: Any) -> Any:
         if self._self_parsed is None:
             self._self_call.fields["metadata"]["raw_response"] = True
             self._self_parsed = self._self_call.handle(await self.__wrapped__.parse(*args, **kwargs))

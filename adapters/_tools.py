@@ -31,13 +31,15 @@ class PendingTool:
     def __post_init__(self) -> None:
         self.sequence = self.recorder.next_sequence()
 
-    def finish(self, output: Any = None, error: str | None = None) -> Call | None:
+    def finish(self, output: Any = None, error: str | None = None, extra: dict[str, Any] | None = None) -> Call | None:
         """Record the tool call as finished (failed with ``error``, type and message), with the role of the LLM call
-        that requested it unless it has its own. Never raises: a capture failure is logged and the agent goes on."""
+        that requested it unless it has its own, and the adapter's ``extra`` metadata. Never raises: a capture failure
+        is logged and the agent goes on."""
         try:
             parent = requesting_llm_call(self.recorder, self.tool_call_id, self.name, self.arguments, self.role)
             metadata = {"adapter": self.adapter} | ({"tool_call_id": self.tool_call_id} if self.tool_call_id else {})
-            role = self.role if self.role is not None else parent and parent.role
+            metadata |= extra or {}
+            role = self.role if self.role is not None or parent is None else parent.role
             call = Call(
                 kind="tool",
                 sequence=self.sequence,
@@ -47,7 +49,7 @@ class PendingTool:
                 output=jsonable(output),
                 status="ok" if error is None else "error",
                 error=error,
-                parent_call_id=parent and parent.call_id,
+                parent_call_id=parent.call_id if parent is not None else None,
                 start_time=self.start_time,
                 end_time=time.time(),
                 metadata=metadata,

@@ -140,7 +140,7 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._runs.pop(run_id, None)
 
-    on_chain_error = on_chain_end  # (error, run_id=...): the same shape
+    on_chain_error = on_chain_end  # type: ignore[assignment]  # (error, run_id=...): the same shape
 
     def on_chat_model_start(
         self,
@@ -164,14 +164,14 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
             run.role_token = set_role(role)
 
     # Completion-style models (prompts instead of messages): LangChain passes both positionally, so one body serves.
-    on_llm_start = on_chat_model_start
+    on_llm_start = on_chat_model_start  # type: ignore[assignment]
 
     def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
         run = self._runs.pop(run_id, None)
         if run is not None and run.role_token is not None:
             reset_role(run.role_token)
 
-    on_llm_error = on_llm_end
+    on_llm_error = on_llm_end  # type: ignore[assignment]
 
     def on_tool_start(
         self,
@@ -217,9 +217,9 @@ class AgentLightningCallbackHandler(BaseCallbackHandler):
 
     # Retrievers are tree nodes like chains (a named one can name a role); LangChain passes (serialized, query) and
     # (documents) positionally, so the chain callbacks serve.
-    on_retriever_start = on_chain_start
-    on_retriever_end = on_chain_end
-    on_retriever_error = on_chain_error
+    on_retriever_start = on_chain_start  # type: ignore[assignment]
+    on_retriever_end = on_chain_end  # type: ignore[assignment]
+    on_retriever_error = on_chain_error  # type: ignore[assignment]
 
 
 def _is_agent_node(name: str, tags: list[str] | None, metadata: dict[str, Any] | None) -> bool:

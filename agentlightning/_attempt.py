@@ -67,7 +67,8 @@ class Attempt:
             timings={"start": time.time()},
         )
         self.recorder = RolloutRecorder(self.rollout.rollout_id, model_version=llm.model_version)
-        self._returned, self._thread = threading.Event(), None
+        self._returned = threading.Event()
+        self._thread: threading.Thread | None = None
         self._output: Any = None
         self._error: BaseException | None = None
 

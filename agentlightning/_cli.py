@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     training = args.command == "server" and args.model
-    commands = {
+    handlers = {
         "server": _serve,
         "client": _client,
         "train": _train,
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "rollouts": _rollouts,
     }
     try:
-        return _serve_training(args) if training else commands[args.command](args)
+        return _serve_training(args) if training else handlers[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
         print(f"agl {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -238,6 +238,7 @@ def _client(args: argparse.Namespace) -> int:
     from agentlightning.client import Client, RayWorkers  # RayWorkers imports Ray once they start
 
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM drains like Ctrl-C (a second one kills)
     workers = (
         None
         if args.ray is None

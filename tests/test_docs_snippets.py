@@ -23,6 +23,7 @@ PAGES = [
     "frameworks/langchain.md",
     "frameworks/openai_agents.md",
     "frameworks/autogen.md",
+    "frameworks/pydantic_ai.md",
 ]
 RUNNER = """
 import re, sys

@@ -96,7 +96,7 @@ _TYPES: dict[str, Any] = {"int": int, "float": float, "str": str, "str | Path": 
 
 
 def _default_text(item: Field[Any]) -> str:
-    value = item.default_factory() if item.default is MISSING else item.default  # type: ignore[misc]
+    value = item.default if item.default_factory is MISSING else item.default_factory()
     if value in ((), [], {}) and item.name == "report_to":
         return "none"
     return json.dumps(value) if isinstance(value, dict) else str(value)

@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, wait
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from agentlightning.rl.advantages import GROUP_BASELINES, compute_advantages, group_key
+from agentlightning.rl.advantages import GROUP_BASELINES, Estimator, compute_advantages, group_key
 from agentlightning.rl.transitions import ExtractionStats, extract_transitions
 from agentlightning.types import Rollout, Transition
 
@@ -115,7 +115,8 @@ class RolloutPipeline:
         self.source, self.dataset, self.pick = source, dataset, pick
         self.tasks_per_step, self.group_size, self.max_staleness = tasks_per_step, group_size, max_staleness
         self.refill_cap, self.timeout = refill_cap, timeout
-        self.roles, self.credit, self.air, self.algorithm = roles, credit, air, algorithm
+        self.roles, self.credit, self.air = roles, credit, air
+        self.algorithm = cast(Estimator, algorithm)  # one of ESTIMATORS: TrainConfig checks it
         self.max_steps = max_steps
         self.policy_of = policy_of
         self.filtering = refill_cap > 0  # set groups without signal aside (else pack drops the flat ones)

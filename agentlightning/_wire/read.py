@@ -166,6 +166,7 @@ def read_response(api: str, response: Any) -> dict[str, Any]:
         return _read_message(body)
     choices = body.get("choices") or []
     choice = _view(choices[0]) if choices else {}
+    output: dict[str, Any]
     if api == "completions":
         output = {"content": choice.get("text"), "tool_calls": [], "finish_reason": choice.get("finish_reason")}
     else:

@@ -32,6 +32,7 @@ ADAPTERS: dict[str, str] = {
     "langchain": "langchain_core",
     "openai_agents": "agents",
     "autogen": "autogen_agentchat",
+    "pydantic_ai": "pydantic_ai",
 }
 
 _lock = threading.RLock()
@@ -47,7 +48,7 @@ def _trigger(name: str) -> str:
 
 def instrument(name: str) -> None:
     """Install the adapter ``name`` ('openai', 'httpx', 'httpx2', 'anthropic', 'langchain', 'openai_agents',
-    'autogen') now.
+    'autogen', 'pydantic_ai') now.
 
     Raises ``ImportError`` with the extra to install when its framework is missing. Installing twice is harmless.
     """
@@ -56,7 +57,7 @@ def instrument(name: str) -> None:
         try:
             importlib.import_module(trigger)
         except ImportError as exc:
-            extra = {"openai_agents": "openai-agents"}.get(name, name)
+            extra = {"openai_agents": "openai-agents", "pydantic_ai": "pydantic-ai"}.get(name, name)
             message = f"agl.instrument({name!r}) needs {trigger!r}: pip install 'agentlightning-rl[{extra}]'"
             raise ImportError(message) from exc
         importlib.import_module(f"agentlightning.adapters.{name}").install()

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from agentlightning import _json
 from agentlightning.protocol import Lease, ResultOutcome, ServerError, Unreachable
 from agentlightning.types import Rollout
 
@@ -146,7 +147,8 @@ class ServerAPI:
         retry_for: float | None,
         params: dict[str, Any] | None = None,
     ) -> Any:
-        body = {"attempt": attempt, "worker_id": worker_id, "rollout": rollout.model_dump(mode="json")}
+        # an agent's own text (logs, outputs) may hold lone surrogates: made safe here rather than refused upstream
+        body = {"attempt": attempt, "worker_id": worker_id, "rollout": _json.scrub(rollout.model_dump(mode="json"))}
         return self.request(
             "POST", f"/rollouts/{rollout.rollout_id}/result", json=body, params=params, retry_for=retry_for
         )

@@ -112,7 +112,7 @@ class Client:
         try:
             pool.wait()
         except KeyboardInterrupt:
-            logger.warning("Ctrl-C: letting running rollouts finish (Ctrl-C again to kill them)")
+            logger.warning("Ctrl-C or SIGTERM: letting running rollouts finish (a second one kills them)")
             try:
                 pool.drain()
             except KeyboardInterrupt:

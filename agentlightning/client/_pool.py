@@ -30,7 +30,7 @@ from agentlightning.client._worker import (
     worker_main,
 )
 from agentlightning.protocol import ProtocolError
-from agentlightning.types import ErrorInfo, Rollout, new_id
+from agentlightning.types import ErrorInfo, Rollout, RolloutStatus, new_id
 
 logger = logging.getLogger(__name__)
 
@@ -232,14 +232,16 @@ class WorkerPool:
         logger.error("%s; stopping the pool", error)
         self.kill()
 
-    def _report(self, worker: _Worker, current: tuple[str, int, float], status: str, error: ErrorInfo) -> None:
+    def _report(
+        self, worker: _Worker, current: tuple[str, int, float], status: RolloutStatus, error: ErrorInfo
+    ) -> None:
         worker.slot.clear()
         rollout_id, attempt, _ = current
         result = Rollout(
             rollout_id=rollout_id,
             attempt=attempt,
             status=status,
-            error=error,  # type: ignore[arg-type]
+            error=error,
             logs=[
                 f"reported by the worker pool of client {self.client_id}: {error.message}",
                 *self._attempt_log(worker),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import faulthandler
 import importlib
+import io
 import json
 import logging
 import multiprocessing
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from agentlightning import _json
 from agentlightning._attempt import Attempt
 from agentlightning._decorator import RolloutAgent
 from agentlightning.capture import current_recorder, enable_auto_instrumentation
@@ -146,7 +148,12 @@ class WorkerSlot:
 def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> None:
     """Entry point of a worker process (or of a Ray actor's thread, :mod:`._ray`)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group; the pool drains us
+        # Ctrl-C and a SIGTERM to the group reach us too: the pool drains us (and ends us with SIGKILL if it must)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for stream in (sys.stdout, sys.stderr):  # an agent's lone surrogate must not fail its logging
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     logging.basicConfig(
         level=config.log_level, format=f"%(asctime)s {config.worker_id} %(levelname)s %(name)s: %(message)s"
     )
@@ -158,8 +165,8 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> No
     in_rollout.addFilter(lambda _record: current_recorder() is not None)
     in_rollout.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     logging.getLogger().addHandler(in_rollout)
-    sys.stdout = _TeeToRollout(sys.stdout, "stdout", attempt_log)  # type: ignore[assignment]
-    sys.stderr = _TeeToRollout(sys.stderr, "stderr", attempt_log)  # type: ignore[assignment]
+    sys.stdout = _TeeToRollout(sys.stdout, "stdout", attempt_log)
+    sys.stderr = _TeeToRollout(sys.stderr, "stderr", attempt_log)
     threading.Thread(target=_stamp, args=(slot,), name="agl-alive", daemon=True).start()
     agent = load_agent(config.agent_ref)
     enable_auto_instrumentation()  # pay adapter set-up now, not inside the first lease
@@ -332,6 +339,8 @@ class _TeeToRollout:
         self._stream, self._name, self._copy, self._partial = stream, name, copy, threading.local()
 
     def write(self, text: str) -> int:
+        written = len(text)
+        text = _json.scrub_text(text)  # an agent's lone surrogate must not fail its print or its logging
         self._stream.write(text)
         recorder = current_recorder()
         if recorder is not None:
@@ -339,7 +348,7 @@ class _TeeToRollout:
             kept = [f"{time.strftime('%H:%M:%S')} {self._name}: {line}" for line in lines if line]
             recorder.logs.extend(kept)
             self._copy.writelines(f"{line}\n" for line in kept)
-        return len(text)
+        return written
 
     def __getattr__(self, name: str) -> Any:  # flush, fileno, encoding, isatty...: the wrapped stream's
         return getattr(self._stream, name)

@@ -14,8 +14,9 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 
+from agentlightning.server._errors import StrictJSONRoute
 from agentlightning.server._runtime import Runtime
-from agentlightning.server.store._browse import RolloutQuery, StoreReader
+from agentlightning.server.store._browse import MAX_OFFSET, RolloutQuery, StoreReader
 
 STATIC = Path(__file__).parent / "static"
 
@@ -125,7 +126,7 @@ def read_evals(directory: Path | None) -> list[dict[str, Any]]:
 
 
 def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callable[[], dict[str, Any]]) -> APIRouter:
-    routes = APIRouter(prefix="/ui/api", tags=["dashboard"])
+    routes = APIRouter(prefix="/ui/api", route_class=StrictJSONRoute, tags=["dashboard"])
 
     def store() -> StoreReader:
         if reader is None:
@@ -175,13 +176,15 @@ def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callab
     def tasks(
         sort: Literal["task", "rollouts", "reward", "last"] = "last",
         desc: bool = True,
-        limit: int = 50,
-        offset: int = 0,
+        limit: Annotated[int, Query(le=MAX_OFFSET)] = 50,
+        offset: Annotated[int, Query(le=MAX_OFFSET)] = 0,
     ) -> dict[str, Any]:
         return store().tasks(sort=sort, descending=desc, limit=max(1, min(limit, 500)), offset=max(0, offset))
 
     @routes.get("/tasks/{task_id:path}")
-    def task(task_id: str, limit: int = 20, offset: int = 0) -> dict[str, Any]:
+    def task(
+        task_id: str, limit: Annotated[int, Query(le=MAX_OFFSET)] = 20, offset: Annotated[int, Query(le=MAX_OFFSET)] = 0
+    ) -> dict[str, Any]:
         return store().task_groups(task_id, limit=max(1, min(limit, 200)), offset=max(0, offset))
 
     return routes

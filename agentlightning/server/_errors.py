@@ -1,6 +1,7 @@
 """How the server refuses requests: bearer-token auth (required whenever it listens beyond loopback), the body-size
-limit, and its error answers: its own API in FastAPI's ``{"detail": "..."}`` format, and what agents' OpenAI clients
-read (the proxy, auth, the body-size limit) in the OpenAI error format."""
+limit, JSON bodies read strictly (:class:`StrictJSONRoute`), and its error answers: its own API in FastAPI's
+``{"detail": "..."}`` format, and what agents' OpenAI clients read (the proxy, auth, the body-size limit) in the
+OpenAI error format."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ import contextlib
 import hmac
 import ipaddress
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agentlightning import _json
 from agentlightning.server._states import InvalidTransition
 from agentlightning.server.store import Conflict, NotFound, StoreError, StoreUnavailable
 
@@ -24,7 +28,7 @@ def openai_error(
     message: str,
     code: str | int,
     kind: str = "invalid_request_error",
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> JSONResponse:
     """An error answer in the OpenAI format."""
     error = {"message": message, "type": kind, "param": None, "code": code}
@@ -137,3 +141,28 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, limited, send)
+
+
+class StrictJSONRequest(Request):
+    """A request whose JSON body is read by :func:`agentlightning._json.loads`: text the store could not keep or
+    answer with again (lone surrogates, NaN, nesting past 200) is refused with a 422 before any handler sees it."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            try:
+                self._json = _json.loads(await self.body(), f"body of {self.method} {self.url.path}")
+            except ValueError as exc:
+                raise HTTPException(422, str(exc)) from None
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """The route class of every router of the server: bodies are parsed by :class:`StrictJSONRequest`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+
+        return strict

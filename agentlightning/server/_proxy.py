@@ -1,10 +1,12 @@
-"""The per-rollout OpenAI-compatible proxy: ``/rollouts/{rollout_id}/v1/{chat/completions,completions,responses}``.
+"""The per-rollout LLM proxy: ``/rollouts/{rollout_id}/v1/{chat/completions,completions,responses,messages}``.
 
 Each request is forwarded upstream over the server's one ``httpx.AsyncClient`` (retried with backoff and jitter on
 5xx/429 and connection errors for ``Settings.upstream_retry_window`` seconds until its first byte reached the agent,
 held while the upstream is paused; streams passed through) and recorded as a ``Call`` of the rollout with the
 upstream's token ids and the model version served, committed before the answer's end reaches the agent. A call's role
 (its base URL ``.../v1/roles/<role>``, the ``X-AGL-Role`` header, a ``model`` naming a role) picks its policy's route.
+Anthropic Messages requests (``messages``, ``messages/count_tokens``) are translated to chat completions for the
+upstream and back (``_wire/anthropic.py``); the chat call, with its token ids, is what is recorded.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ import pydantic_core
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from agentlightning import _json
+from agentlightning._wire import anthropic
+from agentlightning._wire.payloads import sse
 from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
 from agentlightning.protocol import ROLE_HEADER
-from agentlightning.server._errors import openai_error
+from agentlightning.server._errors import StrictJSONRoute, openai_error
 from agentlightning.server._runtime import Route, Runtime, Upstream
 from agentlightning.types import new_id
 
@@ -55,11 +60,12 @@ class Proxy:
         url_role = None
         if path.startswith("roles/"):  # a role's own base URL, {llm.base_url}/roles/<role>
             url_role, _, path = path.removeprefix("roles/").partition("/")
-        endpoint = ENDPOINTS.get(path)
+        translated = path in ("messages", "messages/count_tokens")  # Anthropic Messages, served as chat completions
+        endpoint = "chat.completions" if translated else ENDPOINTS.get(path)
         if endpoint is None:
             return openai_error(
                 404,
-                f"unknown endpoint /v1/{path}: the proxy serves chat/completions, completions and responses",
+                f"unknown endpoint /v1/{path}: the proxy serves chat/completions, completions, responses and messages",
                 "unknown_endpoint",
             )
         state = self.runtime.store.rollout_state(rollout_id)
@@ -76,11 +82,19 @@ class Proxy:
                 "server_error",
             )
         try:
-            body = json.loads(await request.body())
+            body = _json.loads(await request.body())
         except ValueError as exc:
-            return openai_error(400, f"request body is not valid JSON: {exc}", "invalid_json")
+            return openai_error(400, str(exc), "invalid_json")
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
+        asked = body
+        if translated:
+            try:
+                body = anthropic.chat_request(asked)
+            except ValueError as exc:
+                return openai_error(400, f"invalid Anthropic Messages request: {exc}", "invalid_request")
+            if path == "messages/count_tokens":  # answered here: nothing is generated, nothing recorded
+                return JSONResponse({"input_tokens": anthropic.count_tokens(body)})
         role = url_role or request.headers.get(ROLE_HEADER)
         role = role or (body["model"] if upstream.route(body.get("model")) else None)
         route = upstream.route(role)  # an agent that cannot be instrumented may name its role in its URL or model
@@ -93,6 +107,8 @@ class Proxy:
             "start_time": time.time(),
         }
         call["metadata"].update(endpoint=endpoint, captured_by="proxy")
+        if translated:  # recorded as the chat call sent upstream, streamed as the agent asked
+            call["metadata"].update(api="messages", stream=bool(asked.get("stream")))
         version = route.model_version if route is not None else upstream.model_version
         if version is not None:
             call["metadata"]["model_version"] = version
@@ -103,11 +119,11 @@ class Proxy:
             headers["authorization"] = f"Bearer {upstream.api_key}"
         sent = client.build_request(
             "POST",
-            f"{upstream.url.rstrip('/')}/{path}",
+            f"{upstream.url.rstrip('/')}/{'chat/completions' if translated else path}",
             headers=headers,
             content=json.dumps(_upstream_body(body, endpoint, upstream, route)).encode(),
         )
-        stream = bool(body.get("stream"))
+        stream = bool(body.get("stream"))  # a translated request is sent whole, then streamed as Anthropic events
         response, tries = await self._send(client, sent, stream, call, attempt)
         if isinstance(response, JSONResponse):  # the upstream could not be reached
             return response
@@ -124,6 +140,13 @@ class Proxy:
             await asyncio.to_thread(self._record_answer, call, attempt, response.status_code, response.content)
         else:
             self._record_answer(call, attempt, response.status_code, response.content)
+        if translated and response.status_code < 400:
+            message = anthropic.message_from_chat(json.loads(response.content), asked.get("model"))
+            if asked.get("stream"):
+                return StreamingResponse(
+                    sse(anthropic.message_events(message), done=False, named=True), media_type="text/event-stream"
+                )
+            return JSONResponse(message)
         return Response(response.content, response.status_code, media_type=media_type or "application/json")
 
     async def _send(
@@ -247,17 +270,20 @@ class Proxy:
 
 def router(runtime: Runtime) -> APIRouter:
     """The proxy's routes; the upstream client is the one the server's lifespan opened (``request.state``)."""
-    routes = APIRouter(prefix="/rollouts/{rollout_id}/v1", tags=["proxy"])
+    routes = APIRouter(prefix="/rollouts/{rollout_id}/v1", route_class=StrictJSONRoute, tags=["proxy"])
     proxy = Proxy(runtime)
 
     @routes.get("/models", response_model=None)
     @routes.get("/roles/{role}/models", response_model=None)
-    async def models(rollout_id: str) -> dict[str, Any] | Response:
+    async def models(request: Request, rollout_id: str) -> dict[str, Any] | Response:
         state = runtime.store.rollout_state(rollout_id)
         if state is None:
             return _not_serving(rollout_id, state)
         upstream = runtime.upstream
         name = upstream.model_name if upstream and upstream.model_name else "default"
+        if "anthropic-version" in request.headers:  # the Anthropic SDK's models.list: its page shape
+            model = {"id": name, "type": "model", "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+            return {"data": [model], "has_more": False, "first_id": name, "last_id": name}
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "agentlightning"}]}
 
     @routes.post("/{path:path}")

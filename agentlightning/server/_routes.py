@@ -5,15 +5,17 @@ The worker protocol is in ``_routes_workers``, the proxy in ``_proxy``."""
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field, ValidationError
 
+from agentlightning import _json
 from agentlightning.protocol import AttemptInfo, DatasetInfo, ModelVersion, RolloutSummary
+from agentlightning.server._errors import StrictJSONRoute
 from agentlightning.server._runtime import Runtime
+from agentlightning.server.store._browse import MAX_OFFSET
 
 
 class DatasetUpload(BaseModel):
@@ -28,7 +30,11 @@ def parse_upload(raw: bytes, content_type: str) -> DatasetUpload:
     """The upload in a JSON object or JSONL body; a 400 naming the first problem otherwise."""
     if "json" in content_type and "ndjson" not in content_type and "jsonl" not in content_type:
         try:
-            return DatasetUpload.model_validate_json(raw)
+            body = _json.loads(raw, "dataset body")
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        try:
+            return DatasetUpload.model_validate(body)
         except ValidationError as exc:
             raise HTTPException(
                 400,
@@ -43,16 +49,16 @@ def parse_upload(raw: bytes, content_type: str) -> DatasetUpload:
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip():
             try:
-                records.append(json.loads(line))
+                records.append(_json.loads(line, f"dataset line {number}"))
             except ValueError as exc:
-                raise HTTPException(400, f"dataset line {number} is not valid JSON: {exc}: {line[:80]!r}") from None
+                raise HTTPException(400, f"{exc}: {line[:80]!r}") from None
     return DatasetUpload(records=records)
 
 
 def datasets_router(runtime: Runtime) -> APIRouter:
     """The dataset routes of ``runtime``'s server."""
     store = runtime.store
-    routes = APIRouter(prefix="/datasets", tags=["datasets"])
+    routes = APIRouter(prefix="/datasets", route_class=StrictJSONRoute, tags=["datasets"])
 
     @routes.post("")
     async def upload(request: Request, dataset_id: str | None = None, name: str | None = None) -> Response:
@@ -91,15 +97,15 @@ class EnqueueRequest(BaseModel):
     dataset_id: str | None = None
     tasks: list[Any] | None = None
     group_size: int = Field(default=1, ge=1, le=10_000)
-    group_id: str | None = None
+    group_id: str | None = Field(default=None, max_length=256)
     timeout: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    max_attempts: int | None = Field(default=None, ge=1)
+    max_attempts: int | None = Field(default=None, ge=1, le=1000)
 
 
 def rollouts_router(runtime: Runtime) -> APIRouter:
     """The rollout routes of ``runtime``'s server."""
     store = runtime.store
-    routes = APIRouter(prefix="/rollouts", tags=["rollouts"])
+    routes = APIRouter(prefix="/rollouts", route_class=StrictJSONRoute, tags=["rollouts"])
 
     def known(rollout_id: str) -> None:
         if store.rollout_state(rollout_id) is None:
@@ -109,8 +115,10 @@ def rollouts_router(runtime: Runtime) -> APIRouter:
     def enqueue(body: EnqueueRequest) -> dict[str, list[str]]:  # on a thread: a large enqueue takes a while
         if (body.dataset_id is None) == (body.tasks is None):
             raise HTTPException(422, "give exactly one of dataset_id or tasks")
+        source = body.dataset_id if body.tasks is None else body.tasks
+        assert source is not None  # exactly one of them, as checked above
         ids = runtime.enqueue(
-            body.dataset_id if body.tasks is None else body.tasks,
+            source,
             group_size=body.group_size,
             group_id=body.group_id,
             timeout=body.timeout,
@@ -124,8 +132,8 @@ def rollouts_router(runtime: Runtime) -> APIRouter:
         task_id: str | None = None,
         group_id: str | None = None,
         dataset_id: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
+        limit: Annotated[int, Query(le=MAX_OFFSET)] = 100,
+        offset: Annotated[int, Query(le=MAX_OFFSET)] = 0,
     ) -> list[RolloutSummary]:
         return store.list_rollouts(
             status=status,
@@ -162,7 +170,7 @@ def rollouts_router(runtime: Runtime) -> APIRouter:
 
 def health_router(runtime: Runtime) -> APIRouter:
     """``GET /health``, served without a token (load balancers and probes do not carry one)."""
-    routes = APIRouter(tags=["status"])
+    routes = APIRouter(route_class=StrictJSONRoute, tags=["status"])
 
     @routes.get("/health")
     async def health() -> JSONResponse:  # 503 while the store cannot take writes
@@ -182,7 +190,7 @@ def health_router(runtime: Runtime) -> APIRouter:
 def status_router(runtime: Runtime) -> APIRouter:
     """The status routes of ``runtime``'s server."""
     store = runtime.store
-    routes = APIRouter(tags=["status"])
+    routes = APIRouter(route_class=StrictJSONRoute, tags=["status"])
 
     @routes.get("/stats")
     async def stats() -> dict[str, Any]:

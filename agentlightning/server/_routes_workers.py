@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, field_validator
 
 from agentlightning.protocol import Lease
+from agentlightning.server._errors import StrictJSONRoute
 from agentlightning.server._runtime import Runtime
 from agentlightning.types import LLM, Rollout
 
@@ -27,7 +28,7 @@ _HANDED_MAX = 4096  # workers whose last result-and-lease answer is remembered (
 class ResultUpload(BaseModel):
     """Body of ``POST /rollouts/{id}/result``."""
 
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=1000)  # as max_attempts; larger integers would not fit a SQLite row
     worker_id: str = Field(description="The worker holding the attempt's lease.")
     rollout: Rollout
 
@@ -42,7 +43,7 @@ class ResultUpload(BaseModel):
 class HeartbeatRequest(BaseModel):
     """Body of ``POST /rollouts/{id}/heartbeat``."""
 
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=1000)
     worker_id: str
 
 
@@ -56,7 +57,7 @@ class LeaseAnswer(BaseModel):
 def router(runtime: Runtime) -> APIRouter:
     """The worker protocol of ``runtime``'s server."""
     store, settings, metrics = runtime.store, runtime.settings, runtime.metrics
-    routes = APIRouter(tags=["workers"])
+    routes = APIRouter(route_class=StrictJSONRoute, tags=["workers"])
     # worker id -> ((rollout id, attempt) of its last result, the lease handed with the answer)
     handed: OrderedDict[str, tuple[tuple[str, int], Lease]] = OrderedDict()
 

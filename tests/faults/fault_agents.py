@@ -7,7 +7,8 @@
 - "exit": logs and prints a line, then ends its process with ``os._exit(1)``;
 - "segfault": logs a line, then dereferences a null pointer (SIGSEGV);
 - "gil": logs a line, then runs a regular expression that backtracks for hours while holding the GIL;
-- "hold": waits until the file ``task["release"]`` exists.
+- "hold": waits until the file ``task["release"]`` exists;
+- "surrogate": logs and prints a line holding a lone UTF-16 surrogate, then returns as "ok" does.
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ def fault_agent(task: dict, llm: agl.LLM) -> float:
         )
         content = reply.choices[0].message.content or ""
     mode = task.get("mode", "ok")
-    if mode != "ok":
+    if mode == "surrogate":
+        logger.warning("agent line with a lone surrogate \ud83d on %s", task["question"])
+        print("printed \ud83d", flush=True)
+    elif mode != "ok":
         logger.warning("agent line before %s on %s", mode, task["question"])
         print(f"printed before {mode}", flush=True)
     if mode == "exit":

@@ -66,7 +66,7 @@ def test_bad_dataset_uploads_get_4xx_and_the_connection_stays_usable(server: Lig
         (http.post("/datasets", json={"records": [{"q": 1}], "dataset_id": 5}), "dataset_id"),
         (http.post("/datasets", json={"records": [{"q": 1}], "name": {"a": 1}}), "name"),
         (http.post("/datasets", json={"records": [{"q": 1}], "dataset_id": "a/b"}), "dataset_id must be"),
-        (http.post("/datasets", content=b'{"q": NaN}\n', headers=jsonl), "not JSON data"),
+        (http.post("/datasets", content=b'{"q": NaN}\n', headers=jsonl), "dataset line 1 is not valid JSON"),
     ]:
         assert answer.status_code == 400 and words in answer.json()["detail"], answer.text
         assert answer.headers.get("connection") != "close"
@@ -74,12 +74,51 @@ def test_bad_dataset_uploads_get_4xx_and_the_connection_stays_usable(server: Lig
     assert http.get("/datasets").json() == []
 
 
+def test_lone_surrogates_and_deep_nesting_are_refused_everywhere_and_the_store_stays_readable(
+    server: LightningServer,
+) -> None:
+    """Issue 36, defect 1: a lone surrogate (valid JSON syntax) could be stored but never written back."""
+    http = httpx.Client(base_url=server.url)
+    as_json = {"content-type": "application/json"}
+    jsonl = {"content-type": "application/jsonl"}
+    lone = b'"a\\ud83d"'
+    deep = b"[" * 300 + b"]" * 300
+    for answer, words in [
+        (http.post("/datasets", content=b'{"q": %s}\n' % lone, headers=jsonl), "dataset line 1 is not valid JSON"),
+        (http.post("/datasets", content=b'{"q": %s}\n' % deep, headers=jsonl), "dataset line 1 is not valid JSON"),
+        (
+            http.post("/datasets", content=b'{"records": [{"q": %s}]}' % lone, headers=as_json),
+            "dataset body is not valid",
+        ),
+        (http.post("/rollouts", content=b'{"tasks": [{"id": %s}]}' % lone, headers=as_json), "POST /rollouts"),
+        (http.post("/rollouts", content=b'{"tasks": [%s]}' % deep, headers=as_json), "POST /rollouts"),
+        (http.post("/rollouts", content=b'{"tasks": [1], "group_id": %s}' % lone, headers=as_json), "lone UTF-16"),
+    ]:
+        assert answer.status_code in (400, 422) and words in answer.json()["detail"], answer.text
+        assert http.get("/health").status_code == 200
+    [rid] = server.enqueue([{"q": 1}])
+    assert http.post("/workers/w1/dequeue").json()["lease"]["rollout_id"] == rid
+    body = (
+        b'{"attempt": 1, "worker_id": "w1", "rollout": {"rollout_id": "%s", "status": "succeeded", '
+        b'"final_reward": 1.0, "metadata": {"note": %s}}}' % (rid.encode(), lone)
+    )
+    refused = http.post(f"/rollouts/{rid}/result", content=body, headers=as_json)
+    assert refused.status_code == 422 and "lone UTF-16 surrogates" in refused.json()["detail"]
+    beat = b'{"attempt": 1, "worker_id": %s}' % lone
+    assert http.post(f"/rollouts/{rid}/heartbeat", content=beat, headers=as_json).status_code == 422
+    assert server.store.rollout_state(rid) == ("running", 1)
+    assert http.get("/rollouts").status_code == 200 and http.get(f"/rollouts/{rid}").status_code == 200
+    assert http.post(f"/rollouts/{rid}/result", json=_result(rid, "w1")).json()["accepted"]
+    assert server.store.get_rollout(rid).final_reward == 1.0
+
+
 def test_non_finite_numbers_are_refused(server: LightningServer) -> None:
     http = httpx.Client(base_url=server.url)
     as_json = {"content-type": "application/json"}
-    for body in (b'{"tasks": [1], "timeout": Infinity}', b'{"tasks": [1], "timeout": "Infinity"}'):
-        refused = http.post("/rollouts", content=body, headers=as_json)
-        assert refused.status_code == 422 and "timeout: Input should be a finite number" in refused.text
+    bare = http.post("/rollouts", content=b'{"tasks": [1], "timeout": Infinity}', headers=as_json)
+    assert bare.status_code == 422 and "not valid JSON" in bare.text and "column 27" in bare.text
+    quoted = http.post("/rollouts", content=b'{"tasks": [1], "timeout": "Infinity"}', headers=as_json)
+    assert quoted.status_code == 422 and "timeout: Input should be a finite number" in quoted.text
     [rid] = server.enqueue([{"q": 1}])
     http.post("/workers/w1/dequeue")
     for reward in (b"Infinity", b"NaN"):
@@ -88,7 +127,7 @@ def test_non_finite_numbers_are_refused(server: LightningServer) -> None:
             b'"final_reward": %s}}' % (rid.encode(), reward)
         )
         refused = http.post(f"/rollouts/{rid}/result", content=body, headers=as_json)
-        assert refused.status_code == 422 and "final_reward must be a finite number" in refused.text
+        assert refused.status_code == 422 and "NaN and Infinity" in refused.text and "line 1 column" in refused.text
     assert server.store.rollout_state(rid) == ("running", 1)
 
 
@@ -99,6 +138,33 @@ def test_unknown_rollouts_and_bounds(server: LightningServer) -> None:
     too_big = http.post("/rollouts", json={"tasks": [1], "group_size": 200_000})
     assert too_big.status_code == 422 and "group_size" in too_big.json()["detail"]
     assert server.store.counts() == {}
+    # issue 36, defect 3: integers past SQLite's and an unbounded group_id were a 500 and a reset connection
+    big = 2**63
+    [rid] = server.enqueue([{"q": 1}])
+    assert http.post("/workers/w1/dequeue").json()["lease"]["rollout_id"] == rid
+    for answer, field in [
+        (
+            http.post("/rollouts", json={"tasks": [1], "max_attempts": big}),
+            "max_attempts: Input should be less than or equal to",
+        ),
+        (
+            http.post("/rollouts", json={"tasks": [1], "group_id": "g" * 100_000}),
+            "group_id: String should have at most",
+        ),
+        (
+            http.post(f"/rollouts/{rid}/heartbeat", json={"attempt": big, "worker_id": "w1"}),
+            "attempt: Input should be less than or equal to",
+        ),
+        (
+            http.post(f"/rollouts/{rid}/result", json={**_result(rid, "w1"), "attempt": big}),
+            "attempt: Input should be less than or equal to",
+        ),
+        (http.get("/rollouts", params={"offset": big}), "offset: Input should be less than or equal to"),
+        (http.get("/ui/api/rollouts", params={"offset": big}), "offset: Input should be less than or equal to"),
+        (http.get("/ui/api/tasks", params={"limit": big}), "limit: Input should be less than or equal to"),
+    ]:
+        assert answer.status_code == 422 and field in answer.json()["detail"], answer.text
+    assert server.store.rollout_state(rid) == ("running", 1) and server.store.counts() == {"running": 1}
 
 
 def test_a_large_prompt_does_not_stall_other_requests(tmp_path: Path) -> None:

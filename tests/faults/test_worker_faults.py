@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import time
 from pathlib import Path
 
 import fault_agents
+import pytest
 from _harness import agl
 from polling import wait_for
 
@@ -101,3 +104,98 @@ def test_a_hang_holding_the_gil_ends_as_timeout_with_its_logs_and_frees_the_slot
     assert attempt.ended - attempt.started < settings.lease_seconds
     assert any("agent line before gil on gil" in line for line in attempt.logs)
     assert following.status == "succeeded"
+
+
+def test_an_agent_that_logs_a_lone_surrogate_keeps_its_worker_and_its_result(tmp_path: Path) -> None:
+    """Issue 36, defect 1: such a log line crashed the worker at upload (WorkerDied, the result never spooled)."""
+    tasks = [{"id": f"sur-{i}", "mode": "surrogate"} for i in range(3)] + [{"id": "ok-0"}]
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in tasks))
+    with (
+        MockLLMServer() as mock,
+        LightningServer(tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model") as server,
+    ):
+        client = agl(
+            "client",
+            "--agent",
+            "fault_agents:fault_agent",
+            "--dataset",
+            str(dataset),
+            "--nworkers",
+            "1",
+            "--server-url",
+            server.url,
+            "--log-level",
+            "WARNING",
+        )
+        try:
+            dataset_id = wait_for(
+                lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None,
+                60,
+                "the client to attach its dataset",
+            )
+            assert client.poll() is None, client.stdout.read().decode()
+            rollouts = server.wait(server.enqueue(dataset_id), timeout=60)
+            server.request_stop()
+            assert client.wait(30) == 0
+        finally:
+            if client.poll() is None:
+                os.killpg(client.pid, signal.SIGKILL)
+        assert [(r.status, r.attempt, r.final_reward) for r in rollouts] == [("succeeded", 1, 1.0)] * 4
+        for rollout in rollouts[:3]:
+            [attempt] = server.store.attempts(rollout.rollout_id)
+            assert f"agent line with a lone surrogate \ufffd on {rollout.task_id}" in "\n".join(attempt.logs)
+        assert not list(tmp_path.glob("**/*.json"))  # uploaded, nothing left spooled
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["kill-pid", "kill-group"])
+def test_sigterm_to_agl_client_drains_like_ctrl_c(tmp_path: Path, to_group: bool) -> None:
+    """Issue 36, defect 5: SIGTERM to the PID orphaned the workers, which kept leasing, and to the group dropped the
+    running rollouts; now they finish and are uploaded, nothing new is leased, and the client exits 0."""
+    release = tmp_path / "release"
+    tasks = [{"id": f"t-{i}", "mode": "hold", "release": str(release)} for i in range(6)]
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in tasks))
+    with (
+        MockLLMServer() as mock,
+        LightningServer(tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model") as server,
+    ):
+        client = agl(
+            "client",
+            "--agent",
+            "fault_agents:fault_agent",
+            "--dataset",
+            str(dataset),
+            "--nworkers",
+            "2",
+            "--server-url",
+            server.url,
+            "--log-level",
+            "WARNING",
+        )
+        try:
+            dataset_id = wait_for(
+                lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None,
+                60,
+                "the client to attach its dataset",
+            )
+            ids = server.enqueue(dataset_id)
+            wait_for(lambda: server.store.counts().get("running") == 2, 60, "both workers to lease a rollout")
+            if to_group:  # as a process manager stopping a service does
+                os.killpg(client.pid, signal.SIGTERM)
+            else:  # as `kill PID` does
+                client.send_signal(signal.SIGTERM)
+            time.sleep(1.0)
+            assert client.poll() is None  # draining: waiting for the two running rollouts
+            release.touch()
+            assert client.wait(60) == 0, client.stdout.read().decode()[-3000:]
+        finally:
+            if client.poll() is None:
+                os.killpg(client.pid, signal.SIGKILL)
+        counts = server.store.counts()
+        assert counts == {"succeeded": 2, "queued": 4}, counts
+        finished = [server.store.get_rollout(rid) for rid in ids if server.store.rollout_state(rid)[0] == "succeeded"]
+        assert [(r.attempt, r.final_reward) for r in finished] == [(1, 1.0), (1, 1.0)]
+        group = subprocess.run(["ps", "-o", "stat=,pid=,args=", "-g", str(client.pid)], capture_output=True, text=True)
+        survivors = [line for line in group.stdout.splitlines() if not line.lstrip().startswith("Z")]  # not reaped
+        assert survivors == [], f"worker processes left running: {survivors}"

@@ -138,7 +138,7 @@ class LightningGRPOTrainer(GRPOTrainer):
 
     # -- TRL hooks --------------------------------------------------------------------------------------------
 
-    def _generate_and_score_completions(self, inputs: PackedBatch) -> dict[str, Any]:  # type: ignore[override]
+    def _generate_and_score_completions(self, inputs: PackedBatch) -> dict[str, Any]:
         """PackedBatch -> TRL's input dict for the whole batch (old/ref/IS terms computed here, no generation)."""
         device = self.accelerator.device
         batch = inputs.to(device)
@@ -172,13 +172,13 @@ class LightningGRPOTrainer(GRPOTrainer):
                 output["importance_sampling_ratio"] = torch.ones(batch.completion_ids.size(0), width, device=device)
             elif correct:
                 output["importance_sampling_ratio"] = self._sampler_ratio(
-                    output["old_per_token_logps"], batch.old_logprobs.float(), batch.completion_mask
+                    output["old_per_token_logps"], output["sampling_per_token_logps"], batch.completion_mask
                 )
             if self.beta != 0.0:
                 output["ref_per_token_logps"] = self._reference_logps(prompt_completion, attention, keep, chunk)
         return output
 
-    def _get_per_token_logps_and_entropies(  # type: ignore[override]
+    def _get_per_token_logps_and_entropies(
         self,
         model: Any,
         input_ids: torch.Tensor,
@@ -250,7 +250,7 @@ class LightningGRPOTrainer(GRPOTrainer):
             )
         return outputs.log_probs[:, -logits_to_keep:], outputs.entropy[:, -logits_to_keep:]
 
-    def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:  # type: ignore[override]
+    def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
         # Micro-batches are built by step(); TRL applies the sampler correction when this flag is set.
         self.use_vllm = "importance_sampling_ratio" in generation_batch
         return generation_batch

@@ -25,6 +25,7 @@ SORTS = {
     "duration": "ended - started",
 }
 COUNT_CAP = 10_000
+MAX_OFFSET = 10**12  # past any store's rows; the largest offset or limit a request may name (SQLite takes < 2**63)
 _CLAUSES = {
     "status": "status=?",
     "task_id": "task_id=?",
@@ -60,7 +61,7 @@ class RolloutQuery(BaseModel):
     sort: Literal["created", "ended", "reward", "calls", "attempt", "duration"] = "created"
     desc: bool = True
     limit: int = Field(default=50, ge=1, le=500)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_OFFSET)
 
 
 class StoreReader:

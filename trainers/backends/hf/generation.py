@@ -124,7 +124,9 @@ class GenerationEngine:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
-        self.max_model_len = max_model_len or getattr(model.config, "max_position_embeddings", 4096)
+        if max_model_len is None:
+            max_model_len = getattr(model.config, "max_position_embeddings", 4096)
+        self.max_model_len: int = max_model_len
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.prefix_sharing = prefix_sharing

@@ -29,6 +29,7 @@ class WeightReloader:
         config = self.model_runner.model_config.hf_text_config
         tied = bool(getattr(config, "tie_word_embeddings", False)) and head is not None and embed is not None
         if tied:
+            assert head is not None and embed is not None
             head.weight = embed.weight
             head.quant_method.process_weights_after_loading(head)
         return tied

@@ -291,7 +291,9 @@ class VLLMBackend:
         previous = self._loaded.get(policy, (None,))[0]
         self._loaded[policy] = (name, version)
         if self._keep_previous and previous is not None:
-            previous, self._retired_by[policy] = self._retired_by.get(policy), previous
+            retired = self._retired_by.get(policy)  # the one before: unloaded now, one update later than without
+            self._retired_by[policy] = previous
+            previous = retired
         if previous is not None:
             self._post("/v1/unload_lora_adapter", json={"lora_name": previous})
             shutil.rmtree(self._dir / previous, ignore_errors=True)

@@ -1,0 +1,134 @@
+"""The Anthropic Messages API translated to and from OpenAI chat completions, for a backend that serves only chat
+completions (the HF backend, vLLM): :func:`chat_request` turns a Messages request into a chat request,
+:func:`message_from_chat` the chat answer back into a ``message``, :func:`message_events` that message into the
+server-sent events Anthropic streams. The backend's token ids stay on the chat answer, which is what is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from agentlightning._wire.messages import anthropic_to_messages
+
+logger = logging.getLogger(__name__)
+
+# Messages request fields with the same meaning in a chat request.
+_SAME_FIELDS = ("max_tokens", "temperature", "top_p", "top_k")
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
+
+
+def chat_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat completions request (not streamed) asking what the Messages request ``body`` asks: system blocks as
+    a system message, ``tool_use`` / ``tool_result`` blocks as tool calls and tool messages, tools as functions.
+    Raises ``ValueError`` when ``messages`` is not a list of message objects."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(message, dict) for message in messages):
+        raise ValueError(f"messages must be a list of message objects, got {type(messages).__name__}")
+    chat: dict[str, Any] = {
+        "model": body.get("model"),
+        "messages": anthropic_to_messages(body.get("messages"), body.get("system")),
+    }
+    chat.update({key: body[key] for key in _SAME_FIELDS if key in body})
+    if body.get("stop_sequences"):
+        chat["stop"] = list(body["stop_sequences"])
+    tools = [_function(tool) for tool in body.get("tools") or [] if isinstance(tool, dict)]
+    if tools:
+        chat["tools"] = tools
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        kind = choice.get("type")
+        if kind == "tool":
+            chat["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
+        elif kind in ("auto", "none"):
+            chat["tool_choice"] = kind
+        elif kind == "any":
+            chat["tool_choice"] = "required"
+        if choice.get("disable_parallel_tool_use") and tools:
+            chat["parallel_tool_calls"] = False
+    return chat
+
+
+def _function(tool: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic tool (``name``, ``description``, ``input_schema``) as a chat function tool."""
+    function: dict[str, Any] = {"name": tool.get("name"), "parameters": tool.get("input_schema") or {"type": "object"}}
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def message_from_chat(chat: dict[str, Any], model: Any) -> dict[str, Any]:
+    """The Anthropic ``message`` a chat completion (first choice) answers: its text as a text block, its tool calls
+    as ``tool_use`` blocks, its finish reason as ``stop_reason``, its token counts as ``usage``."""
+    choices = chat.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    message = choice.get("message") or {}
+    content: list[dict[str, Any]] = []
+    if message.get("content"):
+        content.append({"type": "text", "text": message["content"]})
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        content.append(
+            {"type": "tool_use", "id": call.get("id"), "name": function.get("name"), "input": _input(function)}
+        )
+    usage = chat.get("usage") or {}
+    finish = choice.get("finish_reason")
+    return {
+        "id": f"msg_{chat.get('id') or 'agl'}",
+        "type": "message",
+        "role": "assistant",
+        "model": model if isinstance(model, str) else chat.get("model"),
+        "content": content,
+        "stop_reason": "tool_use" if message.get("tool_calls") else _STOP_REASONS.get(finish, "end_turn"),
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": int(usage.get("prompt_tokens") or 0),
+            "output_tokens": int(usage.get("completion_tokens") or 0),
+        },
+    }
+
+
+def _input(function: dict[str, Any]) -> dict[str, Any]:
+    """A tool call's arguments (JSON text) as the ``input`` object of a ``tool_use`` block; text that is not a JSON
+    object is kept under ``"arguments"`` (and logged) so that nothing the model wrote is lost."""
+    arguments = function.get("arguments") or "{}"
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    logger.warning("tool call %r has arguments that are not a JSON object: %.200s", function.get("name"), arguments)
+    return {"arguments": arguments}
+
+
+def message_events(message: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """``message`` as the events of an Anthropic stream: ``message_start``, a start / delta / stop per content block
+    (``text_delta`` or ``input_json_delta``), ``message_delta`` with the stop reason and ``message_stop``."""
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}}
+    yield {"type": "message_start", "message": start}
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
+            delta = {"type": "text_delta", "text": block["text"]}
+        else:
+            yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+        yield {"type": "content_block_delta", "index": index, "delta": delta}
+        yield {"type": "content_block_stop", "index": index}
+    yield {
+        "type": "message_delta",
+        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+        "usage": {"output_tokens": usage["output_tokens"]},
+    }
+    yield {"type": "message_stop"}
+
+
+def count_tokens(chat: dict[str, Any]) -> int:
+    """An estimate of the input tokens of a Messages request, from its :func:`chat_request` (about four characters
+    a token, as Anthropic's own guidance puts it): the proxy cannot run the served model's tokenizer."""
+    text = json.dumps(chat["messages"]) + json.dumps(chat.get("tools") or [])
+    return max(1, len(text) // 4)

@@ -1,0 +1,194 @@
+"""The Anthropic Messages API on the per-rollout proxy, driven by the real ``anthropic`` SDK: translated to the
+upstream's chat completions and recorded as chat calls with the upstream's token ids."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import agentlightning as agl  # noqa: F401 - imported as users do
+from agentlightning.server import LightningServer, Settings
+from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
+from agentlightning.types import Rollout
+
+anthropic = pytest.importorskip("anthropic")
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+@pytest.fixture
+def mock() -> Iterator[MockLLMServer]:
+    with MockLLMServer() as server:
+        yield server
+
+
+@pytest.fixture
+def server(tmp_path: Path, mock: MockLLMServer) -> Iterator[LightningServer]:
+    settings = Settings(retry_backoff=0.01, retry_backoff_max=0.05, upstream_retry_window=1.0)
+    with LightningServer(
+        tmp_path / "store.db",
+        upstream_url=mock.base_url,
+        model_name="mock-model",
+        model_version="v3",
+        settings=settings,
+    ) as srv:
+        yield srv
+
+
+def _running(server: LightningServer) -> tuple[str, anthropic.Anthropic]:
+    [rid] = server.enqueue([{"q": "x"}])
+    lease = server.store.dequeue("test-worker", 30.0)
+    assert lease.rollout_id == rid
+    client = anthropic.Anthropic(base_url=f"{server.url}/rollouts/{rid}", api_key="unused", max_retries=0)
+    return rid, client
+
+
+def _finish(server: LightningServer, rid: str) -> Rollout:
+    result = Rollout(rollout_id=rid, status="succeeded", final_reward=1.0)
+    response = httpx.post(
+        f"{server.url}/rollouts/{rid}/result",
+        json={"attempt": 1, "worker_id": "test-worker", "rollout": result.model_dump(mode="json")},
+    )
+    assert response.status_code == 200, response.text
+    [done] = server.wait([rid], timeout=5)
+    return done
+
+
+def _tool_round_trip(client: anthropic.Anthropic, stream: bool) -> list[object]:
+    """The tool loop as Anthropic's docs write it: ask, run the tool the model asks for, send its result back."""
+    messages: list[dict] = [{"role": "user", "content": "weather in Paris?"}]
+    system = [{"type": "text", "text": "You are terse."}]
+    answers = []
+    for _ in range(2):
+        if stream:
+            with client.messages.stream(
+                model="claude-x", max_tokens=64, system=system, tools=[WEATHER], messages=messages
+            ) as events:
+                texts = list(events.text_stream)
+                answer = events.get_final_message()
+            assert "".join(texts) == "".join(block.text for block in answer.content if block.type == "text")
+        else:
+            answer = client.messages.create(
+                model="claude-x", max_tokens=64, system=system, tools=[WEATHER], messages=messages
+            )
+        answers.append(answer)
+        if answer.stop_reason != "tool_use":
+            break
+        messages.append({"role": "assistant", "content": [block.model_dump() for block in answer.content]})
+        results = [
+            {"type": "tool_result", "tool_use_id": block.id, "content": f"sunny in {block.input['city']}"}
+            for block in answer.content
+            if block.type == "tool_use"
+        ]
+        messages.append({"role": "user", "content": results})
+    return answers
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_messages_tool_round_trip_recorded_as_chat_calls(
+    server: LightningServer, mock: MockLLMServer, stream: bool
+) -> None:
+    mock.set_replies(
+        [
+            MockReply(content="Checking.", tool_calls=[MockToolCall("get_weather", {"city": "Paris"})]),
+            MockReply(content="It is sunny."),
+        ]
+    )
+    rid, client = _running(server)
+    first, second = _tool_round_trip(client, stream)
+    assert first.stop_reason == "tool_use" and first.model == "claude-x"
+    [text, use] = first.content
+    assert text.text == "Checking." and use.name == "get_weather" and use.input == {"city": "Paris"}
+    assert second.stop_reason == "end_turn" and second.content[0].text == "It is sunny."
+    assert second.usage.output_tokens == len(mock.tokenizer.encode("It is sunny."))
+
+    sent = [request.body for request in mock.requests]
+    assert [request.path.rsplit("/", 2)[-2:] for request in mock.requests] == [["chat", "completions"]] * 2
+    assert sent[0]["messages"][0] == {"role": "system", "content": "You are terse."}
+    assert sent[0]["tools"][0]["function"]["parameters"] == WEATHER["input_schema"]
+    assert sent[1]["messages"][-1] == {"role": "tool", "tool_call_id": use.id, "content": "sunny in Paris"}
+    assert sent[1]["messages"][-2]["tool_calls"][0]["function"]["name"] == "get_weather"
+
+    calls = _finish(server, rid).calls
+    assert len(calls) == 2  # every request the agent sent is one call
+    for call in calls:
+        assert call.token_source == "server" and call.metadata["model_version"] == "v3"
+        assert call.metadata["api"] == "messages" and call.metadata["endpoint"] == "chat.completions"
+        assert call.metadata["stream"] is stream
+        assert call.tools[0]["function"]["name"] == "get_weather"
+        assert call.prompt_token_ids and call.completion_token_ids
+    assert calls[0].output["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert calls[0].output["tool_calls"][0]["id"] == use.id
+    assert calls[1].completion_token_ids == mock.tokenizer.encode("It is sunny.")
+    assert calls[1].input[-1]["role"] == "tool"
+
+
+def test_streamed_events_are_anthropic_events(server: LightningServer) -> None:
+    rid, client = _running(server)
+    with client.messages.create(
+        model="claude-x", max_tokens=16, messages=[{"role": "user", "content": "hi"}], stream=True
+    ) as events:
+        kinds = [event.type for event in events]
+    assert kinds == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    [call] = _finish(server, rid).calls
+    assert call.output["content"] == "echo: hi"
+
+
+def test_count_tokens_and_models_answered(server: LightningServer, mock: MockLLMServer) -> None:
+    rid, client = _running(server)
+    counted = client.messages.count_tokens(model="claude-x", messages=[{"role": "user", "content": "hello there"}])
+    assert counted.input_tokens > 0
+    [model] = list(client.models.list())
+    assert model.id == "mock-model" and model.type == "model"
+    assert mock.requests == [] and _finish(server, rid).calls == []  # neither reached the upstream nor was recorded
+
+
+def test_messages_that_are_not_a_list_get_a_clear_400(server: LightningServer, mock: MockLLMServer) -> None:
+    rid, client = _running(server)
+    with pytest.raises(anthropic.BadRequestError, match="messages must be a list"):
+        client.messages.create(model="claude-x", max_tokens=16, messages="hi")  # type: ignore[arg-type]
+    assert mock.requests == []
+    del rid
+
+
+def test_openai_responses_path_unchanged(server: LightningServer, mock: MockLLMServer) -> None:
+    rid, _ = _running(server)
+    answer = httpx.post(
+        f"{server.url}/rollouts/{rid}/v1/responses", json={"model": "m", "input": "hi"}, timeout=10
+    ).json()
+    assert answer["output"][0]["content"][0]["text"] == "echo: hi"
+    assert json.loads(json.dumps(answer))["object"] == "response"
+
+
+def test_logprobs_and_version_recorded_when_training_wants_them(server: LightningServer, mock: MockLLMServer) -> None:
+    server.set_upstream(mock.base_url, "mock-model", "v5", logprobs=True)
+    rid, client = _running(server)
+    client.messages.create(model="claude-x", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+    assert mock.requests[-1].body["logprobs"] is True
+    [call] = _finish(server, rid).calls
+    assert call.metadata["model_version"] == "v5"
+    assert call.completion_logprobs is not None and len(call.completion_logprobs) == len(call.completion_token_ids)
+
+
+def test_upstream_error_reaches_the_agent_with_its_status(server: LightningServer, mock: MockLLMServer) -> None:
+    mock.set_replies([MockReply(status=400, error_message="context too long")])
+    rid, client = _running(server)
+    with pytest.raises(anthropic.BadRequestError, match="context too long"):
+        client.messages.create(model="claude-x", max_tokens=16, messages=[{"role": "user", "content": "hi"}])
+    [call] = _finish(server, rid).calls
+    assert call.status == "error" and "context too long" in call.error
