@@ -312,10 +312,19 @@ def add_training_arguments(
     group.add_argument("--nworkers", type=int, default=8, help="rollout worker processes")
     group.add_argument("--output-dir", default=output_dir, help="metrics.jsonl, reward_curve.png, checkpoints")
     group.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
+    group.add_argument(
+        "--config",
+        type=Path,
+        help="JSON/YAML file of agl.train settings (TrainConfig fields, e.g. configs/gpu.json: model, backend='vllm', "
+        "vllm options); its fields replace the options above, and a 'model' in it is loaded by agl.train",
+    )
 
 
 def training_kwargs(arguments: argparse.Namespace) -> dict[str, Any]:
-    """The ``agl.train`` keyword arguments given by :func:`add_training_arguments` options (model excluded)."""
+    """The ``agl.train`` keyword arguments given by :func:`add_training_arguments` options (the model only when
+    ``--config`` names one), with the fields of ``--config`` laid over them."""
+    from agentlightning.trainers.config import config_options
+
     return {
         "algorithm": "grpo",
         "lora": True if arguments.lora else None,
@@ -328,6 +337,7 @@ def training_kwargs(arguments: argparse.Namespace) -> dict[str, Any]:
         "nworkers": arguments.nworkers,
         "output_dir": arguments.output_dir,
         "resume": arguments.resume,
+        **(config_options(arguments.config) if arguments.config else {}),
     }
 
 
@@ -358,6 +368,9 @@ def run_recipe(
         return 0
     import agentlightning as agl
 
+    if "model" in plan:  # named by --config: agl.train loads it (and starts vLLM from it with backend="vllm")
+        print(agl.train(**plan).summary())
+        return 0
     model, tokenizer = load_policy(arguments)
     print(agl.train(model=model, tokenizer=tokenizer, **plan).summary())
     return 0

@@ -24,6 +24,7 @@ PAGES = [
     "frameworks/openai_agents.md",
     "frameworks/autogen.md",
     "frameworks/pydantic_ai.md",
+    "evaluation.md",
 ]
 RUNNER = """
 import re, sys

@@ -81,7 +81,7 @@ def message_from_chat(chat: dict[str, Any], model: Any) -> dict[str, Any]:
         "role": "assistant",
         "model": model if isinstance(model, str) else chat.get("model"),
         "content": content,
-        "stop_reason": "tool_use" if message.get("tool_calls") else _STOP_REASONS.get(finish, "end_turn"),
+        "stop_reason": "tool_use" if message.get("tool_calls") else _STOP_REASONS.get(str(finish), "end_turn"),
         "stop_sequence": None,
         "usage": {
             "input_tokens": int(usage.get("prompt_tokens") or 0),

@@ -11,7 +11,7 @@ One command, in this order:
    training problems;
 4. evaluate the trained model (greedy) on the held-out problems, print the difference with its 95% interval;
 5. write ``<output>/curve.png`` (every run under ``--output-dir``) and add a row to the results table
-   (``docs/results.md``'s "SVAMP" section, else ``docs/results_svamp.md``).
+   (``docs/results.md``'s "SVAMP" section).
 
 The agent is ``examples.calc_x.calc_agent.calc_agent`` unchanged; ``svamp_agent.svamp_agent`` only caps its
 completions at ``--max-tokens`` (through ``llm.sampling_parameters``, which the agent reads) so that a CPU run fits
@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--heldout-limit", type=int, help="evaluate on the first N held-out problems (reduced budget)")
     parser.add_argument("--workers", type=int, default=32, help="evaluation rollouts at a time (batched decoding)")
     parser.add_argument("--tool-error-penalty", type=float, default=-0.5, help="AIR reward of a failed tool call")
-    parser.add_argument("--results", type=Path, help="results file (default docs/results.md, else results_svamp.md)")
+    parser.add_argument("--results", type=Path, help="results file (default docs/results.md)")
     parser.add_argument("--note", default="", help="a remark for the results row (e.g. the machine's load)")
     return parser
 
@@ -233,8 +233,7 @@ TABLE_HEADER = (
 
 
 def _results_file() -> Path:
-    shared = REPO_ROOT / "docs" / "results.md"
-    return shared if shared.is_file() else REPO_ROOT / "docs" / "results_svamp.md"
+    return REPO_ROOT / "docs" / "results.md"
 
 
 def add_result_row(path: Path, summary: dict[str, Any]) -> None:

@@ -57,3 +57,13 @@ def test_calc_x_plan_has_air(data_dir: Path) -> None:
 def test_bad_option_is_refused_by_the_parser(data_dir: Path) -> None:
     with pytest.raises(SystemExit):
         calc_train.parser().parse_args(["--sources", "math"])
+
+
+@pytest.mark.parametrize("example", [spider_train, rag_train, calc_train], ids=["spider", "rag", "calc_x"])
+def test_gpu_config_reaches_agl_train(example, data_dir: Path) -> None:
+    config = Path(example.__file__).parent / "configs" / "gpu.json"
+    arguments = example.parser().parse_args(["--data-dir", str(data_dir), "--config", str(config)])
+    plan = example.training_plan(arguments)
+    assert plan["backend"] == "vllm" and plan["model"].startswith("Qwen/Qwen2.5-")
+    bound = _bind({key: value for key, value in plan.items() if key != "model"})
+    assert bound["max_steps"] > 10 and bound["vllm"]["dtype"] == "bfloat16"
