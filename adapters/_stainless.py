@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 import logging
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterator
+from contextvars import ContextVar
 from types import ModuleType
 from typing import Any
 
@@ -29,6 +30,24 @@ _TRANSPORT_KEYS = frozenset({"extra_headers", "extra_query", "extra_body", "time
 _ITERABLE_KEYS = frozenset({"messages", "tools", "input", "system"})
 
 Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+
+# Whether a wrapped resource method (``create``, ``parse``, ...) that records its call is running in this context: the
+# HTTP requests the client sends meanwhile are that call, so the httpx adapter leaves them alone; the client's other
+# requests (``client.post``, ``client.request``, as LiteLLM sends them) are recorded by the httpx adapter instead.
+_resource_call_running: ContextVar[bool] = ContextVar("agl_resource_call_running", default=False)
+
+
+def resource_call_running() -> bool:
+    """Whether a wrapped resource method is recording the HTTP requests sent now (see ``_resource_call_running``)."""
+    return _resource_call_running.get()
+
+
+async def _as_resource_call(pending: Awaitable[Any]) -> Any:
+    token = _resource_call_running.set(True)
+    try:
+        return await pending
+    finally:
+        _resource_call_running.reset(token)
 
 
 def endpoint(resource: Any) -> str | None:
@@ -153,14 +172,22 @@ class Patch:
     def _sync_wrapper(self, api: str) -> Wrapper:
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             call = self.start(api, instance, kwargs)
-            return wrapped(*args, **kwargs) if call is None else recorded(call, wrapped, args, kwargs, call.handle)
+            if call is None:
+                return wrapped(*args, **kwargs)
+            token = _resource_call_running.set(True)
+            try:
+                return recorded(call, wrapped, args, kwargs, call.handle)
+            finally:
+                _resource_call_running.reset(token)
 
         return wrapper
 
     def _async_wrapper(self, api: str) -> Wrapper:
         def wrapper(wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             call = self.start(api, instance, kwargs)
-            return wrapped(*args, **kwargs) if call is None else arecorded(call, wrapped(*args, **kwargs), call.handle)
+            if call is None:
+                return wrapped(*args, **kwargs)
+            return arecorded(call, _as_resource_call(wrapped(*args, **kwargs)), call.handle)
 
         return wrapper
 
@@ -275,6 +302,10 @@ class ObservedAsyncStream(wrapt.ObjectProxy):
             await self.__wrapped__.close()
         finally:
             await self._self_chunks.aclose()
+
+    async def aclose(self) -> None:
+        """``close()`` by the name the client also gives it (and LiteLLM calls)."""
+        await self.close()
 
     async def __aenter__(self) -> ObservedAsyncStream:
         return self

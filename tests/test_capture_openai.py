@@ -30,6 +30,7 @@ TOOLS = [{"type": "function", "function": {"name": "run_sql", "parameters": {"ty
 @pytest.fixture(autouse=True)
 def _instrumented() -> None:
     agl.instrument("openai")
+    agl.instrument(http.__name__)  # as in a rollout: the requests the resource methods record are not recorded twice
 
 
 @pytest.fixture
@@ -377,9 +378,15 @@ def test_install_uninstall_idempotent(server: MockLLMServer) -> None:
         recorder = RolloutRecorder("ro")
         with recording(recorder):
             sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
+        (call,) = recorder.calls  # the HTTP layer's adapter records what the openai adapter no longer sees
+        assert call.output["content"] == "echo: count users"
+        agl.uninstrument(http.__name__)
+        with recording(recorder := RolloutRecorder("ro")):
+            sync_client(server).chat.completions.create(model="m", messages=MESSAGES)
         assert recorder.calls == []
     finally:
         adapter.install()
+        agl.instrument(http.__name__)
     assert adapter.is_installed()
 
 

@@ -297,11 +297,16 @@ def test_missing_reward_diagnostic(server: MockLLMServer) -> None:
 
 
 def test_unpatched_client_is_explained(server: MockLLMServer) -> None:
+    http = openai.DefaultHttpxClient.__mro__[1].__module__.partition(".")[0]  # httpx2 under openai 3, httpx under 2
     agl.uninstrument("openai")
     try:
         (rollout,) = agl.run(lambda task, llm: ask(llm, "q") and 1.0, [1], llm=server.llm())
+        assert len(rollout.calls) == 1  # the HTTP layer's adapter still records the client's request
+        agl.uninstrument(http)
+        (rollout,) = agl.run(lambda task, llm: ask(llm, "q") and 1.0, [1], llm=server.llm())
     finally:
         agl.instrument("openai")
+        agl.instrument(http)
     assert rollout.calls == [] and "NOT patched" in rollout.diagnostics[0]
 
 

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 ADAPTERS: dict[str, str] = {
     "openai": "openai",
     "httpx": "httpx",
+    "httpx2": "httpx2",
     "anthropic": "anthropic",
     "langchain": "langchain_core",
     "openai_agents": "agents",
@@ -46,8 +47,8 @@ def _trigger(name: str) -> str:
 
 
 def instrument(name: str) -> None:
-    """Install the adapter ``name`` ('openai', 'httpx', 'anthropic', 'langchain', 'openai_agents', 'autogen',
-    'pydantic_ai') now.
+    """Install the adapter ``name`` ('openai', 'httpx', 'httpx2', 'anthropic', 'langchain', 'openai_agents',
+    'autogen', 'pydantic_ai') now.
 
     Raises ``ImportError`` with the extra to install when its framework is missing. Installing twice is harmless.
     """

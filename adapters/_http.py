@@ -1,0 +1,139 @@
+"""Capture of OpenAI-compatible requests sent with an httpx-shaped HTTP library (``httpx``, or ``httpx2`` under
+openai 3), shared by the ``httpx`` and ``httpx2`` adapters. Inside a rollout, each POST to a path ending in
+``/chat/completions``, ``/completions`` or ``/responses`` becomes a ``Call``, read from the JSON body sent and the
+answer (a streamed body when it is read through or closed); inside ``agl.role`` the request carries the role for the
+proxy (``X-AGL-Role``). The requests the openai and anthropic resource methods (``create``, ``parse``, ...) send are
+left to those adapters, which record them already; the clients' other requests (``client.post("/chat/completions",
+...)``, ``client.request(...)``, as LiteLLM sends them) are recorded here, so each HTTP call is recorded once.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+from agentlightning.adapters._stainless import Patch, arecorded, recorded, resource_call_running
+
+from agentlightning._wire.read import ENDPOINTS, StreamFold, read_response
+from agentlightning.capture import LLMCall, current_recorder
+from agentlightning.protocol import ROLE_HEADER
+
+logger = logging.getLogger(__name__)
+
+_ENDPOINT = re.compile(r"^(.*?)/(chat/completions|completions|responses)/?$")
+
+
+class _Answer:
+    """Reads a response body as it passes and records the call: complete when read through, else incomplete."""
+
+    def __init__(self, http: ModuleType, call: LLMCall, response: Any) -> None:
+        self.http, self.call, self.response, self.body = http, call, response, bytearray()
+        self.fold = StreamFold(call.api) if call.fields["metadata"]["stream"] and response.is_success else None
+
+    def add(self, data: bytes) -> bytes:
+        if self.fold is None:
+            self.body.extend(data)
+        else:
+            self.fold.feed(data)
+        return data
+
+    def finish(self, complete: bool = True) -> None:
+        response = self.response
+        if not response.is_success:
+            text = bytes(self.body).decode(errors="replace")[:500]
+            error = self.http.HTTPStatusError(
+                f"HTTP {response.status_code}: {text}", request=response.request, response=response
+            )
+            self.call.finish(None, error=error)
+        elif self.fold is not None:
+            self.call.finish(self.fold.answer(complete=complete))
+        else:
+            self.call.finish(read_response(self.call.api, json.loads(bytes(self.body))) if complete else None)
+
+
+class _Tee:
+    """The body of a streamed response, passed on to the agent as it is read."""
+
+    def __init__(self, stream: Any, answer: _Answer) -> None:
+        self.stream, self.answer = stream, answer
+
+
+class _SyncTee(_Tee):
+    def __iter__(self) -> Iterator[bytes]:
+        yield from map(self.answer.add, self.stream)
+        self.answer.finish()
+
+    def close(self) -> None:
+        self.stream.close()
+        self.answer.finish(complete=False)  # after the end of the stream: nothing left to record
+
+
+class _AsyncTee(_Tee):
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for data in self.stream:
+            yield self.answer.add(data)
+        self.answer.finish()
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+        self.answer.finish(complete=False)
+
+
+class _Capture:
+    """The capture of one HTTP library ``http``: its ``Client.send`` / ``AsyncClient.send`` wrapped, its byte streams
+    teed."""
+
+    def __init__(self, http: ModuleType) -> None:
+        self.http = http
+        self.stream = type("_Stream", (_SyncTee, http.SyncByteStream), {})
+        self.astream = type("_AsyncStream", (_AsyncTee, http.AsyncByteStream), {})
+        name = http.__name__
+        self.patch = Patch(extra=((name, "Client", "send", self.send), (name, "AsyncClient", "send", self.send)))
+
+    def observe(self, call: LLMCall, response: Any, *, streamed: bool) -> Any:
+        try:
+            answer = _Answer(self.http, call, response)
+            if streamed:  # recorded as the agent reads the body
+                tee = self.astream if isinstance(response.stream, self.http.AsyncByteStream) else self.stream
+                response.stream = tee(response.stream, answer)
+            else:
+                answer.add(response.content)
+                answer.finish()
+        except Exception:  # noqa: BLE001 - a capture bug must not break the agent
+            logger.warning("%s capture failed to record a call to %s", self.http.__name__, response.url, exc_info=True)
+        return response
+
+    def send(self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call = _start(args[0] if args else kwargs["request"])
+        if call is None:
+            return wrapped(*args, **kwargs)
+        observe = functools.partial(self.observe, call, streamed=bool(kwargs.get("stream")))
+        if isinstance(instance, self.http.AsyncClient):
+            return arecorded(call, wrapped(*args, **kwargs), observe)
+        return recorded(call, wrapped, args, kwargs, observe)
+
+
+def _start(request: Any) -> LLMCall | None:
+    recorder = current_recorder()
+    if recorder is None or request.method != "POST" or resource_call_running():
+        return None
+    if (match := _ENDPOINT.match(str(request.url.copy_with(query=None)))) is None:
+        return None
+    try:
+        call = LLMCall(ENDPOINTS[match[2]], recorder, match[1], json.loads(request.content))
+    except Exception:  # noqa: BLE001 - a capture bug must not break the agent
+        logger.warning("HTTP capture could not read a request to %s; it is not recorded", request.url, exc_info=True)
+        return None
+    if (role := call.fields["role"]) is not None:  # the proxy serves the call by the role's policy
+        request.headers[ROLE_HEADER] = role
+    return call
+
+
+def capture(http: ModuleType) -> Patch:
+    """The patch that captures the OpenAI-compatible requests sent with ``http`` (``httpx`` or ``httpx2``)."""
+    return _Capture(http).patch
