@@ -38,7 +38,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     remote.add_argument("--server-url", help="default $AGL_SERVER_URL (or $AgentLightningServerUrl)")
     remote.add_argument("--token", help="default $AGL_SERVER_TOKEN")
     source = argparse.ArgumentParser(add_help=False, parents=[remote])
-    source.add_argument("--store", help="read this SQLite store directly instead of asking a server")
+    source.add_argument(
+        "--store", help="read this SQLite store (or a run directory's store.db) directly instead of asking a server"
+    )
     parser = argparse.ArgumentParser(prog="agl", description="Agent Lightning: train the LLM inside any agent.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {importlib.metadata.version(DISTRIBUTION)}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -304,15 +306,21 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from agentlightning._uvicorn import BackgroundServer
     from agentlightning.server._dashboard import dashboard_app
     from agentlightning.server._errors import check_bind
 
     check_bind(args.host, args.token)
     app = dashboard_app(args.run_dir, args.token)
-    print(f"dashboard of {args.run_dir} on http://{args.host}:{args.port}/ui/ (read-only); Ctrl-C stops", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    server = BackgroundServer(app, args.host, args.port, name="agl dashboard").start()  # its URL once it listens
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"dashboard of {args.run_dir} on {server.url}/ui/ (read-only); Ctrl-C stops", flush=True)
+    try:
+        stop.wait()
+    finally:
+        server.stop()
     return 0
 
 
@@ -362,9 +370,14 @@ def _show(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]
 
 
 def _open_store(path: str) -> Any:
+    """The store file ``path``, or a run directory's ``store.db`` (as ``agl dashboard RUN_DIR`` takes)."""
     from agentlightning.server.store import SQLiteStore
 
-    if not os.path.exists(path):
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "store.db")):
+            raise FileNotFoundError(f"--store {path!r} is a directory without a store.db; is it a run directory?")
+        path = os.path.join(path, "store.db")
+    elif not os.path.exists(path):
         raise FileNotFoundError(f"store file {path!r} does not exist")
     return contextlib.closing(SQLiteStore(path))
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import threading
 import time
 from typing import Any
 
 import uvicorn
+
+
+class AddressInUse(RuntimeError):
+    """Another process already listens on the address a server was asked to bind."""
 
 
 class BackgroundServer:
@@ -35,14 +40,24 @@ class BackgroundServer:
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> BackgroundServer:
-        """Bind, serve, and return once the server accepts connections (RuntimeError if it does not)."""
+        """Bind, serve, and return once the server accepts connections (RuntimeError if it does not;
+        :class:`AddressInUse` if another process holds the port)."""
         if self._thread is not None:
             return self
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on accepted sockets whose protocol says TCP.
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            raise AddressInUse(
+                f"{self.name} cannot listen on {self.host}:{self.port}: another process already uses that port; "
+                "pick another port (agl: --port; 0 picks a free one) or stop that process"
+            ) from None
         self.port = sock.getsockname()[1]
         server = self._server = uvicorn.Server(uvicorn.Config(self._app, **self._config))
 

@@ -3,6 +3,7 @@ request) and a reward-curve PNG."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import statistics
@@ -15,6 +16,17 @@ from agentlightning.trainers.config import REPORTERS
 from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
+
+
+def check_reporters(report_to: Sequence[str]) -> None:
+    """Refuse ``report_to`` names whose package is not installed: called as a run is configured, before its model
+    loads, so that a missing reporter fails in a second rather than when the first step is reported."""
+    missing = [name for name in report_to if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(
+            f"report_to={list(report_to)!r}: {missing} not installed; pip install {' '.join(missing)}, "
+            "or leave them out of report_to"
+        )
 
 
 class MetricsWriter:

@@ -8,6 +8,7 @@ import logging
 from agentlightning.trainers._arguments import options_from_args
 from agentlightning.trainers.config import NothingTrainedError, TrainConfig
 from agentlightning.trainers.loop import TrainingRun
+from agentlightning.trainers.reporting import check_reporters
 from agentlightning.trainers.rollouts import RemoteRollouts
 
 from agentlightning.server import LightningServer
@@ -55,4 +56,6 @@ def training_config(args: argparse.Namespace) -> TrainConfig:
     if not 0 <= args.val_fraction < 1:
         raise ValueError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     options = {"model": args.model, "nworkers": 0, "rollout_timeout": args.timeout, **options_from_args(args)}
-    return TrainConfig.from_options(None, options)
+    config = TrainConfig.from_options(None, options)
+    check_reporters(config.report_to)
+    return config

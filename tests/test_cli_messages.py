@@ -1,0 +1,130 @@
+"""What a newcomer's mistakes get from ``agl``, run as their shell runs it: one ``agl <command>: error:`` line naming
+the fix and exit 2, not a traceback; and the mistake refused before anything slow starts."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentlightning.server import LightningServer
+
+AGENT = """
+import openai
+
+
+def solve(task, llm):
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["q"]}])
+    return float(reply.choices[0].message.content == task["a"])
+"""
+
+
+def _agl(*arguments: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "agl"), *arguments],  # the console script, as a shell runs it
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+
+
+def _refused(shown: subprocess.CompletedProcess[str], command: str) -> str:
+    """The one error line of a refused command (exit 2, no traceback)."""
+    assert shown.returncode == 2, shown.stdout + shown.stderr
+    assert "Traceback" not in shown.stderr, shown.stderr
+    errors = [line for line in shown.stderr.splitlines() if line.startswith(f"agl {command}: error: ")]
+    assert len(errors) == 1, shown.stderr
+    return errors[0]
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port another process (here: this one) listens on."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        yield other.getsockname()[1]
+
+
+def test_server_on_a_busy_port_names_the_fix(tmp_path: Path, busy_port: int) -> None:
+    shown = _agl("server", "--port", str(busy_port), "--store", str(tmp_path / "store.db"))
+    line = _refused(shown, "server")
+    assert f"127.0.0.1:{busy_port}" in line and "another process already uses that port" in line
+    assert "--port" in line
+
+
+def test_dashboard_on_a_busy_port_does_not_claim_the_other_process_url(tmp_path: Path, busy_port: int) -> None:
+    (tmp_path / "metrics.jsonl").write_text("")
+    shown = _agl("dashboard", str(tmp_path), "--port", str(busy_port))
+    line = _refused(shown, "dashboard")
+    assert f"127.0.0.1:{busy_port}" in line and "--port" in line
+    assert f":{busy_port}" not in shown.stdout  # the URL it never served is not announced as its own
+
+
+def test_dashboard_announces_the_url_it_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text("")
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "agl"), "dashboard", str(tmp_path), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()  # printed once it listens
+        url = line.split(" on ", 1)[1].split("/ui/", 1)[0]
+        assert url.startswith("http://127.0.0.1:") and not url.endswith(":0"), line
+        assert httpx.get(f"{url}/ui/").status_code == 200
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=20) == 0
+    finally:
+        process.kill()
+        process.communicate()
+
+
+def test_rollouts_list_takes_a_run_directory_like_the_dashboard(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    with LightningServer(run / "store.db") as server:
+        server.enqueue([{"id": "task-in-the-run"}])
+    shown = _agl("rollouts", "list", "--store", str(run))
+    assert shown.returncode == 0, shown.stderr
+    assert "task-in-the-run" in shown.stdout
+    line = _refused(_agl("rollouts", "list", "--store", str(tmp_path)), "rollouts")  # a folder, but no run's
+    assert "without a store.db" in line and str(tmp_path) in line
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed here")
+def test_report_to_a_missing_package_is_refused_before_the_model_loads(tmp_path: Path) -> None:
+    (tmp_path / "my_agent.py").write_text(AGENT)
+    (tmp_path / "tasks.jsonl").write_text('{"q": "2 + 2?", "a": "4"}\n')
+    started = time.monotonic()
+    shown = _agl(
+        "train",
+        "my_agent:solve",
+        "--dataset",
+        "tasks.jsonl",
+        "--model",
+        "smollm2",
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--report-to",
+        "tensorboard",
+        cwd=tmp_path,
+    )
+    line = _refused(shown, "train")
+    assert "pip install tensorboard" in line
+    assert not (tmp_path / "run").exists()  # refused before the run began: no run directory, no model loaded
+    assert time.monotonic() - started < 40  # the interpreter and imports only (it took 46 s before the model failed)
