@@ -29,15 +29,34 @@ def solve(task, llm):
 """
 
 
-def _agl(*arguments: str, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _agl(
+    *arguments: str, cwd: Path | None = None, timeout: float = 120, **env: str | None
+) -> subprocess.CompletedProcess[str]:
+    """``agl`` as a shell runs it, offline unless ``HF_HUB_OFFLINE=None``; ``env`` entries of None are unset."""
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1", **env}
     return subprocess.run(
         [str(Path(sys.executable).parent / "agl"), *arguments],  # the console script, as a shell runs it
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=cwd,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env={key: value for key, value in environment.items() if value is not None},
     )
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A newcomer's project folder: an agent module and a one-task dataset."""
+    (tmp_path / "my_agent.py").write_text(AGENT)
+    (tmp_path / "tasks.jsonl").write_text('{"q": "2 + 2?", "a": "4"}\n')
+    return tmp_path
 
 
 def _refused(shown: subprocess.CompletedProcess[str], command: str) -> str:
@@ -107,9 +126,8 @@ def test_rollouts_list_takes_a_run_directory_like_the_dashboard(tmp_path: Path) 
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed here")
-def test_report_to_a_missing_package_is_refused_before_the_model_loads(tmp_path: Path) -> None:
-    (tmp_path / "my_agent.py").write_text(AGENT)
-    (tmp_path / "tasks.jsonl").write_text('{"q": "2 + 2?", "a": "4"}\n')
+def test_report_to_a_missing_package_is_refused_before_the_model_loads(project: Path) -> None:
+    tmp_path = project
     started = time.monotonic()
     shown = _agl(
         "train",
@@ -128,3 +146,58 @@ def test_report_to_a_missing_package_is_refused_before_the_model_loads(tmp_path:
     assert "pip install tensorboard" in line
     assert not (tmp_path / "run").exists()  # refused before the run began: no run directory, no model loaded
     assert time.monotonic() - started < 40  # the interpreter and imports only (it took 46 s before the model failed)
+
+
+def _train_model(project: Path, model: str, **env: str | None) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    shown = _agl(
+        "train",
+        "my_agent:solve",
+        "--dataset",
+        "tasks.jsonl",
+        "--model",
+        model,
+        "--output-dir",
+        str(project / "run"),
+        cwd=project,
+        **env,
+    )
+    return shown, time.monotonic() - started
+
+
+def test_an_unknown_model_offline_is_refused_at_once(project: Path) -> None:
+    shown, seconds = _train_model(project, "nosuch-org/nosuch-model")
+    line = _refused(shown, "train")
+    assert "'nosuch-org/nosuch-model'" in line and "HF_HUB_OFFLINE=1" in line and "'smollm2'" in line
+    assert not (project / "run").exists()  # refused before the run began, not by the model loader
+    assert seconds < 40, seconds
+
+
+def test_an_unknown_model_with_the_hub_out_of_reach_fails_without_retrying(project: Path) -> None:
+    hub = f"http://127.0.0.1:{_closed_port()}"  # a hub that cannot be reached, as on a machine offline
+    online = {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None, "HF_ENDPOINT": hub}
+    shown, seconds = _train_model(project, "nosuch-org/nosuch-model", **online)
+    line = _refused(shown, "train")
+    assert "the Hugging Face hub cannot be reached" in line and "HF_HUB_OFFLINE=1" in line
+    assert "Retrying" not in shown.stderr  # the hub client's download retries (20 lines, 66 s) never start
+    assert not (project / "run").exists()
+    assert seconds < 40, seconds
+
+
+def test_client_with_a_wrong_url_fails_fast_with_what_to_check(project: Path) -> None:
+    url = f"http://127.0.0.1:{_closed_port()}"
+    started = time.monotonic()
+    shown = _agl("client", "--server-url", url, "--agent", "my_agent:solve", "--dataset", "tasks.jsonl", cwd=project)
+    line = _refused(shown, "client")
+    assert f"no Lightning Server answers at {url}" in line and "--server-url" in line
+    assert time.monotonic() - started < 45  # a server still starting gets 20 s, not the 66 s it used to take
+
+
+def test_client_url_ending_in_v1_gets_the_hint(project: Path, tmp_path: Path) -> None:
+    with LightningServer(tmp_path / "store.db") as server:
+        shown = _agl(
+            "client", "--server-url", f"{server.url}/v1", "--agent", "my_agent:solve", "--dataset", "tasks.jsonl",
+            cwd=project,
+        )  # fmt: skip
+    line = _refused(shown, "client")
+    assert "the Lightning Server URL has no /v1" in line and f"use {server.url}" in line

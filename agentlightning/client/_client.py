@@ -12,9 +12,12 @@ from agentlightning._decorator import RolloutAgent
 from agentlightning.client._api import ServerAPI, resolve_token
 from agentlightning.client._pool import WorkerPool
 from agentlightning.client._ray import RayWorkers
-from agentlightning.protocol import ServerError, dataset_id_for
+from agentlightning.protocol import ServerError, Unreachable, dataset_id_for
 
 logger = logging.getLogger(__name__)
+
+SERVER_START_WAIT = 20.0
+"""Seconds ``Client.train`` waits for a Lightning Server that is still starting (``agl server ... &`` just before)."""
 
 
 def load_records(path: str | Path) -> list[Any]:
@@ -73,6 +76,26 @@ class Client:
         logger.info("uploaded dataset %s (%d tasks)", info["dataset_id"], info["size"])
         return str(info["dataset_id"])
 
+    def _check_server(self) -> None:
+        """Wait up to :data:`SERVER_START_WAIT` seconds for a Lightning Server at ``server_url``; a URL nothing answers
+        at, or that answers as another kind of server, is refused with what to check."""
+        try:
+            self.api.health(retry_for=SERVER_START_WAIT)
+        except Unreachable as exc:
+            raise Unreachable(
+                f"no Lightning Server answers at {self.server_url} after {SERVER_START_WAIT:.0f} s ({exc}); check the "
+                "URL (agl client --server-url, AGL_SERVER_URL) and that `agl server` runs there"
+            ) from None
+        except ServerError as exc:
+            hint = (
+                f"; the Lightning Server URL has no /v1 (that is the agents' OpenAI path): use {self.server_url[:-3]}"
+                if self.server_url.endswith("/v1")
+                else ""
+            )
+            raise ValueError(
+                f"{self.server_url} is not a Lightning Server: GET /health answered {exc.status}{hint}"
+            ) from None
+
     def train(
         self,
         agent: RolloutAgent | Callable[..., Any] | str,
@@ -93,7 +116,7 @@ class Client:
         """
         if (dataset is None) == (dataset_id is None):
             raise ValueError("Client.train: give exactly one of dataset=... (path or list) or dataset_id=...")
-        self.api.health(retry_for=60.0)
+        self._check_server()
         dataset_id = dataset_id or self.upload_dataset(dataset)  # type: ignore[arg-type]
         try:
             self.api.request("POST", f"/datasets/{dataset_id}/attach")  # this client serves its rollouts
