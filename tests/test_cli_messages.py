@@ -15,7 +15,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
+from agentlightning._uvicorn import BackgroundServer
 from agentlightning.server import LightningServer
 
 AGENT = """
@@ -182,6 +187,33 @@ def test_an_unknown_model_with_the_hub_out_of_reach_fails_without_retrying(proje
     assert "Retrying" not in shown.stderr  # the hub client's download retries (20 lines, 66 s) never start
     assert not (project / "run").exists()
     assert seconds < 40, seconds
+
+
+def test_an_unknown_model_the_hub_does_not_have_is_refused_after_one_request(project: Path) -> None:
+    asked: list[str] = []
+
+    async def repo_not_found(request: Request) -> Response:  # what huggingface.co answers for a missing model
+        asked.append(request.url.path)
+        return JSONResponse({"error": "Repository not found"}, 401, headers={"x-error-code": "RepoNotFound"})
+
+    hub = BackgroundServer(Starlette(routes=[Route("/{path:path}", repo_not_found)]), name="hub").start()
+    try:
+        online = {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None, "HF_ENDPOINT": hub.url}
+        shown, seconds = _train_model(project, "nosuch-org/nosuch-model", **online)
+    finally:
+        hub.stop()
+    line = _refused(shown, "train")
+    assert "the Hugging Face hub has no such model" in line
+    assert asked.count("/api/models/nosuch-org/nosuch-model") == 1  # asked once,
+    assert not [path for path in asked if "/resolve/" in path]  # and no file download was tried (nor retried)
+    assert not (project / "run").exists()
+
+
+def test_server_model_that_cannot_load_is_refused_before_the_server_starts(tmp_path: Path) -> None:
+    shown = _agl("server", "--model", "nosuch-org/nosuch-model", "--port", "0", "--store", str(tmp_path / "s.db"))
+    line = _refused(shown, "server")
+    assert "'nosuch-org/nosuch-model'" in line and "HF_HUB_OFFLINE=1" in line
+    assert not (tmp_path / "s.db").exists()
 
 
 def test_client_with_a_wrong_url_fails_fast_with_what_to_check(project: Path) -> None:

@@ -57,7 +57,7 @@ def check_model_source(name_or_path: str) -> None:
     not an existing path, not in the Hugging Face cache, and either ``HF_HUB_OFFLINE=1`` or the hub, asked once,
     does not have it or cannot be reached (instead of a minute of the hub client's download retries)."""
     import huggingface_hub
-    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
     if name_or_path.lower() in SMOLLM2_NAMES or Path(name_or_path).expanduser().exists():
         return
@@ -78,11 +78,13 @@ def check_model_source(name_or_path: str) -> None:
         raise ModelLoadError(
             f"{tried}, and the Hugging Face hub has no such model (or it is private); {fixes}"
         ) from None
-    except (httpx.TransportError, huggingface_hub.errors.HfHubHTTPError) as exc:
+    except httpx.TransportError as exc:
         raise ModelLoadError(
             f"{tried}, and the Hugging Face hub cannot be reached ({type(exc).__name__}: {exc}); {fixes} already "
             "cached, or go online (HF_HUB_OFFLINE=1 skips asking the hub)"
         ) from None
+    except HfHubHTTPError as exc:  # the hub is there but failing (429, 5xx): loading may still get the model
+        logger.warning("could not ask the Hugging Face hub about model %r (%s); loading it anyway", name_or_path, exc)
 
 
 def load_model(name_or_path: str, *, dtype: str = "float32", device: str | None = None) -> tuple[Any, Any]:
