@@ -438,9 +438,8 @@ class VLLMBackend:
         if self.sync_mode == "lora":
             rank = args["max_lora_rank"] or served_lora_rank(self.policy)
             # Every policy's adapter in one batch (one without policies), and its previous one while kept.
-            count = (len(self.policies.policies) if self.policies is not None else 1) * (
-                2 if self._keep_previous else 1
-            )
+            adapters = len(self.policies.policies) if self.policies is not None else 1
+            count = adapters * (2 if self._keep_previous else 1)
             command += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(count)]
         elif self.sync_mode in ("nccl", "ipc"):
             command += ["--weight-transfer-config", f'{{"backend": "{self.sync_mode}"}}']
