@@ -7,10 +7,10 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
-import string
 import subprocess
 import sys
 import tempfile
@@ -24,6 +24,8 @@ from agentlightning._decorator import RolloutAgent
 from agentlightning.types import LLM, Rollout
 
 logger = logging.getLogger(__name__)
+
+_PLACEHOLDER = re.compile(r"\{(?P<name>task|workdir|model)(?P<keys>(?:\[[^\]]*\])*)\}")
 
 TAIL_BYTES = 8192  # how much of stdout / stderr each rollout keeps
 _POLL_SECONDS = 0.05  # how often a running command is checked for its deadline and for an abandoned rollout
@@ -53,9 +55,9 @@ class CommandAgent(RolloutAgent):
     - ``ANTHROPIC_BASE_URL``, ``ANTHROPIC_API_KEY``: the same endpoint without ``/v1`` (Anthropic SDKs add it);
     - ``AGL_MODEL``: the model name to send; ``AGL_TASK``: the task as JSON; ``AGL_WORKDIR``: the directory.
 
-    Arguments may hold placeholders, filled per rollout with :meth:`str.format`: ``{task}`` (the task as JSON),
-    ``{task[key]}``, ``{workdir}``, ``{model}``; write ``{{`` / ``}}`` for literal braces. ``argv`` may also be one
-    shell-like string (split with :func:`shlex.split`, not run by a shell).
+    Arguments may hold placeholders, filled per rollout: ``{task}``, ``{task[key]}`` (or ``{task[key][0]}``...: a
+    string as it is, anything else as JSON), ``{workdir}``, ``{model}``; other braces are left as they are. ``argv``
+    may also be one shell-like command line (split with :func:`shlex.split`, not run by a shell).
 
     - ``reward``: ``reward(task, workdir, result) -> float`` called after a successful exit (``workdir`` a
       :class:`~pathlib.Path`, ``result`` a :class:`CommandResult`); without it the last non-empty line of stdout
@@ -131,15 +133,27 @@ class CommandAgent(RolloutAgent):
                 shutil.rmtree(root, ignore_errors=True)
 
     def _filled_argv(self, task: Any, workdir: Path, llm: LLM) -> list[str]:
-        fields = {"task": _TaskField(task), "workdir": str(workdir), "model": llm.model}
+        def fill(match: re.Match[str]) -> str:
+            if match["name"] != "task":
+                if match["keys"]:  # {workdir[...]}: not a placeholder
+                    return match[0]
+                return str(workdir) if match["name"] == "workdir" else llm.model
+            value = task
+            try:
+                for key in re.findall(r"\[([^\]]*)\]", match["keys"]):
+                    value = value[int(key)] if isinstance(value, list) and key.lstrip("-").isdigit() else value[key]
+            except (KeyError, IndexError, TypeError):
+                raise KeyError(match[0][1:-1]) from None
+            return value if isinstance(value, str) else json.dumps(value)
+
         filled = []
         for argument in self.argv:
             try:
-                filled.append(argument.format(**fields))
-            except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+                filled.append(_PLACEHOLDER.sub(fill, argument))
+            except KeyError as exc:
                 raise CommandError(
                     f"argument {argument!r} of agl.CommandAgent cannot be filled from the task {json.dumps(task)}: "
-                    f"{type(exc).__name__}: {exc} (placeholders: {{task}}, {{task[key]}}, {{workdir}}, {{model}})"
+                    f"there is no {exc.args[0]}"
                 ) from None
         return filled
 
@@ -157,21 +171,6 @@ class CommandAgent(RolloutAgent):
             "AGL_TASK": json.dumps(task),
             "AGL_WORKDIR": str(workdir),
         }
-
-
-class _TaskField:
-    """The task for placeholders: ``{task}`` is its JSON, ``{task[key]}`` an item of it (a string as it is)."""
-
-    def __init__(self, task: Any) -> None:
-        self.task = task
-
-    def __format__(self, spec: str) -> str:
-        return format(json.dumps(self.task), spec)
-
-    def __getitem__(self, key: Any) -> Any:
-        if not isinstance(self.task, (dict, list)):
-            raise TypeError(f"the task is a {type(self.task).__name__}, not an object or a list")
-        return self.task[key]
 
 
 def _run(
@@ -253,13 +252,6 @@ def _checked_argv(argv: Sequence[str] | str) -> list[str]:
         raise TypeError(
             f"agl.CommandAgent(argv=...) must be a non-empty list of strings or a command line, got {argv!r}"
         )
-    for word in words:
-        try:
-            list(string.Formatter().parse(word))
-        except ValueError as exc:
-            raise ValueError(
-                f"agl.CommandAgent argument {word!r} is not a valid template ({exc}); write {{{{ and }}}} for braces"
-            ) from None
     return list(words)
 
 
