@@ -20,3 +20,6 @@ def weather_reward(task: dict, workdir: Path, result: agl.CommandResult) -> floa
 weather_agent = agl.CommandAgent(
     [sys.executable, str(SCRIPTS / "anthropic_agent.py")], template=TEMPLATE, reward=weather_reward, timeout=60
 )
+
+# The question from a placeholder; the reward the script prints (1.0 when the answer holds task["expect"]).
+echo_agent = agl.CommandAgent([sys.executable, str(SCRIPTS / "openai_agent.py"), "{task[question]}"], timeout=60)

@@ -1,8 +1,13 @@
 """``agl.CommandAgent``: real processes as rollouts, under ``agl.run`` against the mock server and in client worker
-processes through the server's per-rollout proxy (the Anthropic SDK there); timeouts kill the process group."""
+processes and `agl client` through the server's per-rollout proxy (the Anthropic SDK there); timeouts kill the process
+group."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -92,6 +97,37 @@ def test_anthropic_script_in_workers_through_the_proxy(tmp_path: Path) -> None:
     assert "What is the weather in Paris?" in str(calls[0].input)  # city.txt came from the template
 
 
+def test_agl_client_runs_a_command_agent_by_reference(tmp_path: Path) -> None:
+    tasks = [{"id": f"t{i}", "question": f"question {i}", "expect": f"question {i}"} for i in range(4)]
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    env = {**os.environ, "PYTHONPATH": f"{Path(__file__).parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with MockLLMServer() as mock, LightningServer(tmp_path / "s.db", upstream_url=mock.base_url) as server:
+        arguments = ["--agent", "command_agents:echo_agent", "--dataset", str(dataset), "--nworkers", "2"]
+        client = subprocess.Popen(
+            [sys.executable, "-m", "agentlightning._cli", "client", *arguments, "--server-url", server.url],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            dataset_id = server.wait_for_dataset(timeout=60)
+            rollouts = server.wait(server.enqueue(dataset_id), timeout=120)
+            server.request_stop()
+            assert client.wait(30) == 0, client.stdout.read().decode()[-3000:]
+        finally:
+            if client.poll() is None:
+                os.killpg(client.pid, signal.SIGKILL)
+    assert [r.status for r in rollouts] == ["succeeded"] * 4
+    assert len(mock.requests) == 4
+    for rollout in rollouts:
+        assert rollout.final_reward == 1.0  # the last line the script printed
+        [call] = rollout.llm_calls  # recorded by the proxy, with the upstream's token ids
+        assert call.token_source == "server" and call.completion_token_ids
+        assert call.output["content"] == f"echo: {rollout.task['question']}"
+
+
 def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     pid_file = tmp_path / "pids"
     agent = _misbehaving("hang", env={"PID_FILE": str(pid_file)}, timeout=1.5)
@@ -169,3 +205,12 @@ def test_environment_and_placeholders(tmp_path: Path) -> None:
         "yes",
     ]
     assert 'stdout (tail): {"q": "x", "n": [1, 2]}\nTrue\nx-2-served\n{"json": [1, 2]}\n1' in "\n".join(rollout.logs)
+
+
+def test_training_without_the_server_is_refused(tmp_path: Path) -> None:
+    agent = agl.CommandAgent(["true"])
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="only the server's per-rollout proxy can record its LLM calls"):
+        agl.train(agent, [{"q": 1}], model="tiny", use_server=False, output_dir=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()  # refused before a model loaded or a rollout ran
+    assert time.perf_counter() - started < 60
