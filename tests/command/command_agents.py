@@ -23,3 +23,6 @@ weather_agent = agl.CommandAgent(
 
 # The question from a placeholder; the reward the script prints (1.0 when the answer holds task["expect"]).
 echo_agent = agl.CommandAgent([sys.executable, str(SCRIPTS / "openai_agent.py"), "{task[question]}"], timeout=60)
+
+# For the training test: one call per rollout, a reward that varies with the reply.
+length_agent = agl.CommandAgent([sys.executable, str(SCRIPTS / "length_agent.py")], timeout=120)
