@@ -29,6 +29,7 @@ _PLACEHOLDER = re.compile(r"\{(?P<name>task|workdir|model)(?P<keys>(?:\[[^\]]*\]
 
 TAIL_BYTES = 8192  # how much of stdout / stderr each rollout keeps
 _POLL_SECONDS = 0.05  # how often a running command is checked for its deadline and for an abandoned rollout
+_COMMAND_VARIABLE = "AGL_COMMAND"  # the command of `agl train --command`, for its worker processes
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,27 @@ class CommandAgent(RolloutAgent):
             "AGL_TASK": json.dumps(task),
             "AGL_WORKDIR": str(workdir),
         }
+
+
+def command_line_agent(command: str) -> CommandAgent:
+    """The agent of ``agl train --command COMMAND``. Worker processes import agents by reference, so the command
+    travels in ``AGL_COMMAND`` (set here, inherited by the workers) and ``agentlightning._command:cli_agent`` names
+    the agent built from it."""
+    os.environ[_COMMAND_VARIABLE] = command
+    globals().pop("cli_agent", None)
+    agent: CommandAgent = __getattr__("cli_agent")
+    return agent
+
+
+def __getattr__(name: str) -> Any:
+    """``cli_agent``: the :class:`CommandAgent` of the command in ``AGL_COMMAND`` (built once per process)."""
+    if name != "cli_agent":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    command = os.environ.get(_COMMAND_VARIABLE)
+    if not command:
+        raise AttributeError(f"{__name__}.cli_agent: {_COMMAND_VARIABLE} is not set (agl train --command sets it)")
+    agent = globals()["cli_agent"] = CommandAgent(command)
+    return agent
 
 
 def _run(
