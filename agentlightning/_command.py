@@ -116,9 +116,14 @@ class CommandAgent(RolloutAgent):
             else:
                 workdir.mkdir()
             argv = self._filled_argv(task, workdir, llm)
-            result = _run(argv, self._environment(task, workdir, llm), workdir, root, self.timeout, rollout)
+            result, timed_out = _run(argv, self._environment(task, workdir, llm), workdir, root, self.timeout, rollout)
             rollout.logs.append(f"command {shlex.join(argv)} in {workdir}: exit {result.returncode}")
             rollout.logs += [f"stdout (tail): {result.stdout}", f"stderr (tail): {result.stderr}"]
+            if timed_out:
+                raise CommandError(
+                    f"command {shlex.join(argv)} did not finish within {self.timeout} s; its process group was killed."
+                    f" stderr (tail): {result.stderr.strip() or '(empty)'}"
+                )
             if result.returncode != 0:
                 raise CommandError(
                     f"command {shlex.join(argv)} exited with status {result.returncode} after {result.duration:.1f} s;"
@@ -197,11 +202,11 @@ def __getattr__(name: str) -> Any:
 
 def _run(
     argv: list[str], env: dict[str, str], workdir: Path, root: Path, timeout: float | None, rollout: Rollout
-) -> CommandResult:
+) -> tuple[CommandResult, bool]:
     """Run ``argv`` to its end in a new session (its own process group) with output to files under ``root``; kill the
     whole group at ``timeout``, when the rollout stops running (timed out or taken away), and after it exits (so
-    nothing it started outlives the rollout)."""
-    started = time.monotonic()
+    nothing it started outlives the rollout). Returns how it ended and whether ``timeout`` ended it."""
+    started, timed_out = time.monotonic(), False
     with open(root / "stdout", "wb") as stdout, open(root / "stderr", "wb") as stderr:
         try:
             process = subprocess.Popen(
@@ -218,25 +223,22 @@ def _run(
         try:
             while process.poll() is None:
                 if timeout is not None and time.monotonic() - started >= timeout:
-                    _kill_group(process)
-                    raise CommandError(
-                        f"command {shlex.join(argv)} did not finish within {timeout} s; its process group was killed."
-                        f" stderr (tail): {_tail(root / 'stderr').strip() or '(empty)'}"
-                    )
+                    timed_out = True
+                    break
                 if rollout.status != "running":  # the attempt gave up on this rollout (its own timeout, cancelled)
                     logger.warning("rollout %s is %s; killing its command", rollout.rollout_id, rollout.status)
-                    _kill_group(process)
                     break
                 time.sleep(_POLL_SECONDS)
         finally:
             _kill_group(process)
-    return CommandResult(
+    result = CommandResult(
         argv=argv,
         returncode=process.returncode,
         stdout=_tail(root / "stdout"),
         stderr=_tail(root / "stderr"),
         duration=time.monotonic() - started,
     )
+    return result, timed_out
 
 
 def _kill_group(process: subprocess.Popen[bytes]) -> None:

@@ -136,6 +136,7 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert time.monotonic() - started < 10
     assert rollout.status == "failed" and rollout.error.type == "CommandError"
     assert "did not finish within 1.5 s; its process group was killed" in rollout.error.message
+    assert any(line == "stdout (tail): hanging now\n" for line in rollout.logs)  # what it printed, kept
     pids = [int(pid) for pid in pid_file.read_text().split()]
     assert len(pids) == 2 and _gone(pids)  # the command and the child it started
 
