@@ -1,9 +1,10 @@
 """The prepared GPU check: generation tokens/s and one update's time on the HF backend, against the GPU's limits.
 
-Runs where a GPU machine has torch, transformers, peft and accelerate but no trl, no vllm and no network: the
-model is built from a config with random weights (speed does not depend on the values), the prompts are random
-token ids, and the repository is not installed (the HF backend's batched decoder, trainers/backends/hf/generation.py, is
-loaded from its file). Measured, in bf16:
+Runs where a GPU machine has torch and transformers (peft and vllm are used when present) but no trl, no network
+and not this package: the model is built from a config with random weights (speed does not depend on the values),
+the prompts are random token ids, and the HF backend's batched decoder (``trainers/backends/hf/generation.py``, with
+the ``attention.py`` it imports) is loaded from the repository's files when ``agentlightning`` is not installed.
+Measured, in bf16:
 
 - generation through :class:`GenerationEngine` (what ``HFBackendServer`` runs) at several batch sizes, as
   tokens/s and as a share of the decode limit (weights read once per step from HBM) and of peak compute;
@@ -12,7 +13,7 @@ loaded from its file). Measured, in bf16:
   no-grad forward the importance-sampling correction adds;
 - vLLM's offline engine on the same random model, when ``import vllm`` works.
 
-    python scripts/gpu_check.py                       # Qwen2.5-1.5B shape on cuda, < 8 min on one H200
+    python scripts/gpu_check.py                       # Qwen2.5-1.5B shape on cuda (time on an H200 not measured)
     python scripts/gpu_check.py --size tiny --device cpu --dtype float32   # a dry run anywhere
 
 Prints one line per measurement and, with ``--json PATH``, writes them all.
@@ -85,8 +86,21 @@ class _Ids:
 
 
 def _generation_module() -> Any:
-    path = Path(__file__).resolve().parents[1] / "trainers" / "generation.py"
-    spec = importlib.util.spec_from_file_location("agl_generation", path)
+    """The HF backend's ``generation`` module: from the installed package, else from this repository's files."""
+    try:
+        from agentlightning.trainers.backends.hf import generation
+    except ImportError:
+        pass
+    else:
+        return generation
+    # generation.py imports attention.py under its package name: that one module is registered, not the package.
+    _load_by_path("agentlightning.trainers.backends.hf.attention", "attention.py")
+    return _load_by_path("agl_generation", "generation.py")
+
+
+def _load_by_path(name: str, filename: str) -> Any:
+    path = Path(__file__).resolve().parents[1] / "trainers" / "backends" / "hf" / filename
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -237,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write every measurement to this file")
     args = parser.parse_args(argv)
 
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    try:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+    except ImportError as exc:
+        parser.error(f"the model and the HF backend's decoder need transformers ({exc}); pip install transformers")
 
     total_started = time.perf_counter()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)

@@ -40,14 +40,24 @@ class VLLMOptions:
     """``"float32"`` on CPU makes sampler and trainer log-probabilities agree to ~1e-6."""
     python: str | None = None
     """Python that runs a server started here (default: the repository's ``.venv-vllm``, else this one)."""
-    max_lora_rank: int = 64
+    max_lora_rank: int | None = None
+    """vLLM's ``--max-lora-rank`` (``sync="lora"``); None: the trained adapters' largest rank rounded up to one vLLM
+    accepts (1, 8, 16, 32, 64, ...), which is also the fastest: a larger one slows every LoRA request."""
     extra_args: Sequence[str] = ()
     """More ``vllm.entrypoints.openai.api_server`` arguments."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment of a server started here (e.g. ``{"VLLM_CPU_KVCACHE_SPACE": "4"}``)."""
     check_logprobs: bool = True
-    """After each sync, sample a few tokens and record the largest |vLLM - trainer| logprob (``sync/logprob_gap``)."""
+    """After a sync, sample a few tokens and record the largest |vLLM - trainer| logprob (``sync/logprob_gap``)."""
+    check_logprobs_every: int = 10
+    """Check on the first sync (of each policy), then on every this many syncs (1: after every one; a check costs a
+    short generation and a trainer forward pass, 4-6 s a step on CPU)."""
     startup_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        every = self.check_logprobs_every
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"agl.train(vllm.check_logprobs_every={every!r}): must be a positive integer")
 
 
 @dataclass

@@ -277,6 +277,9 @@ def test_vllm_backend_loads_each_policys_adapter_by_name(tmp_path):
     async def models(request):
         return JSONResponse({"data": [{"id": "tiny"}]})
 
+    async def version(request):  # how VLLMBackend(url=...) tells vLLM from another OpenAI-compatible server
+        return JSONResponse({"version": "stand-in"})
+
     async def lora(request):
         body = await request.json()
         requests.append((request.url.path, body))
@@ -287,6 +290,7 @@ def test_vllm_backend_loads_each_policys_adapter_by_name(tmp_path):
     app = Starlette(
         routes=[
             Route("/v1/models", models),
+            Route("/version", version),
             Route("/v1/load_lora_adapter", lora, methods=["POST"]),
             Route("/v1/unload_lora_adapter", lora, methods=["POST"]),
         ]

@@ -123,17 +123,24 @@ def test_lora_sync_serves_the_peft_model(served) -> None:
     config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     policy = peft.get_peft_model(copy.deepcopy(model), config)
     backend.policy = policy
-    gaps = []
-    for version in ("v1", "v2"):
-        with backend.updating(version):
-            with torch.no_grad():
-                for name, parameter in policy.named_parameters():
-                    if "lora_" in name:
-                        parameter.normal_(std=0.3)
-        assert (backend.model_name, backend.model_version) == (f"policy-{version}", version)
-        gaps.append(backend.logprob_gap(QUESTION))
+    backend.check_messages, backend.check_every = QUESTION, 2  # checked after the first sync, then every 2nd
+    gaps, checked = [], []
+    try:
+        for version in ("v1", "v2", "v3"):
+            with backend.updating(version):
+                with torch.no_grad():
+                    for name, parameter in policy.named_parameters():
+                        if "lora_" in name:
+                            parameter.normal_(std=0.3)
+            assert (backend.model_name, backend.model_version) == (f"policy-{version}", version)
+            checked.append(backend.last_logprob_gap)
+            gaps.append(backend.logprob_gap(QUESTION))
+    finally:
+        backend.check_messages, backend.check_every = None, 1
+    assert [gap is not None for gap in checked] == [True, False, True]
+    assert max(gap for gap in checked if gap is not None) < TOLERANCE
     served_models = {m["id"] for m in httpx.get(backend.base_url + "/models").json()["data"]}
-    assert served_models == {"policy", "policy-v2"}  # v1 was unloaded
+    assert served_models == {"policy", "policy-v3"}  # v1 and v2 were unloaded
     base_gap = max(abs(a - b) for a, b in zip(*_sampled_and_base(backend, model), strict=True))
     logger.warning("LoRA sync: logprob gap %s nats; the adapter moves logprobs by up to %.2f nats", gaps, base_gap)
     assert max(gaps) < TOLERANCE

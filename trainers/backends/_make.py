@@ -61,6 +61,7 @@ def make_backend(
             env=options.env,
             startup_timeout=options.startup_timeout,
             check_messages=CHECK_MESSAGES if options.check_logprobs else None,
+            check_every=options.check_logprobs_every,
             keep_previous=config.max_staleness > 0,
             policies=policies,
         )

@@ -52,6 +52,14 @@ logger = logging.getLogger(__name__)
 
 SyncMode = Literal["lora", "disk", "nccl", "ipc"]
 SYNC_MODES: tuple[str, ...] = ("lora", "disk", "nccl", "ipc")
+LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The ``--max-lora-rank`` values vLLM accepts; a server started here gets the smallest one that fits the policy's
+adapters (a larger one slows LoRA decoding: on vLLM's CPU build 64 instead of 16 costs 2.4x)."""
+DEFAULT_LORA_RANK = 64
+"""``--max-lora-rank`` when neither ``max_lora_rank`` nor a PEFT policy says which adapters will be loaded."""
+CONNECT_GRACE = 3.0
+"""Seconds a server given by ``url=`` may refuse connections before :meth:`VLLMBackend.start` gives up (a server
+still loading its model accepts connections; only a closed port refuses them)."""
 WORKER_EXTENSION = "agl_vllm_worker.WeightReloader"
 """``--worker-extension-cls`` of a server started here (a copy of ``_vllm_worker.py`` put on its ``PYTHONPATH``).
 A server started by hand in an environment with Agent Lightning uses
@@ -73,6 +81,7 @@ class VLLMBackend:
 
     ``policy`` is the trainer's model (a PEFT model for ``sync="lora"``, a full model otherwise); it can also be
     set later as ``backend.policy``. ``tokenizer``'s chat template is given to a server started here.
+    ``max_lora_rank`` None: the largest rank of the policy's adapters, rounded up to one of :data:`LORA_RANKS`.
     """
 
     def __init__(
@@ -91,7 +100,7 @@ class VLLMBackend:
         gpu_memory_utilization: float = 0.5,
         max_model_len: int | None = None,
         tensor_parallel_size: int = 1,
-        max_lora_rank: int = 64,
+        max_lora_rank: int | None = None,
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         sync_dir: str | os.PathLike[str] | None = None,
@@ -100,6 +109,7 @@ class VLLMBackend:
         startup_timeout: float = 600.0,
         request_timeout: float = 300.0,
         check_messages: list[dict[str, Any]] | None = None,
+        check_every: int = 1,
         keep_previous: bool = False,
         policies: Any = None,
     ) -> None:
@@ -109,6 +119,8 @@ class VLLMBackend:
             raise ValueError(f"VLLMBackend(sync={sync!r}): use one of {', '.join(SYNC_MODES)}")
         if policies is not None and sync != "lora":
             raise ValueError(f"VLLMBackend(policies=..., sync={sync!r}): policies are LoRA adapters; use sync='lora'")
+        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
+            raise ValueError(f"VLLMBackend(check_every={check_every!r}): must be a positive integer (1: every sync)")
         self.model = None if model is None else str(model)
         self.policy = policy
         self.tokenizer = tokenizer
@@ -118,6 +130,9 @@ class VLLMBackend:
         self.check_messages = check_messages
         self.last_logprob_gap: float | None = None
         """Largest |vLLM - trainer| token logprob on ``check_messages`` after the last sync (nats), if checked."""
+        self.check_every = check_every
+        """Check the logprob gap on a policy's first sync, then on every ``check_every``-th one."""
+        self._syncs: dict[str | None, int] = {}  # policy (None: the one policy) -> syncs done
         self._base_name = model_name
         self._model_name = model_name or ""
         self._version = model_version
@@ -184,8 +199,7 @@ class VLLMBackend:
             if self.model is not None:
                 self._launch()
             self._http = httpx.Client(base_url=self.url, timeout=self.request_timeout, follow_redirects=True)
-            self._wait_ready()
-            models = self._http.get("/v1/models").raise_for_status().json()["data"]
+            models = self._wait_ready()
             if not self._base_name:
                 self._base_name = next(str(m["id"]) for m in models if not m.get("parent"))
             self._model_name = self._base_name
@@ -260,9 +274,7 @@ class VLLMBackend:
             time.perf_counter() - started,
             self.model_name,
         )
-        if self.check_messages is not None:
-            self.last_logprob_gap = self.logprob_gap(self.check_messages)
-            logger.info("sampler/trainer logprob gap after sync: %.2e nats", self.last_logprob_gap)
+        self._check_after_sync(None)
 
     @property
     def generates_during_update(self) -> bool:
@@ -299,8 +311,7 @@ class VLLMBackend:
             shutil.rmtree(self._dir / previous, ignore_errors=True)
         self._version = combined_version({name: loaded[1] for name, loaded in self._loaded.items()})
         logger.info("policy %s synced to vLLM in %.2f s as %s", policy, time.perf_counter() - started, name)
-        if self.check_messages is not None:
-            self.last_logprob_gap = self.logprob_gap(self.check_messages, policy=policy)
+        self._check_after_sync(policy)
 
     def _sync_lora(self, version: str) -> None:
         if not hasattr(self.policy, "peft_config"):
@@ -352,6 +363,17 @@ class VLLMBackend:
         )
 
     # -- checks ---------------------------------------------------------------------------------------------------
+
+    def _check_after_sync(self, policy: str | None) -> None:
+        """Measure :attr:`last_logprob_gap` on ``policy``'s first sync and every ``check_every``-th one (else None:
+        not measured this time)."""
+        done = self._syncs.get(policy, 0)
+        self._syncs[policy] = done + 1
+        self.last_logprob_gap = None
+        if self.check_messages is None or done % self.check_every:
+            return
+        self.last_logprob_gap = self.logprob_gap(self.check_messages, policy=policy)
+        logger.info("sampler/trainer logprob gap after sync %d: %.2e nats", done + 1, self.last_logprob_gap)
 
     def logprob_gap(self, messages: list[dict[str, Any]], max_tokens: int = 8, policy: str | None = None) -> float:
         """Sample ``max_tokens`` from vLLM for ``messages``; return the largest |vLLM - ``policy``| token logprob
@@ -414,10 +436,11 @@ class VLLMBackend:
             template.write_text(self.tokenizer.chat_template)
             command += ["--chat-template", str(template)]
         if self.sync_mode == "lora":
-            command += ["--enable-lora", "--max-lora-rank", str(args["max_lora_rank"])]
-            if self.policies is not None:  # every policy's adapter at once (and its previous one, kept)
-                count = len(self.policies.policies) * (2 if self._keep_previous else 1)
-                command += ["--max-loras", str(count)]
+            rank = args["max_lora_rank"] or served_lora_rank(self.policy)
+            # Every policy's adapter in one batch (one without policies), and its previous one while kept.
+            adapters = len(self.policies.policies) if self.policies is not None else 1
+            count = adapters * (2 if self._keep_previous else 1)
+            command += ["--enable-lora", "--max-lora-rank", str(rank), "--max-loras", str(count)]
         elif self.sync_mode in ("nccl", "ipc"):
             command += ["--weight-transfer-config", f'{{"backend": "{self.sync_mode}"}}']
         return command + self.extra_args
@@ -425,10 +448,16 @@ class VLLMBackend:
     def _launch(self) -> None:
         if not Path(self.python).exists() and shutil.which(self.python) is None:
             raise VLLMUnavailable(f"no Python at {self.python} to run vLLM; `make vllm-venv` creates .venv-vllm")
-        if self._port == 0:
-            with socket.socket() as probe:
-                probe.bind(("127.0.0.1", 0))
-                self._port = probe.getsockname()[1]
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: closed connections don't count
+            try:
+                probe.bind(("127.0.0.1", self._port))
+            except OSError as exc:
+                raise VLLMUnavailable(
+                    f"VLLMBackend(port={self._port}): 127.0.0.1:{self._port} is taken ({exc}), maybe by another "
+                    "server; give another port, or 0 to pick a free one"
+                ) from exc
+            self._port = probe.getsockname()[1]
         self._base_name = self._base_name or "policy"
         shutil.copy(Path(__file__).with_name("_worker.py"), self._dir / "agl_vllm_worker.py")
         env = {
@@ -447,21 +476,65 @@ class VLLMBackend:
             )
         logger.info("starting vLLM: %s (log: %s)", " ".join(command), self._log_path)
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self) -> list[dict[str, Any]]:
+        """Wait until the server answers ``/v1/models`` and is the one meant; return its models."""
         if self._http is None:
             raise RuntimeError("VLLMBackend.start() was not called")
-        deadline = time.monotonic() + self.startup_timeout
+        started = time.monotonic()
+        deadline = started + self.startup_timeout
+        foreign: list[str] | None = None  # the models of another server answering on our port
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
                 tail = self._log_path.read_text(errors="replace")[-3000:]
                 raise VLLMUnavailable(f"vLLM exited with code {self._process.returncode} while starting:\n{tail}")
             try:
-                if self._http.get("/v1/models", timeout=5).status_code == 200:
-                    return
+                response = self._http.get("/v1/models", timeout=5)
+            except httpx.ConnectError as exc:
+                if self._process is None and time.monotonic() - started > CONNECT_GRACE:
+                    raise VLLMUnavailable(
+                        f"VLLMBackend(url={self.url!r}): nothing is listening there ({exc}); start the vLLM server "
+                        "first, or leave url unset to start one here"
+                    ) from exc
             except httpx.HTTPError:
                 pass
+            else:
+                if response.status_code == 200:
+                    models = list(response.json().get("data") or [])
+                    if self._process is None:
+                        return self._checked_remote(models)
+                    if self._is_ours(models):
+                        return models
+                    foreign = [str(m.get("id")) for m in models]
             time.sleep(1.0)
+        if foreign is not None:
+            raise TimeoutError(
+                f"port {self._port} is answered by another server (models {foreign}), not the vLLM started here, "
+                f"for {self.startup_timeout:.0f} s; give another port (0 picks a free one)"
+            )
         raise TimeoutError(f"vLLM at {self.url} did not answer /v1/models within {self.startup_timeout:.0f} s")
+
+    def _is_ours(self, models: list[dict[str, Any]]) -> bool:
+        """Whether ``models`` is what the server started here serves: its name, from its model directory."""
+        return any(m.get("id") == self._base_name and m.get("root") == self.model for m in models)
+
+    def _checked_remote(self, models: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``models`` of the server given by ``url=``, once it has shown it is vLLM (``/version``) serving
+        ``model_name`` (when given)."""
+        assert self._http is not None
+        try:
+            version = self._http.get("/version", timeout=5)
+            is_vllm = version.status_code == 200 and "version" in version.json()
+        except (httpx.HTTPError, ValueError):
+            is_vllm = False
+        names = [str(m.get("id")) for m in models]
+        if not is_vllm:
+            raise VLLMUnavailable(
+                f"VLLMBackend(url={self.url!r}) answers /v1/models (models {names}) but is not a vLLM server "
+                "(no /version): weight sync needs vLLM's endpoints"
+            )
+        if self._base_name and self._base_name not in names:
+            raise VLLMUnavailable(f"VLLMBackend(url={self.url!r}) serves {names}, not {self._base_name!r}")
+        return models
 
     @property
     def _dir(self) -> Path:
@@ -476,6 +549,20 @@ class VLLMBackend:
         if response.is_error:
             raise RuntimeError(f"vLLM {path} answered {response.status_code}: {response.text[:500]}")
         return response
+
+
+def served_lora_rank(policy: Any) -> int:
+    """The ``--max-lora-rank`` that serves ``policy``'s LoRA adapters: their largest rank (``r`` and any
+    ``rank_pattern``), rounded up to one of :data:`LORA_RANKS`; :data:`DEFAULT_LORA_RANK` for a policy without
+    adapters (not known yet)."""
+    adapters = getattr(policy, "peft_config", None)
+    if not adapters:
+        return DEFAULT_LORA_RANK
+    rank = max(max([int(config.r), *map(int, (config.rank_pattern or {}).values())]) for config in adapters.values())
+    fitting = [allowed for allowed in LORA_RANKS if allowed >= rank]
+    if not fitting:
+        raise ValueError(f"VLLMBackend: LoRA rank {rank} is above vLLM's largest --max-lora-rank ({LORA_RANKS[-1]})")
+    return fitting[0]
 
 
 def _require_cuda(mode: str) -> None:
