@@ -16,6 +16,7 @@ _EXPORTS: dict[str, str] = {
     for module, names in {
         "agentlightning.types": ("Call", "Reward", "Rollout", "Transition", "LLM", "ErrorInfo"),
         "agentlightning._decorator": ("rollout", "RolloutAgent"),
+        "agentlightning._command": ("CommandAgent", "CommandResult", "CommandError"),
         "agentlightning.capture": ("role", "emit_reward", "instrument", "uninstrument"),
         "agentlightning._run": ("run", "arun"),
         "agentlightning.rl.transitions": ("transitions",),
@@ -31,6 +32,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from agentlightning._command import CommandAgent, CommandError, CommandResult
     from agentlightning._decorator import RolloutAgent, rollout
     from agentlightning.capture import emit_reward, instrument, role, uninstrument
     from agentlightning.evaluation import EvalReport, evaluate

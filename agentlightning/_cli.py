@@ -275,24 +275,34 @@ def _client(args: argparse.Namespace) -> int:
 def _train_arguments(parser: argparse.ArgumentParser) -> None:
     from agentlightning.trainers._arguments import add_train_arguments
 
-    parser.add_argument("agent", help="the agent as 'package.module:function'")
+    parser.add_argument("agent", nargs="?", help="the agent as 'package.module:function' (or give --command)")
+    parser.add_argument(
+        "--command",
+        dest="command_line",
+        help='train a command-line agent instead: the command each rollout runs, e.g. "python agent.py {task[q]}" '
+        "(agl.CommandAgent: the rollout's OPENAI_/ANTHROPIC_BASE_URL in its environment, reward its last stdout line)",
+    )
     parser.add_argument("--dataset", required=True, help="JSONL or JSON file of training tasks")
     parser.add_argument("--val-dataset", help="JSONL or JSON file of held-out tasks")
     add_train_arguments(parser)
 
 
 def _train(args: argparse.Namespace) -> int:
+    from agentlightning._command import command_line_agent
     from agentlightning.client._client import load_records
     from agentlightning.client._worker import load_agent
     from agentlightning.trainers import train
     from agentlightning.trainers._arguments import options_from_args
     from agentlightning.trainers.config import NothingTrainedError, TrainConfig
 
+    if (args.agent is None) == (args.command_line is None):
+        raise ValueError("give the agent as 'package.module:function' or a --command, one of them")
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
     config = TrainConfig.from_options(None, options_from_args(args))
     val = load_records(args.val_dataset) if args.val_dataset else None
+    agent = load_agent(args.agent) if args.command_line is None else command_line_agent(args.command_line)
     try:
-        result = train(load_agent(args.agent), load_records(args.dataset), val_dataset=val, config=config)
+        result = train(agent, load_records(args.dataset), val_dataset=val, config=config)
     except ModuleNotFoundError as exc:
         raise RuntimeError(
             f"agl train needs the training extra: pip install 'agentlightning-rl[train]' ({exc})"

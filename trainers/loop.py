@@ -35,6 +35,7 @@ from agentlightning.trainers.models import check_model_source
 from agentlightning.trainers.policies import PolicyMap, serving_routes
 from agentlightning.trainers.reporting import MetricsWriter, check_reporters, rollout_metrics
 
+from agentlightning._command import CommandAgent
 from agentlightning._decorator import RolloutAgent
 from agentlightning.rl.advantages import GROUP_BASELINES
 
@@ -65,6 +66,11 @@ class TrainingRun:
                 f"agl.train: the agent {agent.name} does not take the model it should call, so training could not "
                 f"change what it does; give it an llm parameter after the task, def {agent.name}(task, llm): ..., "
                 "and build its client from llm.base_url, llm.model and llm.api_key"
+            )
+        if source is None and isinstance(agent, CommandAgent) and not config.use_server:
+            raise ValueError(
+                f"agl.train: the command agent {agent.name} is a separate process, so only the server's per-rollout "
+                "proxy can record its LLM calls; leave use_server=True (the default)"
             )
         if isinstance(dataset, (str, bytes, dict)) or not isinstance(dataset, Sequence) or not dataset:
             raise ValueError(f"agl.train(dataset=...) must be a non-empty list of tasks, got {type(dataset).__name__}")

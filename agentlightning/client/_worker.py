@@ -46,7 +46,9 @@ def agent_ref(agent: RolloutAgent | Callable[..., Any] | str) -> str:
         load_agent(agent)
         return agent
     func = agent.func if isinstance(agent, RolloutAgent) else agent
-    module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", "")
+    # A RolloutAgent carries its function's module and name (update_wrapper); a CommandAgent, where it was made
+    where = agent if isinstance(agent, RolloutAgent) else func
+    module, qualname = getattr(where, "__module__", None), getattr(where, "__qualname__", "")
     if not module or "<locals>" in qualname or "<lambda>" in qualname:
         raise ValueError(
             f"agent {qualname or agent!r} cannot be imported by worker processes: define it at module "
