@@ -182,8 +182,10 @@ class Proxy:
                 if response.status_code not in RETRY_STATUSES:
                     return response, tries
                 await response.aclose()  # read whole already: its content stays
+                status = str(response.status_code)
+                said = f"{status} ({_error_message(response.content)[:200]})"
                 if not await self._backoff(
-                    tries, deadline, response.headers.get("retry-after"), endpoint, str(response.status_code)
+                    tries, deadline, response.headers.get("retry-after"), endpoint, status, said
                 ):
                     return response, tries  # the upstream's last answer, unchanged
                 continue
@@ -227,9 +229,7 @@ class Proxy:
         except ValueError:
             data = None
         if status >= 400:
-            error = data.get("error") if isinstance(data, dict) else None
-            message = str(error.get("message")) if isinstance(error, dict) else content[:500].decode(errors="replace")
-            self._record(call, attempt, f"upstream HTTP {status}: {message}")
+            self._record(call, attempt, f"upstream HTTP {status}: {_error_message(content)}")
             return
         if isinstance(data, dict):
             fill_answer(call, read_response(call["metadata"]["endpoint"], data), "server")
@@ -241,8 +241,17 @@ class Proxy:
         logger.warning("proxy for rollout %s: %s", call["rollout_id"], message)
         return openai_error(status, message, code, "upstream_error")
 
-    async def _backoff(self, tries: int, deadline: float, retry_after: str | None, endpoint: str, reason: str) -> bool:
-        """Wait before the next try (False, without waiting, when that would pass ``deadline``)."""
+    async def _backoff(
+        self,
+        tries: int,
+        deadline: float,
+        retry_after: str | None,
+        endpoint: str,
+        reason: str,
+        said: str | None = None,
+    ) -> bool:
+        """Wait before the next try (False, without waiting, when that would pass ``deadline``). ``reason`` labels
+        the retry metric (a status or an exception name); ``said``, logged instead, adds what the upstream said."""
         settings = self.runtime.settings
         delay = min(settings.retry_backoff * 2 ** (tries - 1), settings.retry_backoff_max) * random.uniform(0.5, 1.0)
         if retry_after is not None and retry_after.strip().replace(".", "", 1).isdigit():
@@ -251,7 +260,7 @@ class Proxy:
             return False
         self.runtime.metrics.inc("agl_proxy_upstream_retries_total", endpoint=endpoint, reason=reason)
         log = logger.warning if tries in (1, 10, 100) else logger.info
-        log("upstream answered %s on %s; retrying in %.2f s (try %d)", reason, endpoint, delay, tries + 1)
+        log("upstream answered %s on %s; retrying in %.2f s (try %d)", said or reason, endpoint, delay, tries + 1)
         await asyncio.sleep(delay)
         return True
 
@@ -326,3 +335,13 @@ def _upstream_body(
         elif endpoint == "completions" and not payload.get("logprobs"):
             payload["logprobs"] = 1
     return payload
+
+
+def _error_message(content: bytes) -> str:
+    """What an upstream's error answer says: its OpenAI-style ``error.message``, else the start of its body."""
+    try:
+        data = pydantic_core.from_json(content)
+    except ValueError:
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    return str(error.get("message")) if isinstance(error, dict) else content[:500].decode(errors="replace")

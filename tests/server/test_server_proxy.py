@@ -163,7 +163,9 @@ def test_unknown_finished_and_queued_rollouts_are_refused(server: LightningServe
     assert response.status_code == 404 and "unknown endpoint" in response.json()["error"]["message"]
 
 
-def test_upstream_errors_retried_then_reported_faithfully(server: LightningServer, mock: MockLLMServer) -> None:
+def test_upstream_errors_retried_then_reported_faithfully(
+    server: LightningServer, mock: MockLLMServer, caplog: pytest.LogCaptureFixture
+) -> None:
     mock.set_replies(
         [
             MockReply(status=500),
@@ -190,6 +192,8 @@ def test_upstream_errors_retried_then_reported_faithfully(server: LightningServe
     ok, streamed, failed = _finish(server, rid).calls
     assert ok.status == "ok" and ok.metadata["upstream_tries"] == 3 and streamed.status == "ok"
     assert failed.status == "error" and "model exploded" in failed.error
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert any("upstream answered 500 (model exploded) on chat.completions" in line for line in retries), retries
 
 
 def test_unreachable_upstream_gives_502(server: LightningServer) -> None:
