@@ -215,8 +215,8 @@ class Proxy:
                 if b"data: [DONE]" in chunk or fold.final_response is not None:  # the end: durable first
                     record(True)
                 yield chunk
-            if not recorded:
-                record(True)
+            if not recorded:  # ended without [DONE]: whole only if the upstream said why it stopped
+                record(fold.finish_reason is not None)
         finally:
             if not recorded:
                 record(False)

@@ -340,6 +340,27 @@ def test_stream_chunks_reach_the_agent_as_the_upstream_sends_them(server: Lightn
         upstream.stop()
 
 
+def test_a_stream_that_ends_without_a_finish_reason_is_recorded_as_cut(server: LightningServer) -> None:
+    async def events() -> AsyncIterator[bytes]:  # an upstream that stops mid-answer: no finish_reason, no [DONE]
+        yield b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"content": "The answer is"}}]}\n\n'
+
+    async def chat(_request: Request) -> StreamingResponse:
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    upstream = BackgroundServer(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])).start()
+    try:
+        server.set_upstream(f"{upstream.url}/v1", "cut", "v8")
+        rid, base_url = _running(server)
+        client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+        chunks = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "The answer is"
+        [call] = _finish(server, rid).calls
+        assert call.status == "error" and "interrupted" in (call.error or "")
+        assert call.output["content"] == "The answer is" and call.output["finish_reason"] == "incomplete_stream"
+    finally:
+        upstream.stop()
+
+
 def test_upstream_reached_through_the_environment_proxy(
     tmp_path: Path, mock: MockLLMServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
