@@ -56,6 +56,11 @@ def _closed_port() -> int:
         return probe.getsockname()[1]
 
 
+NEEDS_TRAIN = pytest.mark.skipif(
+    importlib.util.find_spec("trl") is None, reason="agl train and agl server --model need the [train] extra"
+)
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A newcomer's project folder: an agent module and a one-task dataset."""
@@ -131,6 +136,7 @@ def test_rollouts_list_takes_a_run_directory_like_the_dashboard(tmp_path: Path) 
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed here")
+@NEEDS_TRAIN
 def test_report_to_a_missing_package_is_refused_before_the_model_loads(project: Path) -> None:
     tmp_path = project
     started = time.monotonic()
@@ -170,6 +176,7 @@ def _train_model(project: Path, model: str, **env: str | None) -> tuple[subproce
     return shown, time.monotonic() - started
 
 
+@NEEDS_TRAIN
 def test_an_unknown_model_offline_is_refused_at_once(project: Path) -> None:
     shown, seconds = _train_model(project, "nosuch-org/nosuch-model")
     line = _refused(shown, "train")
@@ -178,6 +185,7 @@ def test_an_unknown_model_offline_is_refused_at_once(project: Path) -> None:
     assert seconds < 40, seconds
 
 
+@NEEDS_TRAIN
 def test_an_unknown_model_with_the_hub_out_of_reach_fails_without_retrying(project: Path) -> None:
     hub = f"http://127.0.0.1:{_closed_port()}"  # a hub that cannot be reached, as on a machine offline
     online = {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": None, "HF_ENDPOINT": hub}
@@ -189,6 +197,7 @@ def test_an_unknown_model_with_the_hub_out_of_reach_fails_without_retrying(proje
     assert seconds < 40, seconds
 
 
+@NEEDS_TRAIN
 def test_an_unknown_model_the_hub_does_not_have_is_refused_after_one_request(project: Path) -> None:
     asked: list[str] = []
 
@@ -209,6 +218,7 @@ def test_an_unknown_model_the_hub_does_not_have_is_refused_after_one_request(pro
     assert not (project / "run").exists()
 
 
+@NEEDS_TRAIN
 def test_server_model_that_cannot_load_is_refused_before_the_server_starts(tmp_path: Path) -> None:
     shown = _agl("server", "--model", "nosuch-org/nosuch-model", "--port", "0", "--store", str(tmp_path / "s.db"))
     line = _refused(shown, "server")

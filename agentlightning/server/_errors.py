@@ -147,13 +147,17 @@ class StrictJSONRequest(Request):
     """A request whose JSON body is read by :func:`agentlightning._json.loads`: text the store could not keep or
     answer with again (lone surrogates, NaN, nesting past 200) is refused with a 422 before any handler sees it."""
 
+    _parsed: Any = None
+    _was_parsed: bool = False
+
     async def json(self) -> Any:
-        if not hasattr(self, "_json"):
+        if not self._was_parsed:
             try:
-                self._json = _json.loads(await self.body(), f"body of {self.method} {self.url.path}")
+                self._parsed = _json.loads(await self.body(), f"body of {self.method} {self.url.path}")
             except ValueError as exc:
                 raise HTTPException(422, str(exc)) from None
-        return self._json
+            self._was_parsed = True
+        return self._parsed
 
 
 class StrictJSONRoute(APIRoute):
