@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import fault_agents
@@ -24,8 +26,6 @@ def test_crashing_tasks_at_the_head_of_the_queue_do_not_stop_the_client(tmp_path
     """Crashes are crashed rollouts, retried after a delay while the healthy tasks run; the client keeps serving."""
     crashing = [{"id": "exit-1", "mode": "exit"}, {"id": "segv", "mode": "segfault"}, {"id": "exit-2", "mode": "exit"}]
     healthy = [{"id": f"ok-{i}", "calls": 2} for i in range(12)]
-    dataset = tmp_path / "train.jsonl"
-    dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in crashing + healthy))
     settings = Settings(lease_seconds=10.0, max_attempts=2, requeue_delay=1.5)
     with (
         MockLLMServer() as mock,
@@ -33,34 +33,12 @@ def test_crashing_tasks_at_the_head_of_the_queue_do_not_stop_the_client(tmp_path
             tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model", settings=settings
         ) as server,
     ):
-        client = agl(
-            "client",
-            "--agent",
-            "fault_agents:fault_agent",
-            "--dataset",
-            str(dataset),
-            "--nworkers",
-            "2",
-            "--server-url",
-            server.url,
-            "--log-level",
-            "WARNING",
-        )
-        try:
-            dataset_id = wait_for(
-                lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None,
-                60,
-                "the client to attach its dataset",
-            )
-            assert client.poll() is None, client.stdout.read().decode()
+        with _fault_client(crashing + healthy, tmp_path, server, nworkers=2) as (client, dataset_id):
             ids = server.enqueue(dataset_id)
             rollouts = server.wait(ids, timeout=120)
             assert client.poll() is None, "the client stopped: " + client.stdout.read().decode()[-3000:]
             server.request_stop()
             assert client.wait(30) == 0
-        finally:
-            if client.poll() is None:
-                os.killpg(client.pid, signal.SIGKILL)
         by_task = {r.task_id: r for r in rollouts}
         assert all(by_task[t["id"]].status == "succeeded" and by_task[t["id"]].attempt == 1 for t in healthy)
         for task in crashing:
@@ -109,38 +87,14 @@ def test_a_hang_holding_the_gil_ends_as_timeout_with_its_logs_and_frees_the_slot
 def test_an_agent_that_logs_a_lone_surrogate_keeps_its_worker_and_its_result(tmp_path: Path) -> None:
     """Issue 36, defect 1: such a log line crashed the worker at upload (WorkerDied, the result never spooled)."""
     tasks = [{"id": f"sur-{i}", "mode": "surrogate"} for i in range(3)] + [{"id": "ok-0"}]
-    dataset = tmp_path / "train.jsonl"
-    dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in tasks))
     with (
         MockLLMServer() as mock,
         LightningServer(tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model") as server,
     ):
-        client = agl(
-            "client",
-            "--agent",
-            "fault_agents:fault_agent",
-            "--dataset",
-            str(dataset),
-            "--nworkers",
-            "1",
-            "--server-url",
-            server.url,
-            "--log-level",
-            "WARNING",
-        )
-        try:
-            dataset_id = wait_for(
-                lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None,
-                60,
-                "the client to attach its dataset",
-            )
-            assert client.poll() is None, client.stdout.read().decode()
+        with _fault_client(tasks, tmp_path, server, nworkers=1) as (client, dataset_id):
             rollouts = server.wait(server.enqueue(dataset_id), timeout=60)
             server.request_stop()
             assert client.wait(30) == 0
-        finally:
-            if client.poll() is None:
-                os.killpg(client.pid, signal.SIGKILL)
         assert [(r.status, r.attempt, r.final_reward) for r in rollouts] == [("succeeded", 1, 1.0)] * 4
         for rollout in rollouts[:3]:
             [attempt] = server.store.attempts(rollout.rollout_id)
@@ -154,31 +108,11 @@ def test_sigterm_to_agl_client_drains_like_ctrl_c(tmp_path: Path, to_group: bool
     running rollouts; now they finish and are uploaded, nothing new is leased, and the client exits 0."""
     release = tmp_path / "release"
     tasks = [{"id": f"t-{i}", "mode": "hold", "release": str(release)} for i in range(6)]
-    dataset = tmp_path / "train.jsonl"
-    dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in tasks))
     with (
         MockLLMServer() as mock,
         LightningServer(tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model") as server,
     ):
-        client = agl(
-            "client",
-            "--agent",
-            "fault_agents:fault_agent",
-            "--dataset",
-            str(dataset),
-            "--nworkers",
-            "2",
-            "--server-url",
-            server.url,
-            "--log-level",
-            "WARNING",
-        )
-        try:
-            dataset_id = wait_for(
-                lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None,
-                60,
-                "the client to attach its dataset",
-            )
+        with _fault_client(tasks, tmp_path, server, nworkers=2) as (client, dataset_id):
             ids = server.enqueue(dataset_id)
             wait_for(lambda: server.store.counts().get("running") == 2, 60, "both workers to lease a rollout")
             if to_group:  # as a process manager stopping a service does
@@ -189,9 +123,6 @@ def test_sigterm_to_agl_client_drains_like_ctrl_c(tmp_path: Path, to_group: bool
             assert client.poll() is None  # draining: waiting for the two running rollouts
             release.touch()
             assert client.wait(60) == 0, client.stdout.read().decode()[-3000:]
-        finally:
-            if client.poll() is None:
-                os.killpg(client.pid, signal.SIGKILL)
         counts = server.store.counts()
         assert counts == {"succeeded": 2, "queued": 4}, counts
         finished = [server.store.get_rollout(rid) for rid in ids if server.store.rollout_state(rid)[0] == "succeeded"]
@@ -199,3 +130,37 @@ def test_sigterm_to_agl_client_drains_like_ctrl_c(tmp_path: Path, to_group: bool
         group = subprocess.run(["ps", "-o", "stat=,pid=,args=", "-g", str(client.pid)], capture_output=True, text=True)
         survivors = [line for line in group.stdout.splitlines() if not line.lstrip().startswith("Z")]  # not reaped
         assert survivors == [], f"worker processes left running: {survivors}"
+
+
+@contextlib.contextmanager
+def _fault_client(
+    tasks: list[dict], tmp_path: Path, server: LightningServer, nworkers: int
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A real ``agl client`` serving ``fault_agents:fault_agent`` on ``tasks`` (its dataset attached to ``server``),
+    killed with its process group on the way out if it is still running."""
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in tasks))
+    client = agl(
+        "client",
+        "--agent",
+        "fault_agents:fault_agent",
+        "--dataset",
+        str(dataset),
+        "--nworkers",
+        str(nworkers),
+        "--server-url",
+        server.url,
+        "--log-level",
+        "WARNING",
+    )
+    try:
+        dataset_id = wait_for(
+            lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None,
+            60,
+            "the client to attach its dataset",
+        )
+        assert client.poll() is None, client.stdout.read().decode()
+        yield client, dataset_id
+    finally:
+        if client.poll() is None:
+            os.killpg(client.pid, signal.SIGKILL)
