@@ -17,7 +17,7 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, field_validator
 
-from agentlightning.protocol import Lease
+from agentlightning.protocol import Lease, proxy_path
 from agentlightning.server._errors import StrictJSONRoute
 from agentlightning.server._runtime import Runtime
 from agentlightning.types import LLM, Rollout
@@ -68,7 +68,7 @@ def router(runtime: Runtime) -> APIRouter:
         metrics.inc("agl_rollouts_leased_total")
         upstream = runtime.upstream
         lease.llm = LLM(
-            base_url=f"{runtime.public_url or ''}/rollouts/{lease.rollout_id}/v1",
+            base_url=f"{runtime.public_url or ''}{proxy_path(lease.rollout_id, lease.attempt)}",
             model=(upstream.model_name if upstream and upstream.model_name else "default"),
             api_key=runtime.token or "EMPTY",
             model_version=upstream.model_version if upstream else None,
