@@ -1,10 +1,13 @@
 """JSON at the boundaries. :func:`loads` is the one reader for what clients send the server: it refuses what the
-server could not store and write back (lone UTF-16 surrogates such as ``"\\ud83d"``, ``NaN`` / ``Infinity``, nesting
-deeper than :data:`MAX_DEPTH`). :func:`scrub` makes text a process produced itself (an agent's logs, an upstream's
-answer) safe to send and store: lone surrogates become U+FFFD."""
+server could not store and write back (lone UTF-16 surrogates such as ``"\\ud83d"``, ``NaN`` / ``Infinity``, numbers
+too large for a float, nesting deeper than :data:`MAX_DEPTH`). :func:`scrub` makes text a process produced itself (an
+agent's logs, an upstream's answer) safe to send and store: lone surrogates become U+FFFD. :func:`non_finite` finds
+the NaN and Infinity in data a process made itself, which JSON cannot carry."""
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 
 import pydantic_core
@@ -13,12 +16,49 @@ MAX_DEPTH = 200  # pydantic-core's parser refuses deeper nesting; its serialiser
 _REFUSED = "lone UTF-16 surrogates such as \\ud83d, NaN and Infinity, and nesting deeper than 200 are refused"
 
 
+# A number literal that may overflow a float to infinity: a 3-digit exponent, or 309 digits in a row. Only text that
+# holds one is searched for the overflowed value (false alarms, in strings, just cost that search).
+_MAY_OVERFLOW = re.compile(r"[eE]\+?\d{3}|\d{309}")
+_MAY_OVERFLOW_BYTES = re.compile(_MAY_OVERFLOW.pattern.encode())
+
+
 def loads(raw: bytes | str, what: str = "request body") -> Any:
-    """``raw`` parsed strictly; a ``ValueError`` naming ``what``, the position and the rule broken otherwise."""
+    """``raw`` parsed strictly; a ``ValueError`` naming ``what``, the position or field, and the rule broken
+    otherwise."""
     try:
-        return pydantic_core.from_json(raw, allow_inf_nan=False)
+        value = pydantic_core.from_json(raw, allow_inf_nan=False)
     except ValueError as exc:
         raise ValueError(f"{what} is not valid JSON ({_REFUSED}): {exc}") from None
+    may_overflow = _MAY_OVERFLOW_BYTES.search(raw) if isinstance(raw, bytes) else _MAY_OVERFLOW.search(raw)
+    where = non_finite(value, limit=3) if may_overflow else []
+    if where:
+        raise ValueError(
+            f"{what}: the number at {', '.join(where)} is too large for a 64-bit float (it would be Infinity, which "
+            "cannot be stored); send a finite number"
+        )
+    return value
+
+
+def non_finite(value: Any, path: str = "", limit: int = 10) -> list[str]:
+    """Where ``value`` (made of JSON types) holds NaN or an infinity, as paths such as ``output.scores[2]`` (at most
+    ``limit`` of them)."""
+    found: list[str] = []
+    _find_non_finite(value, path, found, limit)
+    return found
+
+
+def _find_non_finite(value: Any, path: str, found: list[str], limit: int) -> None:
+    if isinstance(value, float):
+        if not math.isfinite(value) and len(found) < limit:
+            found.append(path or "the value")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if len(found) < limit and not isinstance(item, (str, int, type(None))):
+                _find_non_finite(item, f"{path}.{key}" if path else str(key), found, limit)
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            if len(found) < limit and not isinstance(item, (str, int, type(None))):
+                _find_non_finite(item, f"{path}[{index}]", found, limit)
 
 
 def scrub(value: Any) -> Any:

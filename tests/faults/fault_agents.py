@@ -12,6 +12,8 @@
 - "script": runs the steps ``task["script"][str(attempt)]`` of its attempt in order instead of the calls: "call" (an
   LLM call whose message names the attempt and step, ``"<question> attempt <n> step <i>"``) or "wait:<path>" (until
   that file exists), then returns as "ok" does.
+
+``ratio_agent`` is scored by a reward function and returns a ratio in its output (NaN for ``denominator`` 0).
 """
 
 from __future__ import annotations
@@ -68,3 +70,18 @@ def fault_agent(task: dict, llm: agl.LLM, rollout: agl.Rollout) -> float:
         while not Path(task["release"]).exists():
             time.sleep(0.02)
     return 1.0 if task["question"] in content else 0.0
+
+
+def _scored(task: dict, output: dict) -> float:
+    return 1.0 if task["question"] in output["answer"] else 0.0
+
+
+@agl.rollout(reward=_scored)
+def ratio_agent(task: dict, llm: agl.LLM) -> dict:
+    """Answers, and returns with its answer a ratio that is NaN when the task's ``denominator`` is 0 (as ``0 / 0`` in
+    numpy is): a scored agent whose output holds a number JSON cannot carry."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0, timeout=60)
+    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}])
+    answer = reply.choices[0].message.content or ""
+    denominator = task.get("denominator", 1)
+    return {"answer": answer, "ratio": len(answer) / denominator if denominator else float("nan")}

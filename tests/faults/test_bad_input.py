@@ -10,12 +10,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import fault_agents
 import httpx
 import pytest
 from _harness import AglServer, free_port
 from polling import wait_for
 
-from agentlightning.server import LightningServer
+from agentlightning.client import start_workers
+from agentlightning.server import LightningServer, Settings
+from agentlightning.testing import MockLLMServer
 from agentlightning.types import Rollout
 
 
@@ -129,6 +132,57 @@ def test_non_finite_numbers_are_refused(server: LightningServer) -> None:
         refused = http.post(f"/rollouts/{rid}/result", content=body, headers=as_json)
         assert refused.status_code == 422 and "NaN and Infinity" in refused.text and "line 1 column" in refused.text
     assert server.store.rollout_state(rid) == ("running", 1)
+
+
+def test_numbers_too_large_for_a_float_are_refused_naming_the_field(server: LightningServer) -> None:
+    """Issue 36: a literal such as 1e999 is valid JSON but overflows to Infinity; inside a result's output, timings
+    or call metadata it was answered 200 and stored as null."""
+    http = httpx.Client(base_url=server.url)
+    as_json = {"content-type": "application/json"}
+    [rid] = server.enqueue([{"q": 1}])
+    http.post("/workers/w1/dequeue")
+    rollout = b'{"rollout_id": "%s", "status": "succeeded", "final_reward": 1.0, ' % rid.encode()
+    for fields, where in [
+        (b'"output": {"answer": "e123", "ratio": 1e999}', "rollout.output.ratio"),
+        (b'"timings": {"start": 1.0, "end": -2E+400}', "rollout.timings.end"),
+        (b'"calls": [{"metadata": {"cost": %s.5}}]' % (b"9" * 400), "rollout.calls[0].metadata.cost"),
+    ]:
+        body = b'{"attempt": 1, "worker_id": "w1", "rollout": %s%s}}' % (rollout, fields)
+        refused = http.post(f"/rollouts/{rid}/result", content=body, headers=as_json)
+        assert refused.status_code == 422, refused.text
+        assert f"the number at {where} is too large for a 64-bit float" in refused.json()["detail"], refused.text
+    task = http.post("/rollouts", content=b'{"tasks": [{"weight": 1e309}]}', headers=as_json)
+    assert task.status_code == 422 and "tasks[0].weight" in task.text
+    assert server.store.rollout_state(rid) == ("running", 1) and server.store.counts() == {"running": 1}
+    fine = b'{"attempt": 1, "worker_id": "w1", "rollout": %s"output": {"big": 1e308, "tiny": 1e-999}}}' % rollout
+    assert http.post(f"/rollouts/{rid}/result", content=fine, headers=as_json).json()["accepted"]
+    assert server.store.get_rollout(rid).output == {"big": 1e308, "tiny": 0.0}
+
+
+def test_a_worker_whose_agent_returns_nan_reports_where_and_keeps_the_rest(tmp_path: Path) -> None:
+    """Issue 36: an agent's NaN output went out as null with a 200, unnoticed. Now the attempt fails saying where,
+    with its calls, reward and logs kept; a finite one next to it succeeds."""
+    settings = Settings(max_attempts=1)
+    with (
+        MockLLMServer() as mock,
+        LightningServer(tmp_path / "s.db", upstream_url=mock.base_url, model_name="m", settings=settings) as server,
+    ):
+        pool = start_workers(fault_agents.ratio_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"))
+        try:
+            nan, fine = server.wait(
+                server.enqueue([{"question": "zero", "denominator": 0}, {"question": "two", "denominator": 2}]), 60
+            )
+        finally:
+            server.request_stop()
+            pool.wait(20)
+            pool.stop()
+    assert (nan.status, nan.error.type) == ("failed", "NonFiniteNumber")
+    assert "NaN or Infinity at output.ratio" in nan.error.message
+    assert (nan.final_reward, nan.output, len(nan.calls)) == (1.0, {"answer": "echo: zero", "ratio": None}, 1)
+    assert nan.calls[0].token_source == "server"  # the proxy's record joined: nothing of the attempt lost
+    assert any("NaN or Infinity at output.ratio" in line for line in nan.diagnostics)
+    assert (fine.status, fine.output["ratio"]) == ("succeeded", len("echo: two") / 2)
+    assert not list((tmp_path / "spool").glob("*.json"))  # both uploaded
 
 
 def test_unknown_rollouts_and_bounds(server: LightningServer) -> None:
