@@ -7,7 +7,6 @@ the NaN and Infinity in data a process made itself, which JSON cannot carry."""
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import pydantic_core
@@ -16,10 +15,20 @@ MAX_DEPTH = 200  # pydantic-core's parser refuses deeper nesting; its serialiser
 _REFUSED = "lone UTF-16 surrogates such as \\ud83d, NaN and Infinity, and nesting deeper than 200 are refused"
 
 
-# A number literal that may overflow a float to infinity: a 3-digit exponent, or 309 digits in a row. Only text that
-# holds one is searched for the overflowed value (false alarms, in strings, just cost that search).
-_MAY_OVERFLOW = re.compile(r"[eE]\+?\d{3}|\d{309}")
-_MAY_OVERFLOW_BYTES = re.compile(_MAY_OVERFLOW.pattern.encode())
+# A number literal can overflow a float to infinity only with a 3-digit exponent or 309 digits in a row. Text mapped
+# digits -> "0", "e"/"E" -> "e" and the rest (but "+") -> " " shows either with a plain substring search (C speed,
+# ~1 ms a MB: a regular expression takes 25); only text that may hold one is searched for the overflowed value.
+_NUMBER_SHAPE = bytes(
+    ord("0") if chr(c).isdigit() and c < 128 else ord("e") if c in b"eE" else c if c == ord("+") else ord(" ")
+    for c in range(256)
+)
+_OVERFLOW_SHAPES = (b"e000", b"e+000", b"0" * 309)
+
+
+def _may_overflow(raw: bytes | str) -> bool:
+    data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+    shape = data.translate(_NUMBER_SHAPE)
+    return any(pattern in shape for pattern in _OVERFLOW_SHAPES)
 
 
 def loads(raw: bytes | str, what: str = "request body") -> Any:
@@ -29,8 +38,7 @@ def loads(raw: bytes | str, what: str = "request body") -> Any:
         value = pydantic_core.from_json(raw, allow_inf_nan=False)
     except ValueError as exc:
         raise ValueError(f"{what} is not valid JSON ({_REFUSED}): {exc}") from None
-    may_overflow = _MAY_OVERFLOW_BYTES.search(raw) if isinstance(raw, bytes) else _MAY_OVERFLOW.search(raw)
-    where = non_finite(value, limit=3) if may_overflow else []
+    where = non_finite(value, limit=3) if _may_overflow(raw) else []
     if where:
         raise ValueError(
             f"{what}: the number at {', '.join(where)} is too large for a 64-bit float (it would be Infinity, which "

@@ -27,12 +27,11 @@ import pydantic_core
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from agentlightning import _json
 from agentlightning._wire import anthropic
 from agentlightning._wire.payloads import sse
 from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
 from agentlightning.protocol import ROLE_HEADER
-from agentlightning.server._errors import StrictJSONRoute, openai_error
+from agentlightning.server._errors import StrictJSONRoute, openai_error, parse_json
 from agentlightning.server._runtime import Route, Runtime, Upstream
 from agentlightning.types import FINISHED_STATUSES, new_id
 
@@ -94,7 +93,7 @@ class Proxy:
                 "server_error",
             )
         try:
-            body = _json.loads(await request.body())
+            body = await parse_json(await request.body(), "request body")
         except ValueError as exc:
             return openai_error(400, str(exc), "invalid_json")
         if not isinstance(body, dict):

@@ -3,6 +3,7 @@ large request that must not stall everyone else. Issue 21, defects 4, 7, 8, 9, 1
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -267,6 +268,60 @@ def test_a_large_prompt_does_not_stall_other_requests(tmp_path: Path) -> None:
     finally:
         upstream.kill()
         upstream.wait()
+
+
+def test_a_large_result_upload_leaves_health_answering_and_an_oversized_body_gets_413(tmp_path: Path) -> None:
+    """Issue 36: large bodies were parsed and stored on the event loop, stalling /health and heartbeats (0.5-1.2 s for
+    a 50 MB result here). A 40 MB result is now parsed and stored on a thread; beyond ``--max-body-mb`` a body is
+    refused with a 413 naming the setting, before anything parses it."""
+    with AglServer(tmp_path / "s.db", "http://127.0.0.1:9/v1", "--max-body-mb", "45") as server:
+        [rid] = server.http.post("/rollouts", json={"tasks": [{"q": 1}]}).json()["rollout_ids"]
+        assert server.http.post("/workers/w1/dequeue").json()["lease"]["rollout_id"] == rid
+        delays: list[float] = []
+        statuses: set[int] = set()
+        done = threading.Event()
+
+        def probe() -> None:
+            with httpx.Client(base_url=server.url, timeout=60) as http:
+                while not done.is_set():
+                    started = time.monotonic()
+                    statuses.add(http.get("/health").status_code)
+                    http.post(f"/rollouts/{rid}/heartbeat", json={"attempt": 1, "worker_id": "w1"})
+                    delays.append(time.monotonic() - started)
+                    time.sleep(0.02)
+
+        rollout = Rollout(rollout_id=rid, status="succeeded", final_reward=1.0, output="x" * 40_000_000)
+        body = json.dumps({"attempt": 1, "worker_id": "w1", "rollout": rollout.model_dump(mode="json")}).encode()
+
+        def slowly(data: bytes, pieces: int = 20) -> Iterator[bytes]:
+            step = len(data) // pieces + 1
+            for start in range(0, len(data), step):
+                time.sleep(0.05)
+                yield data[start : start + step]
+
+        prober = threading.Thread(target=probe)
+        prober.start()
+        try:
+            time.sleep(0.3)
+            answer = server.http.post(
+                f"/rollouts/{rid}/result", content=body, headers={"content-type": "application/json"}
+            )
+            time.sleep(0.3)
+        finally:
+            done.set()
+            prober.join()
+        assert answer.status_code == 200 and answer.json()["accepted"], answer.text
+        print("slowest probes (s):", sorted(delays)[-5:])
+        assert len(delays) > 10 and max(delays) < 0.6 and statuses == {200}, (sorted(delays)[-5:], statuses)
+        assert server.http.get(f"/rollouts/{rid}").json()["output"] == "x" * 40_000_000
+        oversized = b'{"tasks": ["' + b"y" * 46 * 1024 * 1024 + b'"]}'
+        for content in (oversized, slowly(oversized, 4)):  # with a Content-Length, and chunked
+            refused = server.http.post("/rollouts", content=content, headers={"content-type": "application/json"})
+            assert refused.status_code == 413, refused.text
+            message = refused.json()["error"]["message"]
+            assert "larger than the server's limit of 47185920 bytes" in message, message
+            assert "Settings.max_body_bytes, agl server --max-body-mb" in message, message
+        assert server.http.get("/rollouts").json()[0]["rollout_id"] == rid  # nothing else was enqueued
 
 
 def _up(url: str) -> bool:
