@@ -271,9 +271,9 @@ def test_a_large_prompt_does_not_stall_other_requests(tmp_path: Path) -> None:
 
 
 def test_a_large_result_upload_leaves_health_answering_and_an_oversized_body_gets_413(tmp_path: Path) -> None:
-    """Issue 36: large bodies were parsed and stored on the event loop, stalling /health and heartbeats (0.5-1.2 s for
-    a 50 MB result here). A 40 MB result is now parsed and stored on a thread; beyond ``--max-body-mb`` a body is
-    refused with a 413 naming the setting, before anything parses it."""
+    """Issue 36: large bodies were parsed and stored on the event loop, stalling /health and heartbeats (0.5-1.2 s of
+    a 1.0-1.7 s upload of a 50 MB result, unloaded). A 40 MB result is now parsed and stored on a thread; beyond
+    ``--max-body-mb`` a body is refused with a 413 naming the setting, before anything parses it."""
     with AglServer(tmp_path / "s.db", "http://127.0.0.1:9/v1", "--max-body-mb", "45") as server:
         [rid] = server.http.post("/rollouts", json={"tasks": [{"q": 1}]}).json()["rollout_ids"]
         assert server.http.post("/workers/w1/dequeue").json()["lease"]["rollout_id"] == rid
@@ -303,16 +303,21 @@ def test_a_large_result_upload_leaves_health_answering_and_an_oversized_body_get
         prober.start()
         try:
             time.sleep(0.3)
+            started = time.monotonic()
             answer = server.http.post(
                 f"/rollouts/{rid}/result", content=body, headers={"content-type": "application/json"}
             )
+            took = time.monotonic() - started
             time.sleep(0.3)
         finally:
             done.set()
             prober.join()
         assert answer.status_code == 200 and answer.json()["accepted"], answer.text
-        print("slowest probes (s):", sorted(delays)[-5:])
-        assert len(delays) > 10 and max(delays) < 0.6 and statuses == {200}, (sorted(delays)[-5:], statuses)
+        print(f"upload {took:.2f} s; slowest probes (s):", sorted(delays)[-5:])
+        # A share of the upload's own time, which a loaded machine stretches alike. On a thread the probes still wait
+        # for single C calls holding the GIL (serialising the 40 MB record: 0.2 s unloaded, 0.5-0.8 s at load 7 on
+        # 2 cores, 0.4-0.55 of the upload); what must not come back is the whole upload blocking them.
+        assert len(delays) > 10 and max(delays) < 0.75 * took and statuses == {200}, (took, sorted(delays)[-5:])
         assert server.http.get(f"/rollouts/{rid}").json()["output"] == "x" * 40_000_000
         oversized = b'{"tasks": ["' + b"y" * 46 * 1024 * 1024 + b'"]}'
         for content in (oversized, slowly(oversized, 4)):  # with a Content-Length, and chunked
