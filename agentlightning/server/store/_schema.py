@@ -11,7 +11,6 @@ import logging
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -64,10 +63,9 @@ CREATE TABLE IF NOT EXISTS workers(
 
 
 def open_database(path: str) -> sqlite3.Connection:
-    """The store file at ``path`` (``":memory:"`` for throwaway use), created if needed, in WAL mode, with rows
-    readable by column name. Transactions are explicit (``BEGIN IMMEDIATE``); the caller serialises access."""
-    if path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    """The store file at ``path`` (``":memory:"`` for throwaway use; its directory must exist), created if needed,
+    in WAL mode, with rows readable by column name. Transactions are explicit (``BEGIN IMMEDIATE``); the caller
+    serialises access."""
     db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     db.row_factory = sqlite3.Row
     db.execute("PRAGMA journal_mode=WAL")

@@ -30,6 +30,7 @@ from agentlightning.protocol import (
 )
 from agentlightning.server._states import Decision, decide, event_for_status
 from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError, StoreUnavailable
+from agentlightning.server.store._lock import StoreLock
 from agentlightning.server.store._schema import (
     calls_from_json,
     check_task_ids,
@@ -52,12 +53,28 @@ _SUMMARIES = f"SELECT {', '.join(RolloutSummary.model_fields)} FROM rollouts"
 
 
 class SQLiteStore(Store):
-    """The embedded store: one SQLite file in WAL mode (``":memory:"`` works for throwaway use)."""
+    """The embedded store: one SQLite file in WAL mode (``":memory:"`` works for throwaway use). ``exclusive=True``
+    (what a server opens it with) holds the file's lock until :meth:`close`: another exclusive opening, in any
+    process, raises :class:`StoreInUse`. Readers open it without."""
 
-    def __init__(self, path: str | Path, *, requeue_delay: float = 2.0, requeue_delay_max: float = 60.0) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        requeue_delay: float = 2.0,
+        requeue_delay_max: float = 60.0,
+        exclusive: bool = False,
+    ) -> None:
         self.path = str(path)
         self.requeue_delay, self.requeue_delay_max = requeue_delay, requeue_delay_max
-        self._db = open_database(self.path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock_file = StoreLock(self.path) if exclusive and self.path != ":memory:" else None
+        try:
+            self._db = open_database(self.path)
+        except BaseException:
+            self._release_lock()
+            raise
         self._identity = file_identity(self.path)
         self._problem: str | None = None  # why the last write failed, until one succeeds
         self._lock = threading.RLock()
@@ -563,6 +580,11 @@ class SQLiteStore(Store):
                     "closing the store with %d proxy call records unwritten: %s", len(self._proxy_buffer), self._problem
                 )
             self._db.close()
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.release()
 
     def _rollout(self, rollout_id: str, columns: str) -> Any:
         """``columns`` of a rollout's row; raises :class:`NotFound` for an unknown rollout."""
