@@ -1,5 +1,6 @@
-"""The Lightning Server's HTTP API: one FastAPI router per resource, bearer-token auth (every route but
-``/health``, when a token is set), the body-size limit and the background jobs."""
+"""The Lightning Server's HTTP API: one FastAPI router per resource, bearer-token auth (when a token is set: every
+route but ``/health``, the API docs included; a rollout's proxy routes also take that rollout's own key), the
+body-size limit and the background jobs."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Depends, FastAPI
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from agentlightning.server import _proxy, _routes_workers
+from agentlightning.server._auth import bearer_token, rollout_access
 from agentlightning.server._dashboard import add_server_dashboard
-from agentlightning.server._errors import BodyLimitMiddleware, add_error_handlers, bearer_token
+from agentlightning.server._errors import BodyLimitMiddleware, add_error_handlers
 from agentlightning.server._routes import datasets_router, health_router, rollouts_router, status_router
 from agentlightning.server._runtime import Runtime
 
@@ -35,16 +40,38 @@ def create_app(runtime: Runtime) -> FastAPI:
                 job.cancel()
             runtime.store.flush()
 
-    app = FastAPI(title="Agent Lightning server", lifespan=lifespan)
+    docs = {"openapi_url": None, "docs_url": None, "redoc_url": None} if runtime.token else {}  # added below
+    app = FastAPI(title="Agent Lightning server", lifespan=lifespan, **docs)
     add_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.max_body_bytes)
     auth = [Depends(bearer_token(runtime.token))] if runtime.token else []
     app.include_router(health_router(runtime))
-    # The busiest routes first: a request is matched against the routes in order.
-    for router in (_proxy.router, _routes_workers.router, rollouts_router, datasets_router, status_router):
+    # The busiest routes first: a request is matched against the routes in order. A rollout's own LLM key opens
+    # its proxy routes; everything else needs the server's token.
+    proxy_auth = [Depends(rollout_access(runtime.token))] if runtime.token else []
+    app.include_router(_proxy.router(runtime), dependencies=proxy_auth)
+    for router in (_routes_workers.router, rollouts_router, datasets_router, status_router):
         app.include_router(router(runtime), dependencies=auth)
     add_server_dashboard(app, runtime, auth)
+    if runtime.token:
+        _add_api_docs(app, auth)
     return app
+
+
+def _add_api_docs(app: FastAPI, auth: list[Any]) -> None:
+    """FastAPI's ``/openapi.json``, ``/docs`` and ``/redoc``, behind the token like the API they describe."""
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=auth)
+    async def schema() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=auth)
+    async def swagger() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - Swagger UI")
+
+    @app.get("/redoc", include_in_schema=False, dependencies=auth)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
 
 async def _reap_leases(runtime: Runtime) -> None:

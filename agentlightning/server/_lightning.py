@@ -12,7 +12,7 @@ from typing import Any
 from agentlightning._uvicorn import BackgroundServer
 from agentlightning.protocol import ModelVersion
 from agentlightning.server._app import create_app
-from agentlightning.server._errors import check_bind
+from agentlightning.server._auth import check_bind
 from agentlightning.server._runtime import Route, Runtime, Settings, Upstream
 from agentlightning.server.store import SQLiteStore, Store
 from agentlightning.types import Rollout

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, field_validator
 
 from agentlightning.protocol import Lease
+from agentlightning.server._auth import rollout_key
 from agentlightning.server._errors import StrictJSONRoute
 from agentlightning.server._runtime import Runtime
 from agentlightning.types import LLM, Rollout
@@ -70,7 +71,7 @@ def router(runtime: Runtime) -> APIRouter:
         lease.llm = LLM(
             base_url=f"{runtime.public_url or ''}/rollouts/{lease.rollout_id}/v1",
             model=(upstream.model_name if upstream and upstream.model_name else "default"),
-            api_key=runtime.token or "EMPTY",
+            api_key=rollout_key(runtime.token, lease.rollout_id) if runtime.token else "EMPTY",
             model_version=upstream.model_version if upstream else None,
         )
         return lease
