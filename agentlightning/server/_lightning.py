@@ -57,6 +57,7 @@ class LightningServer:
             requeue_delay=settings.requeue_delay,
             requeue_delay_max=settings.requeue_delay_max,
             exclusive=True,  # a second server on this store file is refused (StoreInUse)
+            lease_seconds=settings.lease_seconds,
         )
         self.runtime = Runtime(store=store, settings=settings, token=token)
         self._defaults = Upstream(url="", api_key=upstream_api_key, logprobs=logprobs)  # before any set_upstream

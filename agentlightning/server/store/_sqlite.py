@@ -55,7 +55,12 @@ _SUMMARIES = f"SELECT {', '.join(RolloutSummary.model_fields)} FROM rollouts"
 class SQLiteStore(Store):
     """The embedded store: one SQLite file in WAL mode (``":memory:"`` works for throwaway use). ``exclusive=True``
     (what a server opens it with) holds the file's lock until :meth:`close`: another exclusive opening, in any
-    process, raises :class:`StoreInUse`. Readers open it without."""
+    process, raises :class:`StoreInUse`; and it resumes the stored leases (:meth:`_resume_leases`). Readers open it
+    without.
+
+    Its times (lease deadlines, re-lease delays, and the times it records) are read from the wall clock once, when
+    the store is opened, and advanced by the monotonic clock from then on: a wall-clock step (NTP, a VM resumed, an
+    operator) neither expires every lease at once nor keeps a dead worker's lease for the length of the step."""
 
     def __init__(
         self,
@@ -64,6 +69,7 @@ class SQLiteStore(Store):
         requeue_delay: float = 2.0,
         requeue_delay_max: float = 60.0,
         exclusive: bool = False,
+        lease_seconds: float = 30.0,
     ) -> None:
         self.path = str(path)
         self.requeue_delay, self.requeue_delay_max = requeue_delay, requeue_delay_max
@@ -80,6 +86,27 @@ class SQLiteStore(Store):
         self._lock = threading.RLock()
         self._proxy_buffer: list[tuple[str, int, float, str]] = []  # records whose write failed
         self._running = dict(self._all("SELECT rollout_id, attempt FROM rollouts WHERE status='running'"))
+        self._wall_at_open = time.time() - time.monotonic()
+        if exclusive:
+            self._resume_leases(lease_seconds)
+
+    def _now(self) -> float:
+        """The store's clock: the wall clock as read at open, advanced by the monotonic clock since."""
+        return self._wall_at_open + time.monotonic()
+
+    def _resume_leases(self, lease_seconds: float) -> None:
+        """A server (re)starting on the store: stored deadlines were set on the last server's clock, and the wall
+        clock may have stepped while none ran. Each running lease gets ``lease_seconds`` from now (its worker may have
+        waited out the restart: its next heartbeat keeps it), and no re-lease delay ends later than
+        ``requeue_delay_max`` from now."""
+        now = self._now()
+        with self._lock, contextlib.suppress(StoreUnavailable):  # logged; the stored deadlines stay
+            with self._transaction():
+                self._db.execute("UPDATE rollouts SET lease_expires=? WHERE status='running'", (now + lease_seconds,))
+                latest = now + self.requeue_delay_max
+                self._db.execute(
+                    "UPDATE rollouts SET not_before=? WHERE status='queued' AND not_before > ?", (latest, latest)
+                )
 
     def add_dataset(
         self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
@@ -106,7 +133,7 @@ class SQLiteStore(Store):
                         "tasks); refusing to replace it (choose another dataset_id)"
                     )
                 return existing
-            info = DatasetInfo(dataset_id=dataset_id, name=name, size=len(records), created=time.time())
+            info = DatasetInfo(dataset_id=dataset_id, name=name, size=len(records), created=self._now())
             rows = [(dataset_id, i, task_id_for(r, dataset_id, i), payloads[i]) for i, r in enumerate(records)]
             with self._transaction():
                 self._db.execute(
@@ -146,7 +173,7 @@ class SQLiteStore(Store):
         if timeout is not None and timeout <= 0:
             raise StoreError(f"timeout must be > 0 seconds, got {timeout}")
         prefix = group_id or new_id("g")
-        now = time.time()
+        now = self._now()
         payloads = [json_text_of(task.payload, f"task {index}") for index, task in enumerate(tasks)]
         check_task_ids([(task.task_id, payload) for task, payload in zip(tasks, payloads, strict=True)])
         rows = [
@@ -175,10 +202,10 @@ class SQLiteStore(Store):
 
     def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
         with self._lock:
-            if self._one(f"SELECT 1 FROM rollouts WHERE {_LEASABLE} LIMIT 1", time.time()) is None:
+            if self._one(f"SELECT 1 FROM rollouts WHERE {_LEASABLE} LIMIT 1", self._now()) is None:
                 return None  # an empty queue costs no write transaction
             with self._transaction():
-                lease = self._lease_oldest(worker_id, lease_seconds, time.time())
+                lease = self._lease_oldest(worker_id, lease_seconds, self._now())
             if lease is not None:
                 self._running[lease.rollout_id] = lease.attempt
         return lease
@@ -210,7 +237,7 @@ class SQLiteStore(Store):
         return Lease(**{**row, "task": json.loads(row["task"])}, lease_seconds=lease_seconds)
 
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float) -> str:
-        now = time.time()
+        now = self._now()
         with self._lock:
             status, current, holder = self._rollout(rollout_id, "status, attempt, worker_id")
             if status != "running" or current != attempt:
@@ -240,7 +267,7 @@ class SQLiteStore(Store):
             with self._transaction():
                 outcome = self._store_result(rollout_id, attempt, worker_id, result, event)
                 if lease_seconds is not None and worker_id is not None:
-                    lease = self._lease_oldest(worker_id, lease_seconds, time.time())
+                    lease = self._lease_oldest(worker_id, lease_seconds, self._now())
             if outcome.accepted:
                 self._running.pop(rollout_id, None)
             if lease is not None:
@@ -280,7 +307,7 @@ class SQLiteStore(Store):
                 f"attempt {attempt} of rollout {rollout_id} was leased to worker {ended[2]}, not "
                 f"{worker_id}; result not stored"
             )
-        now = time.time()
+        now = self._now()
         self._end_attempt(rollout_id, attempt, worker_id, result.status, result.error, result.logs, now)
         if attempt < current and event != "succeed":
             # A stale attempt failing changes nothing: its rollout already moved on. Keep its error and logs.
@@ -311,7 +338,7 @@ class SQLiteStore(Store):
             self._db.execute(
                 "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL, "
                 "not_before=? WHERE rollout_id=?",
-                (decision.attempt, time.time() + delay, rollout_id),
+                (decision.attempt, self._now() + delay, rollout_id),
             )
         else:
             self._write_final(rollout_id, attempt, decision.state, result, now)
@@ -371,7 +398,7 @@ class SQLiteStore(Store):
         )
 
     def expire_leases(self, now: float | None = None) -> list[ResultOutcome]:
-        now = time.time() if now is None else now
+        now = self._now() if now is None else now
         outcomes: list[ResultOutcome] = []
         with self._lock:
             rows = self._all(
@@ -421,7 +448,7 @@ class SQLiteStore(Store):
                 decision,
                 "cancelled",
                 error,
-                time.time(),
+                self._now(),
             )
         return ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state, attempt=attempt)
 
@@ -549,7 +576,7 @@ class SQLiteStore(Store):
         return {rollout_id for rollout_id, status in rows if status in FINISHED_STATUSES}
 
     def set_model_version(self, version: str, model_name: str, upstream_url: str | None) -> ModelVersion:
-        info = ModelVersion(version=version, model_name=model_name, upstream_url=upstream_url, created=time.time())
+        info = ModelVersion(version=version, model_name=model_name, upstream_url=upstream_url, created=self._now())
         with self._lock, self._transaction():
             self._db.execute(
                 "INSERT INTO model_versions(version, model_name, upstream_url, created) VALUES (?, ?, ?, ?)",
