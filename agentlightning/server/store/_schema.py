@@ -42,7 +42,9 @@ CREATE INDEX IF NOT EXISTS rollouts_by_version ON rollouts(model_version, seq);
 CREATE INDEX IF NOT EXISTS rollouts_by_reward ON rollouts(final_reward, seq);
 CREATE TABLE IF NOT EXISTS attempts(
     rollout_id TEXT NOT NULL, attempt INTEGER NOT NULL, worker_id TEXT, status TEXT NOT NULL,
-    started REAL, ended REAL, error TEXT, logs TEXT, PRIMARY KEY (rollout_id, attempt));
+    started REAL, ended REAL, error TEXT, logs TEXT,
+    handed_rollout TEXT, handed_attempt INTEGER,  -- the lease answered with this attempt's result, for a re-send
+    PRIMARY KEY (rollout_id, attempt));
 CREATE TABLE IF NOT EXISTS calls(
     rollout_id TEXT NOT NULL, sequence INTEGER NOT NULL, call_id TEXT NOT NULL, kind TEXT, role TEXT,
     body TEXT NOT NULL, PRIMARY KEY (rollout_id, sequence));
@@ -75,6 +77,10 @@ def open_database(path: str) -> sqlite3.Connection:
     if columns and "not_before" not in columns:  # a store from before re-lease delays
         db.execute("ALTER TABLE rollouts ADD COLUMN not_before REAL")
         db.execute("UPDATE rollouts SET not_before=created")
+    attempt_columns = {row[1] for row in db.execute("PRAGMA table_info(attempts)")}
+    if attempt_columns and "handed_rollout" not in attempt_columns:  # a store from before re-sends were remembered
+        db.execute("ALTER TABLE attempts ADD COLUMN handed_rollout TEXT")
+        db.execute("ALTER TABLE attempts ADD COLUMN handed_attempt INTEGER")
     db.executescript(SCHEMA)
     return db
 

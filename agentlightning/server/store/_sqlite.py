@@ -210,6 +210,31 @@ class SQLiteStore(Store):
                 self._running[lease.rollout_id] = lease.attempt
         return lease
 
+    def _handed_again(
+        self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float, now: float
+    ) -> Lease | None:
+        """The lease handed with the answer to ``worker_id``'s result of ``attempt``, extended, if the worker still
+        holds it (inside the caller's transaction)."""
+        handed = self._one(
+            "SELECT handed_rollout, handed_attempt FROM attempts WHERE rollout_id=? AND attempt=? AND worker_id=?",
+            rollout_id,
+            attempt,
+            worker_id,
+        )
+        if handed is None or handed[0] is None:
+            return None
+        row = self._one(
+            "SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts "
+            "WHERE rollout_id=? AND attempt=? AND status='running' AND worker_id=?",
+            handed[0],
+            handed[1],
+            worker_id,
+        )
+        if row is None:
+            return None
+        self._db.execute("UPDATE rollouts SET lease_expires=? WHERE rollout_id=?", (now + lease_seconds, handed[0]))
+        return Lease(**{**row, "task": json.loads(row["task"])}, lease_seconds=lease_seconds)
+
     def _lease_oldest(self, worker_id: str, lease_seconds: float, now: float) -> Lease | None:
         """Lease the oldest queued rollout in the caller's transaction (the caller marks it running once committed)."""
         row = self._one(
@@ -260,14 +285,23 @@ class SQLiteStore(Store):
         self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, lease_seconds: float | None
     ) -> tuple[ResultOutcome, Lease | None]:
         """Store a result; with ``lease_seconds`` (and a worker), also lease the next queued rollout to ``worker_id``
-        in the same commit."""
+        in the same commit, remembered with the result: a re-sent result (its answer was lost, perhaps with a server
+        killed before sending it) gets that same lease again while the worker holds it."""
         event = event_for_status(result.status)
         lease: Lease | None = None
         with self._lock:
             with self._transaction():
                 outcome = self._store_result(rollout_id, attempt, worker_id, result, event)
                 if lease_seconds is not None and worker_id is not None:
-                    lease = self._lease_oldest(worker_id, lease_seconds, self._now())
+                    now = self._now()
+                    if outcome.duplicate:
+                        lease = self._handed_again(rollout_id, attempt, worker_id, lease_seconds, now)
+                    lease = lease or self._lease_oldest(worker_id, lease_seconds, now)
+                    if lease is not None:
+                        self._db.execute(
+                            "UPDATE attempts SET handed_rollout=?, handed_attempt=? WHERE rollout_id=? AND attempt=?",
+                            (lease.rollout_id, lease.attempt, rollout_id, attempt),
+                        )
             if outcome.accepted:
                 self._running.pop(rollout_id, None)
             if lease is not None:
