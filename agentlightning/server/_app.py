@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -74,16 +75,46 @@ def _add_api_docs(app: FastAPI, auth: list[Any]) -> None:
         return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
 
+class JobFailures:
+    """How a background job that runs every few seconds logs failing: the first failure with its traceback, then
+    one short line a minute while it goes on failing, and one line when it works again."""
+
+    REPEAT_SECONDS = 60.0
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self._since: float | None = None  # monotonic time of the first failure in a row
+        self._last_line = 0.0
+        self._count = 0
+
+    def failed(self, exc: Exception) -> None:
+        now = time.monotonic()
+        self._count += 1
+        if self._since is None:
+            self._since = self._last_line = now
+            logger.exception("%s failed (retrying; one line a minute while it keeps failing)", self.job)
+        elif now - self._last_line >= self.REPEAT_SECONDS:
+            self._last_line = now
+            logger.error("%s still failing (%d times in %.0f s): %s", self.job, self._count, now - self._since, exc)
+
+    def succeeded(self) -> None:
+        if self._since is not None:
+            logger.warning("%s works again after %d failures", self.job, self._count)
+            self._since, self._count = None, 0
+
+
 async def _reap_leases(runtime: Runtime) -> None:
     """Give up on attempts whose worker stopped heart-beating (retried or failed per the rollout's attempts)."""
     interval = max(0.05, min(1.0, runtime.settings.lease_seconds / 4))
+    failures = JobFailures("lease reaper")
     while True:
         await asyncio.sleep(interval)
         try:
             outcomes = runtime.store.expire_leases()
-        except Exception:
-            logger.exception("lease reaper failed")
+        except Exception as exc:
+            failures.failed(exc)
             continue
+        failures.succeeded()
         for outcome in outcomes:
             runtime.metrics.inc("agl_leases_expired_total")
             logger.warning("rollout %s: %s -> %s", outcome.rollout_id, outcome.message, outcome.status)
@@ -92,12 +123,15 @@ async def _reap_leases(runtime: Runtime) -> None:
 
 
 async def _flush_periodically(runtime: Runtime) -> None:
+    failures = JobFailures("store flush")
     while True:
         await asyncio.sleep(runtime.settings.flush_interval)
         try:
             runtime.store.flush()
-        except Exception:
-            logger.exception("store flush failed")
+        except Exception as exc:
+            failures.failed(exc)
+            continue
+        failures.succeeded()
 
 
 def _describe_metrics(runtime: Runtime) -> None:
