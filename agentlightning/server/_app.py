@@ -41,8 +41,14 @@ def create_app(runtime: Runtime) -> FastAPI:
                 job.cancel()
             runtime.store.flush()
 
-    docs = {"openapi_url": None, "docs_url": None, "redoc_url": None} if runtime.token else {}  # added below
-    app = FastAPI(title="Agent Lightning server", lifespan=lifespan, **docs)
+    open_docs = not runtime.token  # with a token, the docs are served behind it (_add_api_docs)
+    app = FastAPI(
+        title="Agent Lightning server",
+        lifespan=lifespan,
+        openapi_url="/openapi.json" if open_docs else None,
+        docs_url="/docs" if open_docs else None,
+        redoc_url="/redoc" if open_docs else None,
+    )
     add_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=runtime.settings.max_body_bytes)
     auth = [Depends(bearer_token(runtime.token))] if runtime.token else []
