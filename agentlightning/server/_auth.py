@@ -100,9 +100,10 @@ def rollout_access(token: str) -> Callable[[Request, str], None]:
 
 
 def _bearer(request: Request) -> str | None:
-    """The credential of an ``Authorization: Bearer <credential>`` header (the whole header if not of that form)."""
+    """The credential of an ``Authorization: Bearer <credential>`` header; None without the header, ``""`` for
+    another scheme (which opens nothing)."""
     header = request.headers.get("authorization")
     if header is None:
         return None
     scheme, _, credential = header.partition(" ")
-    return credential.strip() if scheme.lower() == "bearer" else header
+    return credential.strip() if scheme.lower() == "bearer" else ""

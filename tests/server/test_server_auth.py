@@ -80,6 +80,7 @@ def test_a_leases_key_reaches_only_its_own_rollouts_proxy(server: LightningServe
         answer = httpx.request(method, f"{server.url}{path}", headers=bearer, json={})
         assert answer.status_code == 403, (method, path, answer.text)
         assert "only opens its own /rollouts/<rollout_id>/v1/ routes" in answer.json()["error"]["message"]
+    assert httpx.get(f"{server.url}/stats", headers={"authorization": TOKEN}).status_code == 403  # no Bearer scheme
     assert not server.runtime.stop_requested
     assert server.store.rollout_state(second["rollout_id"]) == ("running", 1)  # not cancelled
     assert _ask(second["llm"], api_key=TOKEN) == "echo: hi"  # the server's token still opens every route
