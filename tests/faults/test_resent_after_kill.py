@@ -12,7 +12,7 @@ import pytest
 from _harness import AglServer
 from polling import wait_for
 
-from agentlightning.protocol import Task
+from agentlightning.protocol import Task, proxy_path
 from agentlightning.server.store import SQLiteStore
 from agentlightning.server.store._schema import SCHEMA
 from agentlightning.testing import MockLLMServer
@@ -52,7 +52,7 @@ def test_result_resent_to_a_restarted_server_gets_the_lease_its_lost_answer_carr
         assert resent["duplicate"] is True
         again = resent["next"]["lease"]
         assert (again["rollout_id"], again["attempt"]) == (lost["rollout_id"], lost["attempt"])
-        assert again["llm"]["base_url"].endswith(f"/rollouts/{lost['rollout_id']}/v1")
+        assert again["llm"]["base_url"].endswith(proxy_path(lost["rollout_id"], lost["attempt"]))
         assert server.http.get("/stats").json()["rollouts"] == {"succeeded": 1, "running": 1, "queued": 1}
         assert _upload(server, first, "w1")["next"]["lease"]["rollout_id"] == lost["rollout_id"]  # and again
 
