@@ -24,6 +24,7 @@ PAGES = [
     "frameworks/openai_agents.md",
     "frameworks/autogen.md",
     "frameworks/pydantic_ai.md",
+    "frameworks/agent_framework.md",
     "evaluation.md",
 ]
 RUNNER = """
