@@ -34,6 +34,8 @@ ADAPTERS: dict[str, str] = {
     "autogen": "autogen_agentchat",
     "pydantic_ai": "pydantic_ai",
     "agent_framework": "agent_framework",
+    "crewai": "crewai",
+    "llama_index": "llama_index.core",
 }
 
 _lock = threading.RLock()
@@ -49,7 +51,7 @@ def _trigger(name: str) -> str:
 
 def instrument(name: str) -> None:
     """Install the adapter ``name`` ('openai', 'httpx', 'httpx2', 'anthropic', 'langchain', 'openai_agents',
-    'autogen', 'pydantic_ai', 'agent_framework') now.
+    'autogen', 'pydantic_ai', 'agent_framework', 'crewai', 'llama_index') now.
 
     Raises ``ImportError`` with the extra to install when its framework is missing. Installing twice is harmless.
     """
@@ -62,6 +64,7 @@ def instrument(name: str) -> None:
                 "openai_agents": "openai-agents",
                 "pydantic_ai": "pydantic-ai",
                 "agent_framework": "agent-framework",
+                "llama_index": "llama-index",
             }
             extra = extras.get(name, name)
             message = f"agl.instrument({name!r}) needs {trigger!r}: pip install 'agentlightning-rl[{extra}]'"

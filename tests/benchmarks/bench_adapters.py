@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -191,8 +192,9 @@ async def _bench_all(server: MockLLMServer) -> list[dict[str, Any]]:
 def run() -> list[dict[str, Any]]:
     with MockLLMServer(handler=rule, token_ids=True) as server:
         results = asyncio.run(_bench_all(server))
-    for name in ADAPTERS:  # leave the process as a rollout would: everything installed
-        agl.instrument(name)
+    for name, module in ADAPTERS.items():  # leave the process as a rollout would: every installed framework's adapter
+        if importlib.util.find_spec(module.split(".")[0]) is not None:  # crewai, llama_index: only in .venv-frameworks
+            agl.instrument(name)
     print(f"\ncapture cost per LLM call (median of {ROUNDS} rounds x {RUNS_PER_ROUND} agent runs, local mock server)")
     print("cpu = process CPU time (includes the in-process mock server; stable on a loaded machine); wall = elapsed")
     header = (
