@@ -189,6 +189,33 @@ async def test_streamed_run_read_to_the_end_and_left_early(serve) -> None:
     model.assert_server_token_ids(rollout.llm_calls[1], partial=True)
 
 
+def concurrent_rule(request: MockRequest) -> MockReply:
+    if system_text(request).startswith("You tell jokes"):
+        return MockReply(content="Why did the bike fall over? It was two tired.")
+    return weather_rule(request)
+
+
+async def test_agents_run_concurrently_keep_their_own_names(serve) -> None:
+    """Two agents awaited together in one rollout (their calls interleave): each call carries its own agent's name."""
+    server, model = serve(concurrent_rule)
+
+    @agl.rollout(reward=lambda task, out: float("sunny" in out[0]))
+    async def agent(task: dict, llm: agl.LLM) -> list[str]:
+        joker = Agent(client=client_for(llm), name="JokeAgent", instructions="You tell jokes.")
+        results = await asyncio.gather(weather_agent(llm).run(task["prompt"]), joker.run("A joke about bikes."))
+        return [result.text for result in results]
+
+    rollout = await agent.aexecute({"prompt": "Weather in Seattle?"}, server.llm())
+    assert rollout.status == "succeeded", rollout.error
+    assert len(rollout.llm_calls) == len(model.served) == 3
+    for call in rollout.llm_calls:
+        system = call.input[0]["content"]
+        assert call.role == ("JokeAgent" if system.startswith("You tell jokes") else "WeatherAgent"), call.role
+        model.assert_server_token_ids(call)
+    (weather,) = [call for call in rollout.calls if call.kind == "tool"]
+    assert weather.role == "WeatherAgent" and weather.status == "ok"
+
+
 def delegation_rule(request: MockRequest) -> MockReply:
     """A coordinator asks its researcher agent (given as a tool) once, then answers with what it said."""
     if system_text(request).startswith("You research"):
