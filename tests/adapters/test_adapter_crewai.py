@@ -50,6 +50,23 @@ def test_crew_through_the_native_openai_provider(serve, tmp_path: Path) -> None:
         model.assert_server_token_ids(call)
 
 
+def test_crew_with_a_streaming_model(serve, tmp_path: Path) -> None:
+    server, model = serve(crew_rule)
+    rollout = run_rollout("crewai_agents.py", "streamed", server.llm(), tmp_path)
+    assert timeline(rollout) == [
+        ("llm", "Researcher", "ok"),
+        ("tool", "Researcher:lookup_fact", "error"),
+        ("llm", "Researcher", "ok"),
+        ("tool", "Researcher:lookup_fact", "ok"),
+        ("llm", "Researcher", "ok"),
+        ("llm", "Writer", "ok"),
+    ]
+    assert all(call.metadata["stream"] for call in rollout.llm_calls)
+    assert len(rollout.llm_calls) == len(model.served) == 4
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
 def test_crew_through_litellm(serve, tmp_path: Path) -> None:
     """``LLM(..., is_litellm=True)``: LiteLLM sends through the openai client's ``client.post``, recorded once each."""
     server, model = serve(crew_rule)

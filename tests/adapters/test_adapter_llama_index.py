@@ -55,21 +55,28 @@ def test_agent_workflow_with_a_handoff_and_a_tool_that_raises(serve, tmp_path: P
 
 
 def weather_rule(request: MockRequest) -> MockReply:
+    """Two tool calls in one answer (the agent runs them as concurrent steps), then the answer."""
     if not tool_results(request):
-        return MockReply(tool_calls=[MockToolCall(name="get_weather", arguments={"city": "Paris"})])
-    return MockReply(content="It is sunny.")
+        cities = [MockToolCall(name="get_weather", arguments={"city": city}) for city in ("Paris", "Oslo")]
+        return MockReply(tool_calls=cities)
+    return MockReply(content="It is sunny in both.")
 
 
-def test_function_agent_not_streamed(serve, tmp_path: Path) -> None:
+def test_function_agent_not_streamed_with_two_tool_calls_at_once(serve, tmp_path: Path) -> None:
     server, model = serve(weather_rule)
     rollout = run_rollout("llama_index_agents.py", "function_agent", server.llm(), tmp_path)
     assert timeline(rollout) == [
         ("llm", "WeatherAgent", "ok"),
         ("tool", "WeatherAgent:get_weather", "ok"),
+        ("tool", "WeatherAgent:get_weather", "ok"),
         ("llm", "WeatherAgent", "ok"),
     ]
-    assert rollout.calls[1].output == "sunny in Paris"
-    assert rollout.calls[1].parent_call_id == rollout.calls[0].call_id
+    first, *tools, _ = rollout.calls
+    assert sorted(tool.output for tool in tools) == ["sunny in Oslo", "sunny in Paris"]
+    requested = {call["id"] for call in first.output["tool_calls"]}
+    assert {tool.metadata["tool_call_id"] for tool in tools} == requested
+    assert all(tool.parent_call_id == first.call_id for tool in tools)
+    assert not any(call.metadata.get("stream") for call in rollout.llm_calls)
     assert len(rollout.llm_calls) == len(model.served) == 2
     for call in rollout.llm_calls:
         model.assert_server_token_ids(call)

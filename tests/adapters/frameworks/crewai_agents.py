@@ -62,6 +62,13 @@ def native_provider(task: dict, llm: agl.LLM) -> str:
 
 
 @agl.rollout(reward=lambda task, out: float("80 km" in out))
+def streamed(task: dict, llm: agl.LLM) -> str:
+    """The same crew with a streaming model (``LLM(..., stream=True)``)."""
+    model = LLM(model=f"openai/{llm.model}", base_url=llm.base_url, api_key=llm.api_key, stream=True)
+    return str(slogan_crew(model, [lookup_fact]).kickoff(inputs={"topic": task["topic"]}))
+
+
+@agl.rollout(reward=lambda task, out: float("80 km" in out))
 def through_litellm(task: dict, llm: agl.LLM) -> str:
     """The same crew through LiteLLM (``is_litellm=True``), without tools."""
     model = LLM(model=f"openai/{llm.model}", base_url=llm.base_url, api_key=llm.api_key, is_litellm=True)
