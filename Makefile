@@ -117,7 +117,8 @@ vllm-venv: .venv-vllm/.installed
 
 # CrewAI and LlamaIndex in their own venv: crewai 1.15 and llama-index-llms-openai 0.8 need openai<3, the main venv has
 # openai 3 (a few minutes, 1.4 GB). tests/adapters/test_adapter_crewai.py and test_adapter_llama_index.py run their
-# agents with its python (a subprocess per test) when it exists, and skip otherwise (fail with AGL_REQUIRE_FRAMEWORKS=1).
+# agents with its python (a subprocess per test) when it exists, and skip otherwise (fail with
+# AGL_REQUIRE_FRAMEWORKS=1).
 # crewai[litellm]: the tests drive CrewAI through both of its routes to a model, its native OpenAI provider and LiteLLM.
 FRAMEWORKS := .venv-frameworks
 .PHONY: frameworks-venv
