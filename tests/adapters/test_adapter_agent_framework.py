@@ -134,16 +134,14 @@ async def test_workflow_of_two_agents_with_a_tool_that_raises(serve, stream: boo
     async def agent(task: dict, llm: agl.LLM) -> str:
         writer, reviewer = workflow_agents(llm)
         workflow = WorkflowBuilder(start_executor=writer).add_edge(writer, reviewer).build()
-        if stream:
-            outputs = [
-                event.data async for event in workflow.run(task["prompt"], stream=True) if event.type == "output"
-            ]
-        else:
-            outputs = (await workflow.run(task["prompt"])).get_outputs()
-        return outputs[-1].text if hasattr(outputs[-1], "text") else str(outputs[-1])
+        if stream:  # every agent's updates as they stream: the reviewer's answer is the last agent's
+            events = [event async for event in workflow.run(task["prompt"], stream=True) if event.type == "output"]
+            return "".join(event.data.text for event in events if event.executor_id == "reviewer")
+        return (await workflow.run(task["prompt"])).get_outputs()[-1].text
 
     rollout = await agent.aexecute({"prompt": "Write a slogan for an electric bike."}, server.llm())
     assert timeline(rollout) == WORKFLOW_TIMELINE
+    assert rollout.final_reward == 1.0
     assert len(rollout.llm_calls) == len(model.served) == 4
     first, failed, second, looked_up, _, _ = rollout.calls
     assert failed.error == "LookupError: no fact about 'electric bikes'"
