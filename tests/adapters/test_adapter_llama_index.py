@@ -80,3 +80,13 @@ def test_function_agent_not_streamed_with_two_tool_calls_at_once(serve, tmp_path
     assert len(rollout.llm_calls) == len(model.served) == 2
     for call in rollout.llm_calls:
         model.assert_server_token_ids(call)
+
+
+def test_uninstrument_leaves_plain_capture(serve, tmp_path: Path) -> None:
+    """Without the adapter every call is still captured once (through the openai client) but names no agent."""
+    server, model = serve(weather_rule)
+    rollout = run_rollout("llama_index_agents.py", "uninstrumented", server.llm(), tmp_path)
+    assert [(call.kind, call.role) for call in rollout.calls] == [("llm", None), ("llm", None)]
+    assert len(rollout.llm_calls) == len(model.served) == 2  # the second rollout sent the first one's two prompts again
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)

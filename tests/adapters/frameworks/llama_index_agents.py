@@ -72,10 +72,21 @@ async def function_agent(task: dict, llm: agl.LLM) -> str:
     return str(await agent.run(user_msg=f"Weather in {task['city']}?"))
 
 
+async def uninstrumented(task: dict, llm: agl.LLM) -> agl.Rollout:
+    """``function_agent`` again after ``agl.uninstrument("llama_index")`` (the first rollout installed the adapter)."""
+    await function_agent.aexecute(task, llm)
+    agl.uninstrument("llama_index")
+    return await function_agent.aexecute(task, llm)
+
+
+async def run(scenario: str, task: dict, llm: agl.LLM) -> agl.Rollout:
+    if scenario == "uninstrumented":
+        return await uninstrumented(task, llm)
+    return await globals()[scenario].aexecute(task, llm)
+
+
 if __name__ == "__main__":
     scenario, llm_json, out = sys.argv[1:]
-    rollout = asyncio.run(
-        globals()[scenario].aexecute({"topic": "e-bikes", "city": "Paris"}, agl.LLM.model_validate_json(llm_json))
-    )
+    rollout = asyncio.run(run(scenario, {"topic": "e-bikes", "city": "Paris"}, agl.LLM.model_validate_json(llm_json)))
     with open(out, "w") as file:
         file.write(rollout.model_dump_json())
