@@ -102,3 +102,13 @@ def test_delegation_names_the_coworkers_calls(serve, tmp_path: Path) -> None:
     assert len(rollout.llm_calls) == len(model.served) == 3
     for call in rollout.llm_calls:
         model.assert_server_token_ids(call)
+
+
+def test_uninstrument_leaves_plain_capture(serve, tmp_path: Path) -> None:
+    """Without the adapter every call is still captured once (through the openai client) but names no agent."""
+    server, model = serve(crew_rule)
+    rollout = run_rollout("crewai_agents.py", "uninstrumented", server.llm(), tmp_path)
+    assert [(call.kind, call.role) for call in rollout.calls] == [("llm", None)] * 5
+    assert len(model.served) == 5  # the second rollout sent the first one's five prompts again
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)

@@ -91,8 +91,21 @@ def delegation(task: dict, llm: agl.LLM) -> str:
     return str(Crew(agents=[editor, writer], tasks=[deliver]).kickoff(inputs={"topic": task["topic"]}))
 
 
+def uninstrumented(task: dict, llm: agl.LLM) -> agl.Rollout:
+    """``native_provider`` again after ``agl.uninstrument("crewai")`` (the first rollout installed the adapter)."""
+    native_provider.execute(task, llm)
+    agl.uninstrument("crewai")
+    return native_provider.execute(task, llm)
+
+
+def run(scenario: str, task: dict, llm: agl.LLM) -> agl.Rollout:
+    if scenario == "uninstrumented":
+        return uninstrumented(task, llm)
+    return globals()[scenario].execute(task, llm)
+
+
 if __name__ == "__main__":
     scenario, llm_json, out = sys.argv[1:]
-    rollout = globals()[scenario].execute({"topic": "e-bikes"}, agl.LLM.model_validate_json(llm_json))
+    rollout = run(scenario, {"topic": "e-bikes"}, agl.LLM.model_validate_json(llm_json))
     with open(out, "w") as file:
         file.write(rollout.model_dump_json())
