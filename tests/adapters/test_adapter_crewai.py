@@ -46,6 +46,7 @@ def test_crew_through_the_native_openai_provider(serve, tmp_path: Path) -> None:
     assert failed.error == "Error executing tool: no fact about 'electric bikes'"
     assert looked_up.output == "e-bikes ride 80 km on one charge" and looked_up.parent_call_id == second.call_id
     assert {call.metadata["adapter"] for call in rollout.calls if call.kind == "tool"} == {"crewai"}
+    assert not any("litellm_model" in call.metadata for call in rollout.llm_calls)  # the native provider, not LiteLLM
     for call in rollout.llm_calls:
         model.assert_server_token_ids(call)
 
@@ -73,6 +74,7 @@ def test_crew_through_litellm(serve, tmp_path: Path) -> None:
     rollout = run_rollout("crewai_agents.py", "through_litellm", server.llm(), tmp_path)
     assert timeline(rollout) == [("llm", "Researcher", "ok"), ("llm", "Writer", "ok")]
     assert len(rollout.llm_calls) == len(model.served) == 2
+    assert {call.metadata["litellm_model"] for call in rollout.llm_calls} == {f"openai/{server.llm().model}"}
     for call in rollout.llm_calls:
         model.assert_server_token_ids(call)
 
