@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from frameworks_venv import FRAMEWORKS_PYTHON, require_frameworks_venv
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 PAGES = [
@@ -24,8 +25,11 @@ PAGES = [
     "frameworks/openai_agents.md",
     "frameworks/autogen.md",
     "frameworks/pydantic_ai.md",
+    "frameworks/agent_framework.md",
     "evaluation.md",
 ]
+# CrewAI and LlamaIndex need openai<3: their pages run in .venv-frameworks (`make frameworks-venv`).
+FRAMEWORKS_VENV_PAGES = ["frameworks/crewai.md", "frameworks/llama_index.md"]
 RUNNER = """
 import re, sys
 blocks = re.findall(r"```python\\n(.*?)```", open(sys.argv[1]).read(), flags=re.S)
@@ -44,16 +48,33 @@ def expected_output(block: str) -> list[str]:
     return [] if any("..." in line for line in tail) else tail
 
 
-@pytest.mark.parametrize("page", PAGES)
-def test_doc_page_snippets_run_and_print_what_they_say(page: str) -> None:
+def run_page(page: str, python: str) -> None:
+    """Run the snippets of ``page`` with ``python`` and check the output they document."""
     path = DOCS / page
     blocks = re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
     assert blocks, f"{page} has no python snippets"
     result = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(path)], capture_output=True, text=True, timeout=120, cwd=DOCS.parent
+        [python, "-c", RUNNER, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=DOCS.parent,
+        stdin=subprocess.DEVNULL,
     )
     assert result.returncode == 0, f"{page}: a snippet failed\n{result.stderr[-3000:]}"
     printed = [line.rstrip() for line in result.stdout.splitlines()]
     for block in blocks:
         for line in expected_output(block):
             assert line.rstrip() in printed, f"{page}: documented output {line!r} not printed; got {printed}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_doc_page_snippets_run_and_print_what_they_say(page: str) -> None:
+    run_page(page, sys.executable)
+
+
+@pytest.mark.parametrize("page", FRAMEWORKS_VENV_PAGES)
+def test_frameworks_venv_page_snippets_run_and_print_what_they_say(page: str) -> None:
+    """The pages of the frameworks that need openai<3, run with .venv-frameworks' python."""
+    require_frameworks_venv()
+    run_page(page, str(FRAMEWORKS_PYTHON))

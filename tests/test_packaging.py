@@ -105,6 +105,10 @@ def test_public_api_imports_no_torch_and_no_framework() -> None:
         "agents",
         "autogen_agentchat",
         "autogen_core",
+        "pydantic_ai",
+        "agent_framework",
+        "crewai",
+        "llama_index",
         "ray",
     )
     code = (

@@ -34,6 +34,9 @@ ADAPTERS: dict[str, str] = {
     "autogen": "autogen_agentchat",
     "pydantic_ai": "pydantic_ai",
     "litellm": "litellm",
+    "agent_framework": "agent_framework",
+    "crewai": "crewai",
+    "llama_index": "llama_index.core",
 }
 
 _lock = threading.RLock()
@@ -49,7 +52,7 @@ def _trigger(name: str) -> str:
 
 def instrument(name: str) -> None:
     """Install the adapter ``name`` ('openai', 'httpx', 'httpx2', 'anthropic', 'langchain', 'openai_agents',
-    'autogen', 'pydantic_ai', 'litellm') now.
+    'autogen', 'pydantic_ai', 'litellm', 'agent_framework', 'crewai', 'llama_index') now.
 
     Raises ``ImportError`` with the extra to install when its framework is missing. Installing twice is harmless.
     """
@@ -58,7 +61,13 @@ def instrument(name: str) -> None:
         try:
             importlib.import_module(trigger)
         except ImportError as exc:
-            extra = {"openai_agents": "openai-agents", "pydantic_ai": "pydantic-ai"}.get(name, name)
+            extras = {
+                "openai_agents": "openai-agents",
+                "pydantic_ai": "pydantic-ai",
+                "agent_framework": "agent-framework",
+                "llama_index": "llama-index",
+            }
+            extra = extras.get(name, name)
             message = f"agl.instrument({name!r}) needs {trigger!r}: pip install 'agentlightning-rl[{extra}]'"
             raise ImportError(message) from exc
         importlib.import_module(f"agentlightning.adapters.{name}").install()

@@ -1,8 +1,9 @@
 """Benchmark: cost of capture per LLM call for each framework adapter, against the same agent uninstrumented.
 
 For LangChain (a writer/checker/rewriter LCEL pipeline, 3 LLM calls), the OpenAI Agents SDK (an agent calling a
-function tool, 2 LLM calls + 1 tool) and AutoGen (an AssistantAgent calling a tool and reflecting, 2 LLM calls +
-1 tool), each against the local mock server (token ids on):
+function tool, 2 LLM calls + 1 tool), AutoGen (an AssistantAgent calling a tool and reflecting, 2 LLM calls +
+1 tool) and Microsoft Agent Framework (an Agent calling a tool, 2 LLM calls + 1 tool), each against the local mock
+server (token ids on):
 
 - baseline: every adapter uninstalled (``agl.uninstrument``), the agent function awaited directly;
 - captured: adapters installed, the agent run by ``RolloutAgent.aexecute`` (a full rollout: recorder, role
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib.util
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -52,7 +54,7 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-# -- the three agents, written as their users write them (framework objects built once, reused by every run) --
+# -- the agents, written as their users write them (framework objects built once, reused by every run) --
 
 AgentFunction = Callable[[dict, agl.LLM], Awaitable[float]]
 
@@ -110,6 +112,20 @@ def autogen_agent(llm: agl.LLM) -> AgentFunction:
     return agent
 
 
+def agent_framework_agent(llm: agl.LLM) -> AgentFunction:
+    from agent_framework import Agent
+    from agent_framework.openai import OpenAIChatCompletionClient
+
+    client = OpenAIChatCompletionClient(model=llm.model, base_url=llm.base_url, api_key=llm.api_key)
+    solver = Agent(client=client, name="solver", instructions="Solve.", tools=[add])
+
+    async def agent(task: dict, llm: agl.LLM) -> float:
+        await solver.run(task["question"])
+        return 1.0
+
+    return agent
+
+
 @dataclass
 class Case:
     name: str
@@ -123,6 +139,7 @@ CASES = [
     Case("langchain", "langchain", langchain_agent, 3, {"writer", "checker", "rewriter"}),
     Case("openai_agents", "openai_agents", openai_agents_agent, 2, {"solver"}),
     Case("autogen", "autogen", autogen_agent, 2, {"solver"}),
+    Case("agent_framework", "agent_framework", agent_framework_agent, 2, {"solver"}),
 ]
 
 
@@ -191,8 +208,9 @@ async def _bench_all(server: MockLLMServer) -> list[dict[str, Any]]:
 def run() -> list[dict[str, Any]]:
     with MockLLMServer(handler=rule, token_ids=True) as server:
         results = asyncio.run(_bench_all(server))
-    for name in ADAPTERS:  # leave the process as a rollout would: everything installed
-        agl.instrument(name)
+    for name, module in ADAPTERS.items():  # leave the process as a rollout would: every installed framework's adapter
+        if importlib.util.find_spec(module.split(".")[0]) is not None:  # crewai, llama_index: only in .venv-frameworks
+            agl.instrument(name)
     print(f"\ncapture cost per LLM call (median of {ROUNDS} rounds x {RUNS_PER_ROUND} agent runs, local mock server)")
     print("cpu = process CPU time (includes the in-process mock server; stable on a loaded machine); wall = elapsed")
     header = (
