@@ -33,6 +33,8 @@ ADAPTERS: dict[str, str] = {
     "openai_agents": "agents",
     "autogen": "autogen_agentchat",
     "pydantic_ai": "pydantic_ai",
+    "smolagents": "smolagents",
+    "google_adk": "google.adk",
 }
 
 _lock = threading.RLock()
@@ -48,7 +50,7 @@ def _trigger(name: str) -> str:
 
 def instrument(name: str) -> None:
     """Install the adapter ``name`` ('openai', 'httpx', 'httpx2', 'anthropic', 'langchain', 'openai_agents',
-    'autogen', 'pydantic_ai') now.
+    'autogen', 'pydantic_ai', 'smolagents', 'google_adk') now.
 
     Raises ``ImportError`` with the extra to install when its framework is missing. Installing twice is harmless.
     """
@@ -57,7 +59,12 @@ def instrument(name: str) -> None:
         try:
             importlib.import_module(trigger)
         except ImportError as exc:
-            extra = {"openai_agents": "openai-agents", "pydantic_ai": "pydantic-ai"}.get(name, name)
+            extras = {
+                "openai_agents": "openai-agents",
+                "pydantic_ai": "pydantic-ai",
+                "google_adk": "google-adk",
+            }
+            extra = extras.get(name, name)
             message = f"agl.instrument({name!r}) needs {trigger!r}: pip install 'agentlightning-rl[{extra}]'"
             raise ImportError(message) from exc
         importlib.import_module(f"agentlightning.adapters.{name}").install()
