@@ -24,14 +24,20 @@ PAGES = [
     "frameworks/openai_agents.md",
     "frameworks/autogen.md",
     "frameworks/pydantic_ai.md",
+    "frameworks/smolagents.md",
+    "frameworks/google_adk.md",
     "evaluation.md",
 ]
+# Each block's source is kept in linecache, so that inspect.getsource works on what it defines as it would in a file
+# (smolagents' @tool reads its function's source).
 RUNNER = """
-import re, sys
+import linecache, re, sys
 blocks = re.findall(r"```python\\n(.*?)```", open(sys.argv[1]).read(), flags=re.S)
 namespace = {}
 for number, block in enumerate(blocks):
-    exec(compile(block, f"{sys.argv[1]}[python block {number}]", "exec"), namespace)
+    name = f"{sys.argv[1]}[python block {number}]"
+    linecache.cache[name] = (len(block), None, block.splitlines(keepends=True), name)
+    exec(compile(block, name, "exec"), namespace)
 """
 
 
