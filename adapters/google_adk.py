@@ -46,15 +46,6 @@ class _RunningTool:
     role_token: Token[str | None]
 
 
-def _reset(token: Token[str | None] | None) -> None:
-    if token is None:
-        return
-    try:
-        reset_role(token)
-    except ValueError:  # set in another context (a task ADK started): that context ended with it
-        pass
-
-
 class Capture(BasePlugin):
     """The plugin the adapter puts first in every runner's plugins (see the module docstring)."""
 
@@ -64,7 +55,7 @@ class Capture(BasePlugin):
 
     async def before_model_callback(self, *, callback_context: Any, llm_request: Any) -> None:
         if current_recorder() is not None:
-            _reset(_model_role.get())
+            self._end_model_call()  # one still open: a streamed answer that never sent its final response
             _model_role.set(set_role(callback_context.agent_name))
         return None
 
@@ -78,8 +69,9 @@ class Capture(BasePlugin):
         return None
 
     def _end_model_call(self) -> None:
-        _reset(_model_role.get())
-        _model_role.set(None)
+        if (token := _model_role.get()) is not None:
+            reset_role(token)
+            _model_role.set(None)
 
     async def before_tool_callback(self, *, tool: Any, tool_args: dict[str, Any], tool_context: Any) -> None:
         recorder = current_recorder()
@@ -110,7 +102,7 @@ class Capture(BasePlugin):
         running = self._tools.pop(tool_context.function_call_id, None)
         if running is None:  # finished already: a failed tool that a later plugin answered for
             return
-        _reset(running.role_token)
+        reset_role(running.role_token)
         running.pending.finish(result, error=error, extra={"agent_tool": isinstance(tool, AgentTool)})
 
 

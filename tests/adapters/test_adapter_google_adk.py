@@ -280,3 +280,35 @@ async def test_uninstrument_leaves_plain_capture(serve) -> None:
         agl.instrument("google_adk")
     assert [(call.kind, call.role) for call in rollout.calls] == [("llm", None)] * len(server.requests)
     assert len(server.requests) == 6
+
+
+def two_cities_rule(request: MockRequest) -> MockReply:
+    if request.messages[-1]["role"] == "tool":
+        return MockReply(content="Sunny in both.")
+    return MockReply(
+        tool_calls=[
+            MockToolCall(name="get_weather", arguments={"city": "Paris"}),
+            MockToolCall(name="get_weather", arguments={"city": "Rome"}),
+        ]
+    )
+
+
+async def test_parallel_function_calls_of_one_model_call(serve) -> None:
+    """ADK runs the function calls of one model response concurrently, each in its own task."""
+    server, model = serve(two_cities_rule)
+
+    @agl.rollout(reward=lambda task, out: float("Sunny" in out))
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        return await final_text(InMemoryRunner(agent=forecaster(llm), app_name="weather"), task["question"])
+
+    rollout = await agent.aexecute({"question": "Weather in Paris and Rome?"}, server.llm())
+    first, second = rollout.llm_calls
+    tools = [call for call in rollout.calls if call.kind == "tool"]
+    assert sorted((call.input["city"], call.role, call.status) for call in tools) == [
+        ("Paris", "forecaster", "ok"),
+        ("Rome", "forecaster", "ok"),
+    ]
+    assert all(call.parent_call_id == first.call_id for call in tools)
+    assert (first.role, second.role) == ("forecaster", "forecaster")
+    assert_served_exactly(rollout, server, model)
+    assert_parents_by_tool_call_id(rollout)

@@ -274,3 +274,35 @@ def test_uninstrument_leaves_plain_capture(serve) -> None:
         agl.instrument("smolagents")
     assert [(call.kind, call.role) for call in rollout.calls] == [("llm", None)] * len(server.requests)
     assert len(server.requests) == 6
+
+
+def parallel_rule(request: MockRequest) -> MockReply:
+    text = request_text(request)
+    if "the answer is 42" in text:
+        return MockReply(tool_calls=[MockToolCall(name="final_answer", arguments={"answer": "42"})])
+    return MockReply(
+        tool_calls=[
+            MockToolCall(name="visit_webpage", arguments={"url": "https://example.org/a"}),
+            MockToolCall(name="visit_webpage", arguments={"url": "https://example.org/b"}),
+        ]
+    )
+
+
+def test_parallel_tool_calls_of_one_model_call(serve) -> None:
+    """Two tool calls in one model output run on smolagents' thread pool: both recorded, with the same parent."""
+    server, model = serve(parallel_rule)
+
+    @agl.rollout(reward=lambda task, out: float(str(out) == "42"))
+    def browser(task: dict, llm: agl.LLM) -> str:
+        return ToolCallingAgent(tools=[visit_webpage], model=model_for(llm), name="browser").run(task["question"])
+
+    rollout = browser.execute({"question": "What do both pages say?"}, server.llm())
+    first, visits, second, answer = rollout.calls[0], rollout.calls[1:3], rollout.calls[3], rollout.calls[4]
+    assert (first.kind, first.role, second.kind, second.role) == ("llm", "browser", "llm", "browser")
+    assert sorted((call.input["url"], call.status) for call in visits) == [
+        ("https://example.org/a", "ok"),
+        ("https://example.org/b", "ok"),
+    ]
+    assert all(call.role == "browser" and call.parent_call_id == first.call_id for call in visits)
+    assert (answer.name, answer.parent_call_id) == ("final_answer", second.call_id)
+    assert_served_exactly(rollout, server, model)
