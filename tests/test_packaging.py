@@ -105,6 +105,8 @@ def test_public_api_imports_no_torch_and_no_framework() -> None:
         "agents",
         "autogen_agentchat",
         "autogen_core",
+        "smolagents",
+        "litellm",
         "ray",
     )
     code = (
