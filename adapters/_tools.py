@@ -25,6 +25,9 @@ class PendingTool:
     role: str | None
     adapter: str
     tool_call_id: str | None = None
+    # Only the LLM calls of the tool's own role can have asked for it: for frameworks whose agents each see only their
+    # own model output (a smolagents CodeAgent calls its tools from code, with no tool-call id to match).
+    same_role: bool = False
     start_time: float = field(default_factory=time.time)
     sequence: int = field(init=False)
 
@@ -36,7 +39,9 @@ class PendingTool:
         that requested it unless it has its own, and the adapter's ``extra`` metadata. Never raises: a capture failure
         is logged and the agent goes on."""
         try:
-            parent = requesting_llm_call(self.recorder, self.tool_call_id, self.name, self.arguments, self.role)
+            parent = requesting_llm_call(
+                self.recorder, self.tool_call_id, self.name, self.arguments, self.role, same_role=self.same_role
+            )
             metadata = {"adapter": self.adapter} | ({"tool_call_id": self.tool_call_id} if self.tool_call_id else {})
             metadata |= extra or {}
             role = self.role if self.role is not None or parent is None else parent.role
@@ -76,12 +81,22 @@ def error_text(error: BaseException) -> str:
 
 
 def requesting_llm_call(
-    recorder: RolloutRecorder, tool_call_id: str | None, name: str, arguments: Any, role: str | None
+    recorder: RolloutRecorder,
+    tool_call_id: str | None,
+    name: str,
+    arguments: Any,
+    role: str | None,
+    *,
+    same_role: bool = False,
 ) -> Call | None:
     """The LLM call whose output requested a tool call. Matches, newest first: the tool-call id; else the tool name and
-    arguments (preferring a call of ``role``); else the tool name; else the latest LLM call of the rollout."""
+    arguments (preferring a call of ``role``); else the tool name; else the latest LLM call of the rollout. With
+    ``same_role``, only the LLM calls whose role is exactly ``role`` (``None`` included) are candidates, when there are
+    any."""
     snapshot = list(recorder.calls)  # copying a list is atomic; other threads may append meanwhile
     llm_calls = [call for call in reversed(snapshot) if call.kind == "llm"]
+    if same_role:
+        llm_calls = [call for call in llm_calls if call.role == role] or llm_calls
     requests = [(call, request) for call in llm_calls for request in _requested_tools(call)]
     if tool_call_id is not None:
         for call, request in requests:

@@ -26,16 +26,22 @@ PAGES = [
     "frameworks/autogen.md",
     "frameworks/pydantic_ai.md",
     "frameworks/agent_framework.md",
+    "frameworks/smolagents.md",
+    "frameworks/google_adk.md",
     "evaluation.md",
 ]
 # CrewAI and LlamaIndex need openai<3: their pages run in .venv-frameworks (`make frameworks-venv`).
 FRAMEWORKS_VENV_PAGES = ["frameworks/crewai.md", "frameworks/llama_index.md"]
+# Each block's source is kept in linecache, so that inspect.getsource works on what it defines as it would in a file
+# (smolagents' @tool reads its function's source).
 RUNNER = """
-import re, sys
+import linecache, re, sys
 blocks = re.findall(r"```python\\n(.*?)```", open(sys.argv[1]).read(), flags=re.S)
 namespace = {}
 for number, block in enumerate(blocks):
-    exec(compile(block, f"{sys.argv[1]}[python block {number}]", "exec"), namespace)
+    name = f"{sys.argv[1]}[python block {number}]"
+    linecache.cache[name] = (len(block), None, block.splitlines(keepends=True), name)
+    exec(compile(block, name, "exec"), namespace)
 """
 
 

@@ -109,6 +109,8 @@ def test_public_api_imports_no_torch_and_no_framework() -> None:
         "agent_framework",
         "crewai",
         "llama_index",
+        "smolagents",
+        "litellm",
         "ray",
     )
     code = (

@@ -37,6 +37,8 @@ ADAPTERS: dict[str, str] = {
     "agent_framework": "agent_framework",
     "crewai": "crewai",
     "llama_index": "llama_index.core",
+    "smolagents": "smolagents",
+    "google_adk": "google.adk",
 }
 
 _lock = threading.RLock()
@@ -52,7 +54,7 @@ def _trigger(name: str) -> str:
 
 def instrument(name: str) -> None:
     """Install the adapter ``name`` ('openai', 'httpx', 'httpx2', 'anthropic', 'langchain', 'openai_agents',
-    'autogen', 'pydantic_ai', 'litellm', 'agent_framework', 'crewai', 'llama_index') now.
+    'autogen', 'pydantic_ai', 'litellm', 'agent_framework', 'crewai', 'llama_index', 'smolagents', 'google_adk') now.
 
     Raises ``ImportError`` with the extra to install when its framework is missing. Installing twice is harmless.
     """
@@ -66,6 +68,7 @@ def instrument(name: str) -> None:
                 "pydantic_ai": "pydantic-ai",
                 "agent_framework": "agent-framework",
                 "llama_index": "llama-index",
+                "google_adk": "google-adk",
             }
             extra = extras.get(name, name)
             message = f"agl.instrument({name!r}) needs {trigger!r}: pip install 'agentlightning-rl[{extra}]'"
