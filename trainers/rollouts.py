@@ -118,6 +118,7 @@ class ServerRollouts:
             logprobs=self._logprobs,
             sampling_overrides=sampling_overrides or {},
             routes=routes,
+            translate_responses=True,  # the backends' token ids come on chat completions (HF serves nothing else)
         )
 
     def submit(

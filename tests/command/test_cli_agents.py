@@ -41,13 +41,16 @@ TASKS = [
 
 @pytest.fixture(params=["claude", "codex"])
 def cli(request: pytest.FixtureRequest) -> str:
-    binary = command_agents.CLI_AGENTS / request.param
-    if not binary.exists():
-        message = f"{binary} is not installed (make cli-agents)"
-        if REQUIRED:
-            pytest.fail(f"AGL_REQUIRE_CLI_AGENTS=1 but {message}")
-        pytest.skip(message)
+    if not (command_agents.CLI_AGENTS / request.param).exists():
+        _missing(request.param)
     return str(request.param)
+
+
+def _missing(name: str) -> None:
+    message = f"{command_agents.CLI_AGENTS / name} is not installed (make cli-agents)"
+    if REQUIRED:
+        pytest.fail(f"AGL_REQUIRE_CLI_AGENTS=1 but {message}")
+    pytest.skip(message)
 
 
 class Sink:
@@ -108,14 +111,18 @@ def coding_model(request: MockRequest) -> MockReply:
     return MockReply(tool_calls=[MockToolCall(name=shell, arguments=arguments)])
 
 
-def _serve(agent: agl.CommandAgent, tmp_path: Path, mock: MockLLMServer, tasks: list[dict]) -> list[agl.Rollout]:
-    """Run ``tasks`` with ``agent`` in two client worker processes through a server whose upstream is ``mock``."""
+def _serve(
+    agent: agl.CommandAgent, tmp_path: Path, mock: MockLLMServer, tasks: list[dict], chat_only: bool = False
+) -> list[agl.Rollout]:
+    """Run ``tasks`` with ``agent`` in two client worker processes through a server whose upstream is ``mock``
+    (``chat_only``: served as a backend with chat completions only, as agl.train's are)."""
     settings = Settings(lease_seconds=10.0, rollout_timeout=150.0, max_attempts=1)
     with LightningServer(
         tmp_path / "server.db",
         upstream_url=mock.base_url,
         model_name="mock-model",
         model_version="v1",
+        translate_responses=chat_only,
         settings=settings,
     ) as server:
         ids = server.enqueue(tasks)
@@ -128,10 +135,27 @@ def _serve(agent: agl.CommandAgent, tmp_path: Path, mock: MockLLMServer, tasks: 
 
 
 def test_cli_agent_tool_loop_through_the_proxy(cli: str, tmp_path: Path, offline: Sink) -> None:
-    agent = getattr(command_agents, f"{cli}_agent")
     with MockLLMServer(handler=coding_model) as mock:
-        rollouts = _serve(agent, tmp_path, mock, TASKS)
+        rollouts = _serve(getattr(command_agents, f"{cli}_agent"), tmp_path, mock, TASKS)
         forwarded = mock.requests
+    _check_tool_loop(cli, rollouts, forwarded, offline)
+    expected = "/v1/chat/completions" if cli == "claude" else "/v1/responses"  # Messages: always as chat
+    assert {request.path for request in forwarded} == {expected}
+
+
+def test_codex_on_a_chat_only_backend(tmp_path: Path, offline: Sink) -> None:
+    """Codex speaks only the Responses API; the training backends serve chat completions: the proxy translates."""
+    if not (command_agents.CLI_AGENTS / "codex").exists():
+        _missing("codex")
+    with MockLLMServer(handler=coding_model) as mock:
+        rollouts = _serve(command_agents.codex_agent, tmp_path, mock, TASKS, chat_only=True)
+        forwarded = mock.requests
+    _check_tool_loop("codex", rollouts, forwarded, offline)
+    assert {request.path for request in forwarded} == {"/v1/chat/completions"}
+    assert all(call.metadata["stream"] for rollout in rollouts for call in rollout.llm_calls)  # it streams
+
+
+def _check_tool_loop(cli: str, rollouts: list[agl.Rollout], forwarded: list[MockRequest], offline: Sink) -> None:
     assert offline.seen == []  # nothing but the rollout's proxy was contacted
     for rollout in rollouts:
         assert rollout.status == "succeeded", "\n".join(rollout.logs)

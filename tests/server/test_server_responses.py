@@ -1,0 +1,163 @@
+"""The Responses API on the per-rollout proxy in front of a chat-only backend (``translate_responses=True``), driven
+by the real ``openai`` SDK: translated to the upstream's chat completions and back, streamed as Responses events,
+recorded as chat calls with the upstream's token ids; ``previous_response_id`` continues a response of the rollout."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from agentlightning._wire import responses
+from agentlightning.server import LightningServer, Settings
+from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
+from agentlightning.types import Rollout
+
+ADD = {
+    "type": "function",
+    "name": "add",
+    "description": "Add two numbers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+}
+
+
+@pytest.fixture
+def mock() -> Iterator[MockLLMServer]:
+    with MockLLMServer() as server:
+        yield server
+
+
+@pytest.fixture
+def server(tmp_path: Path, mock: MockLLMServer) -> Iterator[LightningServer]:
+    settings = Settings(retry_backoff=0.01, retry_backoff_max=0.05, upstream_retry_window=1.0)
+    with LightningServer(
+        tmp_path / "store.db",
+        upstream_url=mock.base_url,
+        model_name="mock-model",
+        model_version="v2",
+        translate_responses=True,
+        settings=settings,
+    ) as srv:
+        yield srv
+
+
+def _running(server: LightningServer) -> tuple[str, openai.OpenAI]:
+    [rid] = server.enqueue([{"q": "x"}])
+    lease = server.store.dequeue("test-worker", 30.0)
+    assert lease.rollout_id == rid
+    return rid, openai.OpenAI(base_url=f"{server.url}/rollouts/{rid}/v1", api_key="unused", max_retries=0)
+
+
+def _finish(server: LightningServer, rid: str) -> Rollout:
+    result = Rollout(rollout_id=rid, status="succeeded", final_reward=1.0)
+    response = httpx.post(
+        f"{server.url}/rollouts/{rid}/result",
+        json={"attempt": 1, "worker_id": "test-worker", "rollout": result.model_dump(mode="json")},
+    )
+    assert response.status_code == 200, response.text
+    [done] = server.wait([rid], timeout=5)
+    return done
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_loop_translated_to_chat(server: LightningServer, mock: MockLLMServer, stream: bool) -> None:
+    mock.set_replies([MockReply(tool_calls=[MockToolCall(name="add", arguments={"a": 2, "b": 3})]), "It is 5."])
+    rid, client = _running(server)
+    items: list = [{"role": "developer", "content": "Use the tool."}, {"role": "user", "content": "2+3?"}]
+    answers = []
+    for _ in range(2):  # the loop as OpenAI's function-calling guide writes it: the whole input each turn
+        if stream:
+            events = list(client.responses.create(model="any", input=items, tools=[ADD], stream=True))
+            assert events[0].type == "response.created" and events[-1].type == "response.completed"
+            answer = events[-1].response
+        else:
+            answer = client.responses.create(model="any", input=items, tools=[ADD], instructions="Be terse.")
+        answers.append(answer)
+        calls = [item for item in answer.output if item.type == "function_call"]
+        for call in calls:
+            items += [call.model_dump(exclude_none=True), {"type": "function_call_output", "call_id": call.call_id}]
+            items[-1]["output"] = str(sum(json.loads(call.arguments).values()))
+    assert answers[0].output[0].name == "add" and json.loads(answers[0].output[0].arguments) == {"a": 2, "b": 3}
+    assert answers[1].output_text == "It is 5." and answers[1].status == "completed"
+    assert [request.path for request in mock.requests] == ["/v1/chat/completions"] * 2
+    sent = mock.requests[1].body
+    assert sent["tools"] == [
+        {"type": "function", "function": {k: ADD[k] for k in ("name", "parameters", "description")}}
+    ]
+    assert [m["role"] for m in sent["messages"]][-4:] == ["system", "user", "assistant", "tool"]  # developer: system
+    first, second = _finish(server, rid).calls
+    for call in (first, second):
+        assert call.metadata["api"] == "responses" and call.metadata["stream"] is stream
+        assert call.metadata["endpoint"] == "chat.completions" and call.metadata["model_version"] == "v2"
+        assert call.token_source == "server" and call.prompt_token_ids and call.completion_token_ids
+    assert first.output["tool_calls"][0]["function"]["name"] == "add"
+    assert second.output["content"] == "It is 5." and second.input[-1]["role"] == "tool"
+    assert second.input[-1]["content"] == "5"  # the tool's output went back
+    assert first.metadata["response_id"] == answers[0].id and second.metadata["response_id"] == answers[1].id
+
+
+def test_previous_response_id_continues_the_conversation(server: LightningServer, mock: MockLLMServer) -> None:
+    rid, client = _running(server)
+    first = client.responses.create(model="any", input="My name is Ada.", instructions="Be brief.")
+    second = client.responses.create(model="any", input="What is my name?", previous_response_id=first.id)
+    assert second.output_text == "echo: What is my name?"
+    assert mock.requests[1].body["messages"] == [  # the first's instructions do not carry over
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "echo: My name is Ada."},
+        {"role": "user", "content": "What is my name?"},
+    ]
+    third = client.responses.create(model="any", input="Again?", previous_response_id=second.id, instructions="New.")
+    assert mock.requests[2].body["messages"][-2:] == [
+        {"role": "system", "content": "New."},
+        {"role": "user", "content": "Again?"},
+    ]
+    assert len(mock.requests[2].body["messages"]) == 6 and third.status == "completed"
+    with pytest.raises(openai.BadRequestError, match="is not a response of rollout"):
+        client.responses.create(model="any", input="x", previous_response_id="resp_unknown")
+    other_rid, other = _running(server)
+    assert other_rid != rid
+    with pytest.raises(openai.BadRequestError, match="only this rollout's responses can be continued"):
+        other.responses.create(model="any", input="x", previous_response_id=first.id)
+    assert len(mock.requests) == 3  # refused before anything went upstream
+    assert len(_finish(server, rid).calls) == 3
+
+
+def test_bad_input_and_incomplete_answer(server: LightningServer, mock: MockLLMServer) -> None:
+    rid, client = _running(server)
+    with pytest.raises(openai.BadRequestError, match="invalid Responses request: input must be a string or a list"):
+        client.responses.create(model="any", input=42)  # type: ignore[arg-type]
+    mock.set_replies([MockReply(content="cut", finish_reason="length")])
+    events = list(client.responses.create(model="any", input="long", max_output_tokens=3, stream=True))
+    assert events[-1].type == "response.incomplete"
+    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+    assert mock.requests[-1].body["max_tokens"] == 3
+    [call] = _finish(server, rid).calls
+    assert call.output["finish_reason"] == "length"
+
+
+def test_chat_request_unit() -> None:
+    body = {
+        "model": "m",
+        "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "reasoning", "summary": [], "encrypted_content": "opaque"},
+        ],
+        "tools": [ADD, {"type": "web_search"}, {"type": "namespace", "name": "agents", "tools": []}],
+        "tool_choice": {"type": "function", "name": "add"},
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "high"},
+        "store": False,
+        "stream": True,
+    }
+    chat = responses.chat_request(body)
+    assert chat["messages"] == [{"role": "user", "content": "hi"}]  # reasoning items have no chat form
+    assert [tool["function"]["name"] for tool in chat["tools"]] == ["add"]  # web search, namespaces: not offered
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "add"}}
+    assert chat["parallel_tool_calls"] is False and "stream" not in chat and "reasoning" not in chat
+    assert "parallel_tool_calls" not in responses.chat_request({"input": "x", "parallel_tool_calls": True})
+    history = responses.conversation([{"role": "user", "content": "a"}], {"content": None, "tool_calls": [{"id": 1}]})
+    assert history[-1] == {"role": "assistant", "content": None, "tool_calls": [{"id": 1}]}
