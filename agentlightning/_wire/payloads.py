@@ -368,6 +368,11 @@ async def sse(events: Iterable[dict[str, Any]], *, done: bool = True, named: boo
     each (after ``event: <type>`` when ``named``), then ``data: [DONE]`` when ``done`` (chat and completions streams
     end so; Responses streams do not)."""
     for event in events:
-        yield (f"event: {event['type']}\n" if named else "").encode() + f"data: {json.dumps(event)}\n\n".encode()
+        yield sse_event(event, named)
     if done:
         yield b"data: [DONE]\n\n"
+
+
+def sse_event(event: dict[str, Any], named: bool = False) -> bytes:
+    """One server-sent event: ``data: <json>``, after ``event: <type>`` when ``named``."""
+    return (f"event: {event['type']}\n" if named else "").encode() + f"data: {json.dumps(event)}\n\n".encode()

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentlightning import _json
 from agentlightning._wire import anthropic, responses
-from agentlightning._wire.payloads import response_stream, sse
+from agentlightning._wire.payloads import response_stream, sse, sse_event
 from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
 from agentlightning.protocol import ROLE_HEADER
 from agentlightning.server._errors import StrictJSONRoute, openai_error
@@ -137,13 +137,17 @@ class Proxy:
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
+        translator = None
+        if api == "messages" and asked.get("stream"):  # streamed upstream too: events reach the agent as made
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+            translator = anthropic.MessageStream(asked.get("model"))
         sent = client.build_request(
             "POST",
             f"{upstream.url.rstrip('/')}/{'chat/completions' if api else path}",
             headers=headers,
             content=json.dumps(_upstream_body(body, endpoint, upstream, route)).encode(),
         )
-        stream = bool(body.get("stream"))  # a translated request is sent whole, then streamed in its API's events
+        stream = bool(body.get("stream"))  # a translated Responses request is sent whole, then streamed as events
         response, tries = await self._send(client, sent, stream, call, attempt)
         if isinstance(response, JSONResponse):  # the upstream could not be reached
             return response
@@ -151,7 +155,7 @@ class Proxy:
         media_type = response.headers.get("content-type")
         if stream and response.status_code < 400:
             return StreamingResponse(
-                self._pass_through(response, call, attempt),
+                self._pass_through(response, call, attempt, translator),
                 response.status_code,
                 media_type=media_type or "text/event-stream",
             )
@@ -220,11 +224,22 @@ class Proxy:
                 )
                 return self._failed(call, attempt, 502, message, "upstream_unreachable"), tries
 
-    async def _pass_through(self, response: httpx.Response, call: CallRecord, attempt: int) -> AsyncIterator[bytes]:
-        """The upstream's stream, chunk by chunk as it arrives; recorded before its last event reaches the agent (or
-        once it broke off)."""
+    async def _pass_through(
+        self, response: httpx.Response, call: CallRecord, attempt: int, translator: anthropic.MessageStream | None
+    ) -> AsyncIterator[bytes]:
+        """The upstream's stream, chunk by chunk as it arrives (as ``translator``'s events, when given, for a
+        translated request); recorded before its last event reaches the agent (or once it broke off)."""
         fold = StreamFold(call["metadata"]["endpoint"])
-        recorded = False
+        recorded = closed = False
+
+        def translated(chunks: list[Any], end: bool) -> bytes:
+            nonlocal closed
+            assert translator is not None
+            events = [event for chunk in chunks if isinstance(chunk, dict) for event in translator.feed(chunk)]
+            if end and not closed:
+                closed = True
+                events += translator.close()
+            return b"".join(sse_event(event, named=True) for event in events)
 
         def record(completed: bool) -> None:
             nonlocal recorded
@@ -235,12 +250,15 @@ class Proxy:
 
         try:
             async for chunk in response.aiter_bytes():
-                fold.feed(chunk)
-                if b"data: [DONE]" in chunk or fold.final_response is not None:  # the end: durable first
+                chunks = fold.feed(chunk)
+                end = b"data: [DONE]" in chunk or fold.final_response is not None
+                if end:  # durable first
                     record(True)
-                yield chunk
+                yield chunk if translator is None else translated(chunks, end)
             if not recorded:  # ended without [DONE]: whole only if the upstream said why it stopped
                 record(fold.finish_reason is not None)
+                if translator is not None and fold.finish_reason is not None:
+                    yield translated([], True)
         finally:
             if not recorded:
                 record(False)
