@@ -1,15 +1,14 @@
 """The Anthropic Messages API translated to and from OpenAI chat completions, for a backend that serves only chat
 completions (the HF backend, vLLM): :func:`chat_request` turns a Messages request into a chat request,
-:func:`message_from_chat` the chat answer back into a ``message``, :func:`message_events` that message into the
-server-sent events Anthropic streams, and :class:`MessageStream` a streamed chat answer into those events as it
-arrives. The backend's token ids stay on the chat answer, which is what is recorded.
+:func:`message_from_chat` the chat answer back into a ``message``, and :class:`MessageStream` a streamed chat answer
+into the server-sent events Anthropic streams, as it arrives. The backend's token ids stay on the chat answer,
+which is what is recorded.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from agentlightning._wire.messages import anthropic_to_messages
@@ -106,33 +105,6 @@ def _input(function: dict[str, Any]) -> dict[str, Any]:
         return value
     logger.warning("tool call %r has arguments that are not a JSON object: %.200s", function.get("name"), arguments)
     return {"arguments": arguments}
-
-
-def message_events(message: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """``message`` as the events of an Anthropic stream: ``message_start``, a start / delta / stop per content block
-    (``text_delta``, ``thinking_delta`` or ``input_json_delta``), ``message_delta`` with the stop reason and
-    ``message_stop``."""
-    usage = message["usage"]
-    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}}
-    yield {"type": "message_start", "message": start}
-    for index, block in enumerate(message["content"]):
-        if block["type"] == "text":
-            yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
-            delta = {"type": "text_delta", "text": block["text"]}
-        elif block["type"] == "thinking":
-            yield {"type": "content_block_start", "index": index, "content_block": {**block, "thinking": ""}}
-            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
-        else:
-            yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-        yield {"type": "content_block_delta", "index": index, "delta": delta}
-        yield {"type": "content_block_stop", "index": index}
-    yield {
-        "type": "message_delta",
-        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-        "usage": {"output_tokens": usage["output_tokens"]},
-    }
-    yield {"type": "message_stop"}
 
 
 def count_tokens(chat: dict[str, Any]) -> int:

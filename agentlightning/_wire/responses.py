@@ -1,7 +1,8 @@
 """The OpenAI Responses API translated to and from chat completions, for a backend whose token ids come on chat
 completions only (the HF backend serves nothing else): :func:`chat_request` turns a Responses request, after the
 conversation of its ``previous_response_id``, into a chat request; :func:`response_from_chat` turns the chat answer
-back into a ``response`` (streamed as :func:`agentlightning._wire.payloads.response_stream`); :func:`conversation`
+back into a ``response``, and :class:`ResponseStream` a streamed chat answer into Responses events as it arrives;
+:func:`conversation`
 is what a later request continuing that response starts from. The chat answer, with its token ids, is what is
 recorded.
 """
@@ -100,14 +101,22 @@ def response_from_chat(chat: dict[str, Any], model: Any, response_id: str) -> di
                 "status": "completed",
             }
         )
-    usage = chat.get("usage") or {}
+    created = int(chat.get("created") or time.time())
+    name = model if isinstance(model, str) else chat.get("model")
+    return _response(response_id, name, created, output, chat.get("usage") or {}, choice.get("finish_reason"))
+
+
+def _response(
+    response_id: str, model: Any, created: int, output: list[dict[str, Any]], usage: dict[str, Any], finish: Any
+) -> dict[str, Any]:
+    """A ``response`` object: ``output`` items, chat ``usage`` counts, ``incomplete`` for a ``length`` finish."""
     prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    incomplete = choice.get("finish_reason") == "length"
+    incomplete = finish == "length"
     return {
         "id": response_id,
         "object": "response",
-        "created_at": int(chat.get("created") or time.time()),
-        "model": model if isinstance(model, str) else chat.get("model"),
+        "created_at": created,
+        "model": model,
         "status": "incomplete" if incomplete else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "output": output,
@@ -122,6 +131,116 @@ def response_from_chat(chat: dict[str, Any], model: Any, response_id: str) -> di
             "output_tokens_details": {"reasoning_tokens": 0},
         },
     }
+
+
+class ResponseStream:
+    """Responses API stream events for a chat completion's stream, as its chunks arrive (:meth:`feed` each parsed
+    chunk, then :meth:`close`): text as an output message with ``response.output_text.delta`` events, each tool call
+    as a ``function_call`` item with ``response.function_call_arguments.delta`` events, then ``response.completed``
+    (``response.incomplete`` at the token limit) carrying the whole response."""
+
+    def __init__(self, model: Any, response_id: str) -> None:
+        self.model = model if isinstance(model, str) else None
+        self.response_id = response_id
+        self.created = int(time.time())
+        self.sequence = 0
+        self.started = False
+        self.output: list[dict[str, Any]] = []  # output items, the last one open while ``self.open``
+        self.open = False
+        self.tool_index: Any = None  # the chat index of the open function call
+        self.finish: Any = None
+        self.usage: dict[str, Any] = {}
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events one chat chunk makes."""
+        events: list[dict[str, Any]] = []
+        if not self.started:
+            self.started = True
+            self.model = self.model or chunk.get("model")
+            pending = {**self._final(), "status": "in_progress", "usage": None}
+            events += [self._event("response.created", response=pending)]
+            events += [self._event("response.in_progress", response=pending)]
+        self.usage = chunk.get("usage") or self.usage
+        choices = [choice for choice in chunk.get("choices") or [] if isinstance(choice, dict)]
+        choice = next((choice for choice in choices if not choice.get("index")), None)
+        if choice is None:
+            return events
+        self.finish = choice.get("finish_reason") or self.finish
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            if not (self.open and self.output[-1]["type"] == "message"):
+                part = {"type": "output_text", "text": "", "annotations": []}
+                item = {"type": "message", "id": new_id("msg"), "status": "in_progress", "role": "assistant"}
+                events += self._add({**item, "content": []})
+                events.append(self._event("response.content_part.added", **self._where(), content_index=0, part=part))
+                self.output[-1]["content"] = [part]
+            self.output[-1]["content"][0]["text"] += delta["content"]
+            where = self._where()
+            events.append(
+                self._event("response.output_text.delta", **where, content_index=0, delta=delta["content"], logprobs=[])
+            )
+        for entry in delta.get("tool_calls") or []:
+            function = entry.get("function") or {}
+            if entry.get("id") or not (self.open and self.tool_index == entry.get("index")):  # a new call
+                item = {
+                    "type": "function_call",
+                    "id": new_id("fc"),
+                    "call_id": entry.get("id"),
+                    "name": function.get("name"),
+                    "arguments": "",
+                    "status": "in_progress",
+                }
+                events += self._add(item)
+                self.tool_index = entry.get("index")
+            if function.get("arguments"):
+                self.output[-1]["arguments"] += function["arguments"]
+                events.append(
+                    self._event("response.function_call_arguments.delta", **self._where(), delta=function["arguments"])
+                )
+        return events
+
+    def close(self) -> list[dict[str, Any]]:
+        """The events ending the response (after the upstream's last chunk)."""
+        events = self._done()
+        final = self._final()
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        return [*events, self._event(kind, response=final)]
+
+    def _final(self) -> dict[str, Any]:
+        return _response(self.response_id, self.model, self.created, self.output, self.usage, self.finish)
+
+    def _add(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        """Close the open item, open ``item``."""
+        events = self._done()
+        self.output.append(item)
+        self.open = True
+        return [*events, self._event("response.output_item.added", output_index=len(self.output) - 1, item=dict(item))]
+
+    def _done(self) -> list[dict[str, Any]]:
+        """The events closing the open item, marked completed."""
+        if not self.open:
+            return []
+        self.open = False
+        item, where = self.output[-1], self._where()
+        item["status"] = "completed"
+        events = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            events.append(self._event("response.output_text.done", **where, content_index=0, text=part["text"]))
+            events.append(self._event("response.content_part.done", **where, content_index=0, part=part))
+        else:
+            item["arguments"] = item["arguments"] or "{}"
+            arguments = {"arguments": item["arguments"], "name": item["name"]}
+            events.append(self._event("response.function_call_arguments.done", **where, **arguments))
+        events.append(self._event("response.output_item.done", output_index=where["output_index"], item=item))
+        return events
+
+    def _where(self) -> dict[str, Any]:
+        return {"output_index": len(self.output) - 1, "item_id": self.output[-1]["id"]}
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        self.sequence += 1
+        return {"type": kind, "sequence_number": self.sequence - 1, **fields}
 
 
 def conversation(

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from agentlightning import _json
 from agentlightning._wire import anthropic, responses
-from agentlightning._wire.payloads import response_stream, sse, sse_event
+from agentlightning._wire.payloads import sse_event
 from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
 from agentlightning.protocol import ROLE_HEADER
 from agentlightning.server._errors import StrictJSONRoute, openai_error
@@ -137,17 +137,20 @@ class Proxy:
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
-        translator = None
-        if api == "messages" and asked.get("stream"):  # streamed upstream too: events reach the agent as made
+        translator: anthropic.MessageStream | responses.ResponseStream | None = None
+        if api is not None and asked.get("stream"):  # streamed upstream too: events reach the agent as made
             body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-            translator = anthropic.MessageStream(asked.get("model"))
+            if api == "messages":
+                translator = anthropic.MessageStream(asked.get("model"))
+            else:
+                translator = responses.ResponseStream(asked.get("model"), response_id)
         sent = client.build_request(
             "POST",
             f"{upstream.url.rstrip('/')}/{'chat/completions' if api else path}",
             headers=headers,
             content=json.dumps(_upstream_body(body, endpoint, upstream, route)).encode(),
         )
-        stream = bool(body.get("stream"))  # a translated Responses request is sent whole, then streamed as events
+        stream = bool(body.get("stream"))
         response, tries = await self._send(client, sent, stream, call, attempt)
         if isinstance(response, JSONResponse):  # the upstream could not be reached
             return response
@@ -164,17 +167,11 @@ class Proxy:
             await asyncio.to_thread(self._record_answer, call, attempt, response.status_code, response.content)
         else:
             self._record_answer(call, attempt, response.status_code, response.content)
-        if api is not None and response.status_code < 400:
+        if api is not None and response.status_code < 400:  # a whole answer (streams were translated as they came)
             chat = json.loads(response.content)
             if api == "messages":
-                answer = anthropic.message_from_chat(chat, asked.get("model"))
-                events = anthropic.message_events(answer)
-            else:
-                answer = responses.response_from_chat(chat, asked.get("model"), response_id)
-                events = response_stream(answer)
-            if asked.get("stream"):
-                return StreamingResponse(sse(events, done=False, named=True), media_type="text/event-stream")
-            return JSONResponse(answer)
+                return JSONResponse(anthropic.message_from_chat(chat, asked.get("model")))
+            return JSONResponse(responses.response_from_chat(chat, asked.get("model"), response_id))
         return Response(response.content, response.status_code, media_type=media_type or "application/json")
 
     async def _send(
@@ -225,7 +222,11 @@ class Proxy:
                 return self._failed(call, attempt, 502, message, "upstream_unreachable"), tries
 
     async def _pass_through(
-        self, response: httpx.Response, call: CallRecord, attempt: int, translator: anthropic.MessageStream | None
+        self,
+        response: httpx.Response,
+        call: CallRecord,
+        attempt: int,
+        translator: anthropic.MessageStream | responses.ResponseStream | None,
     ) -> AsyncIterator[bytes]:
         """The upstream's stream, chunk by chunk as it arrives (as ``translator``'s events, when given, for a
         translated request); recorded before its last event reaches the agent (or once it broke off)."""

@@ -214,8 +214,7 @@ def test_whole_answer_with_reasoning_has_a_thinking_block() -> None:
     chat = {"id": "c", "choices": [{"message": {"reasoning_content": "Hmm.", "content": "4"}, "finish_reason": "stop"}]}
     message = agentlightning_anthropic.message_from_chat(chat, "claude-x")
     assert [block["type"] for block in message["content"]] == ["thinking", "text"]
-    events = list(agentlightning_anthropic.message_events(message))
-    assert events[2]["delta"] == {"type": "thinking_delta", "thinking": "Hmm."}
+    assert message["content"][0] == {"type": "thinking", "thinking": "Hmm.", "signature": ""}
 
 
 def test_count_tokens_and_models_answered(server: LightningServer, mock: MockLLMServer) -> None:

@@ -4,14 +4,21 @@ recorded as chat calls with the upstream's token ids; ``previous_response_id`` c
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 
+from agentlightning._uvicorn import BackgroundServer
 from agentlightning._wire import responses
 from agentlightning.server import LightningServer, Settings
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
@@ -137,6 +144,57 @@ def test_bad_input_and_incomplete_answer(server: LightningServer, mock: MockLLMS
     assert mock.requests[-1].body["max_tokens"] == 3
     [call] = _finish(server, rid).calls
     assert call.output["finish_reason"] == "length"
+
+
+def test_streamed_events_reach_the_agent_as_the_upstream_sends_them(server: LightningServer) -> None:
+    gate = threading.Event()  # the upstream holds the rest of its stream until the agent saw the first text
+
+    def data(delta: dict, finish: str | None = None) -> bytes:
+        chunk = {"id": "c1", "model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        return f"data: {json.dumps(chunk)}\n\n".encode()
+
+    async def events() -> AsyncIterator[bytes]:
+        yield data({"content": "Hel"})
+        await asyncio.to_thread(gate.wait, 10)
+        yield data({"content": "lo"})
+        call = {"index": 0, "id": "call_7", "type": "function", "function": {"name": "add", "arguments": '{"a": 1'}}
+        yield data({"tool_calls": [call]})
+        yield data({"tool_calls": [{"index": 0, "function": {"arguments": ', "b": 2}'}}]})
+        yield data({}, "tool_calls")
+        usage = {"id": "c1", "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}
+        yield f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode()
+
+    async def chat(request: Request) -> StreamingResponse:
+        sent.append(await request.json())
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    sent: list[dict] = []
+    upstream = BackgroundServer(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])).start()
+    try:
+        server.set_upstream(f"{upstream.url}/v1", "gated", "v9")
+        rid, client = _running(server)
+        early, seen = [], []
+        for event in client.responses.create(model="any", input="1+2?", tools=[ADD], stream=True):
+            seen.append(event)
+            if event.type == "response.output_text.delta" and not gate.is_set():
+                early.append(event.delta)
+                gate.set()
+        assert early == ["Hel"]  # before the upstream generated the rest
+        assert sent[0]["stream"] is True and sent[0]["stream_options"] == {"include_usage": True}
+        assert [event.sequence_number for event in seen] == list(range(len(seen)))
+        assert seen[0].type == "response.created" and seen[-1].type == "response.completed"
+        final = seen[-1].response
+        assert final.output_text == "Hello" and final.usage.output_tokens == 4
+        [call] = [item for item in final.output if item.type == "function_call"]
+        assert call.call_id == "call_7" and json.loads(call.arguments) == {"a": 1, "b": 2}
+        done = [event.item.type for event in seen if event.type == "response.output_item.done"]
+        assert done == ["message", "function_call"]
+        [recorded] = _finish(server, rid).calls
+        assert recorded.metadata["response_id"] == final.id and recorded.metadata["stream"] is True
+        assert recorded.output["content"] == "Hello" and recorded.output["tool_calls"][0]["id"] == "call_7"
+    finally:
+        gate.set()
+        upstream.stop()
 
 
 def test_chat_request_unit() -> None:
