@@ -133,7 +133,7 @@ class MessageStream:
         events: list[dict[str, Any]] = []
         if not self.started:
             self.started = True
-            message = {
+            message: dict[str, Any] = {
                 "id": f"msg_{chunk.get('id') or 'agl'}",
                 "type": "message",
                 "role": "assistant",

@@ -170,8 +170,8 @@ class ResponseStream:
         if delta.get("content"):
             if not (self.open and self.output[-1]["type"] == "message"):
                 part = {"type": "output_text", "text": "", "annotations": []}
-                item = {"type": "message", "id": new_id("msg"), "status": "in_progress", "role": "assistant"}
-                events += self._add({**item, "content": []})
+                message = {"type": "message", "id": new_id("msg"), "status": "in_progress", "role": "assistant"}
+                events += self._add({**message, "content": []})
                 events.append(self._event("response.content_part.added", **self._where(), content_index=0, part=part))
                 self.output[-1]["content"] = [part]
             self.output[-1]["content"][0]["text"] += delta["content"]
@@ -182,7 +182,7 @@ class ResponseStream:
         for entry in delta.get("tool_calls") or []:
             function = entry.get("function") or {}
             if entry.get("id") or not (self.open and self.tool_index == entry.get("index")):  # a new call
-                item = {
+                call: dict[str, Any] = {
                     "type": "function_call",
                     "id": new_id("fc"),
                     "call_id": entry.get("id"),
@@ -190,7 +190,7 @@ class ResponseStream:
                     "arguments": "",
                     "status": "in_progress",
                 }
-                events += self._add(item)
+                events += self._add(call)
                 self.tool_index = entry.get("index")
             if function.get("arguments"):
                 self.output[-1]["arguments"] += function["arguments"]
