@@ -4,6 +4,7 @@ recorded as chat calls with the upstream's token ids; ``previous_response_id`` c
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import threading
@@ -18,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from agentlightning._cli import add_server_arguments, server_from_args
 from agentlightning._uvicorn import BackgroundServer
 from agentlightning._wire import responses
 from agentlightning.server import LightningServer, Settings
@@ -219,3 +221,13 @@ def test_chat_request_unit() -> None:
     assert "parallel_tool_calls" not in responses.chat_request({"input": "x", "parallel_tool_calls": True})
     history = responses.conversation([{"role": "user", "content": "a"}], {"content": None, "tool_calls": [{"id": 1}]})
     assert history[-1] == {"role": "assistant", "content": None, "tool_calls": [{"id": 1}]}
+
+
+def test_agl_server_option(tmp_path: Path, mock: MockLLMServer) -> None:
+    parser = argparse.ArgumentParser()
+    add_server_arguments(parser)
+    arguments = ["--store", str(tmp_path / "s.db"), "--upstream", mock.base_url, "--translate-responses"]
+    with server_from_args(parser.parse_args(arguments)) as server:
+        _, client = _running(server)
+        assert client.responses.create(model="any", input="hi").output_text == "echo: hi"
+    assert [request.path for request in mock.requests] == ["/v1/chat/completions"]
