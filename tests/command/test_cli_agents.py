@@ -228,3 +228,17 @@ def test_hung_cli_agent_is_killed_at_its_timeout(cli: str, tmp_path: Path, offli
     assert "did not finish within 8.0 s; its process group was killed" in rollout.error.message
     assert _marked(marker) == []  # nothing it started is left running
     assert offline.seen == []
+
+
+def test_the_sink_catches_an_agent_that_reaches_for_its_vendor(tmp_path: Path, offline: Sink) -> None:
+    """What the checks above rule out: Codex with its built-in OpenAI provider goes for api.openai.com, through the
+    proxy variables to the sink, which refuses it at once; the command's timeout ends its retries."""
+    if not (command_agents.CLI_AGENTS / "codex").exists():
+        _missing("codex")
+    argv = [str(command_agents.CLI_AGENTS / "codex"), "exec", "--skip-git-repo-check", "{task[prompt]}"]
+    agent = agl.CommandAgent(argv, env={"OPENAI_API_KEY": "unused"}, timeout=10)
+    with MockLLMServer(handler=coding_model) as mock:
+        [rollout] = agl.run(agent, [TASKS[0]], mock.llm())
+        assert mock.requests == []  # it never used the endpoint it was given in OPENAI_BASE_URL
+    assert rollout.status == "failed" and "did not finish within 10.0 s" in rollout.error.message
+    assert any(seen.startswith("CONNECT api.openai.com:443") for seen in offline.seen), offline.seen
