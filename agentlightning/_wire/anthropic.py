@@ -126,6 +126,7 @@ class MessageStream:
         self.open: tuple[str, int | None] | None = None  # the open block: its kind and, for a tool call, its index
         self.finish: str | None = None
         self.tool_use = False
+        self.tool_id: Any = None  # the id of the last tool call opened
         self.usage: dict[str, Any] = {}
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
@@ -159,8 +160,9 @@ class MessageStream:
             events.append(self._delta({"type": "text_delta", "text": delta["content"]}))
         for entry in delta.get("tool_calls") or []:
             function = entry.get("function") or {}
-            if entry.get("id") or self.open != ("tool", entry.get("index")):  # a new call
-                self.tool_use = True
+            known = self.open == ("tool", entry.get("index")) and entry.get("id") in (None, self.tool_id)
+            if not known:  # a new call (some servers repeat the id on every chunk of a call)
+                self.tool_use, self.tool_id = True, entry.get("id")
                 block = {"type": "tool_use", "id": entry.get("id"), "name": function.get("name"), "input": {}}
                 events += self._into(("tool", entry.get("index")), block, new=True)
             if function.get("arguments"):

@@ -181,7 +181,10 @@ class ResponseStream:
             )
         for entry in delta.get("tool_calls") or []:
             function = entry.get("function") or {}
-            if entry.get("id") or not (self.open and self.tool_index == entry.get("index")):  # a new call
+            calling = self.open and self.output[-1]["type"] == "function_call"
+            call_id = self.output[-1]["call_id"] if calling else None
+            known = calling and self.tool_index == entry.get("index") and entry.get("id") in (None, call_id)
+            if not known:  # a new call (some servers repeat the id on every chunk of a call)
                 call: dict[str, Any] = {
                     "type": "function_call",
                     "id": new_id("fc"),

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from agentlightning._cli import add_server_arguments, server_from_args
 from agentlightning._uvicorn import BackgroundServer
+from agentlightning._wire import anthropic as agentlightning_anthropic
 from agentlightning._wire import responses
 from agentlightning.server import LightningServer, Settings
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
@@ -231,3 +232,26 @@ def test_agl_server_option(tmp_path: Path, mock: MockLLMServer) -> None:
         _, client = _running(server)
         assert client.responses.create(model="any", input="hi").output_text == "echo: hi"
     assert [request.path for request in mock.requests] == ["/v1/chat/completions"]
+
+
+def test_stream_translators_with_ids_repeated_on_every_chunk() -> None:
+    """Some servers repeat a tool call's id on each of its chunks: still one call, its arguments joined."""
+
+    def chunk(**delta: object) -> dict:
+        return {"id": "c", "choices": [{"index": 0, "delta": delta}]}
+
+    start = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a":'}}
+    rest = {"index": 0, "id": "call_1", "function": {"arguments": " 1}"}}
+    second = {"index": 1, "id": "call_2", "function": {"name": "add", "arguments": "{}"}}
+    chunks = [chunk(content="Hi"), chunk(tool_calls=[start]), chunk(tool_calls=[rest]), chunk(tool_calls=[second])]
+    stream = responses.ResponseStream("m", "resp_1")
+    events = [event for item in chunks for event in stream.feed(item)] + stream.close()
+    final = events[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["message", "function_call", "function_call"]
+    assert [item.get("arguments") for item in final["output"][1:]] == ['{"a": 1}', "{}"]
+    messages = agentlightning_anthropic.MessageStream("m")
+    events = [event for item in chunks for event in messages.feed(item)] + messages.close()
+    starts = [event["content_block"]["type"] for event in events if event["type"] == "content_block_start"]
+    assert starts == ["text", "tool_use", "tool_use"]
+    partial = [event["delta"]["partial_json"] for event in events if event.get("delta", {}).get("partial_json")]
+    assert partial == ['{"a":', " 1}", "{}"] and events[-2]["delta"]["stop_reason"] == "tool_use"
