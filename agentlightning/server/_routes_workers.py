@@ -13,12 +13,12 @@ import time
 from collections import OrderedDict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, field_validator
 
-from agentlightning.protocol import Lease
-from agentlightning.server._errors import StrictJSONRoute
+from agentlightning.protocol import Lease, proxy_path
+from agentlightning.server._errors import LARGE_BODY, StrictJSONRoute
 from agentlightning.server._runtime import Runtime
 from agentlightning.types import LLM, Rollout
 
@@ -68,7 +68,7 @@ def router(runtime: Runtime) -> APIRouter:
         metrics.inc("agl_rollouts_leased_total")
         upstream = runtime.upstream
         lease.llm = LLM(
-            base_url=f"{runtime.public_url or ''}/rollouts/{lease.rollout_id}/v1",
+            base_url=f"{runtime.public_url or ''}{proxy_path(lease.rollout_id, lease.attempt)}",
             model=(upstream.model_name if upstream and upstream.model_name else "default"),
             api_key=runtime.token or "EMPTY",
             model_version=upstream.model_version if upstream else None,
@@ -95,8 +95,12 @@ def router(runtime: Runtime) -> APIRouter:
 
     @routes.post("/rollouts/{rollout_id}/result")
     async def result(
-        rollout_id: str, body: ResultUpload, take_next: Annotated[bool, Query(alias="next")] = False
+        request: Request,
+        rollout_id: str,
+        body: ResultUpload,
+        take_next: Annotated[bool, Query(alias="next")] = False,
     ) -> JSONResponse:
+        large = len(await request.body()) > LARGE_BODY  # (read already) stored on a thread: the loop keeps serving
         if body.rollout.rollout_id != rollout_id:
             raise HTTPException(422, f"result for {body.rollout.rollout_id!r} posted to rollout {rollout_id!r}")
         worker_id = body.worker_id
@@ -105,10 +109,14 @@ def router(runtime: Runtime) -> APIRouter:
         resent = previous is not None and previous[0] == reported  # the answer to the first upload was lost
         lease = None
         if take_next and not resent and not runtime.stop_requested:
-            outcome, lease = store.complete_and_dequeue(
-                rollout_id, body.attempt, worker_id, body.rollout, settings.lease_seconds
-            )
+            args = (rollout_id, body.attempt, worker_id, body.rollout, settings.lease_seconds)
+            if large:
+                outcome, lease = await asyncio.to_thread(store.complete_and_dequeue, *args)
+            else:
+                outcome, lease = store.complete_and_dequeue(*args)
             lease = leased(lease)
+        elif large:
+            outcome = await asyncio.to_thread(store.complete, rollout_id, body.attempt, worker_id, body.rollout)
         else:
             outcome = store.complete(rollout_id, body.attempt, worker_id, body.rollout)
         if outcome.accepted:

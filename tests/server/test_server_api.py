@@ -90,7 +90,9 @@ def test_result_upload_takes_the_next_lease_and_a_resent_upload_gets_the_same_on
     answer = report(first_id).json()
     assert answer["accepted"] and answer["next"]["stop"] is False
     handed = answer["next"]["lease"]
-    assert handed["rollout_id"] == second_id and handed["llm"]["base_url"].endswith(f"/rollouts/{second_id}/v1")
+    assert handed["rollout_id"] == second_id and handed["llm"]["base_url"].endswith(
+        f"/rollouts/{second_id}/attempts/1/v1"
+    )
     again = report(first_id).json()  # the answer was lost and the worker re-sends: same lease, no other one taken
     assert again["duplicate"] and again["next"]["lease"]["rollout_id"] == second_id
     assert server.store.rollout_state(third_id) == ("queued", 1)

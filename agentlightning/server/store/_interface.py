@@ -79,6 +79,10 @@ class Store(Protocol):
     def rollout_state(self, rollout_id: str) -> tuple[str, int] | None:
         """(state, attempt) of a rollout, or None if unknown. Cheap for running rollouts."""
 
+    def attempt_state(self, rollout_id: str, attempt: int) -> tuple[str, str | None] | None:
+        """(state of the rollout, status of its attempt ``attempt`` or None if it has none), or None for an unknown
+        rollout. Cheap for a running attempt."""
+
     def record_proxy_call(self, call: dict[str, Any], attempt: int) -> None:
         """Remember a call the proxy forwarded for ``attempt`` of a rollout (JSON-ready :class:`Call` fields, validated
         when read back), committed before returning (kept for the next commit if that fails). One landing after its

@@ -435,6 +435,16 @@ class SQLiteStore(Store):
         row = self._one("SELECT status, attempt FROM rollouts WHERE rollout_id=?", rollout_id)
         return None if row is None else (row[0], row[1])
 
+    def attempt_state(self, rollout_id: str, attempt: int) -> tuple[str, str | None] | None:
+        if self._running.get(rollout_id) == attempt:
+            return "running", "running"
+        with self._lock:
+            row = self._one("SELECT status FROM rollouts WHERE rollout_id=?", rollout_id)
+            if row is None:
+                return None
+            ended = self._one("SELECT status FROM attempts WHERE rollout_id=? AND attempt=?", rollout_id, attempt)
+        return row[0], None if ended is None else ended[0]
+
     def record_proxy_call(self, call: dict[str, Any], attempt: int) -> None:
         rollout_id = call["rollout_id"]
         entry = (rollout_id, attempt, call["start_time"], json_text(call))
