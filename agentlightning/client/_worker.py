@@ -154,6 +154,8 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> No
         # Ctrl-C and a SIGTERM to the group reach us too: the pool drains us (and ends us with SIGKILL if it must)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # The agent runs in this process: it gets its rollout's own LLM key (lease.llm), not the server's token.
+        os.environ.pop("AGL_SERVER_TOKEN", None)
     for stream in (sys.stdout, sys.stderr):  # an agent's lone surrogate must not fail its logging
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")

@@ -1,14 +1,10 @@
-"""How the server refuses requests: bearer-token auth (required whenever it listens beyond loopback), the body-size
-limit, JSON bodies read strictly (:class:`StrictJSONRoute`), and its error answers: its own API in FastAPI's
-``{"detail": "..."}`` format, and what agents' OpenAI clients read (the proxy, auth, the body-size limit) in the
-OpenAI error format."""
+"""How the server refuses requests (who may call it is ``_auth``): the body-size limit, JSON bodies read strictly
+(:class:`StrictJSONRoute`), and its error answers: its own API in FastAPI's ``{"detail": "..."}`` format, and what
+agents' OpenAI clients read (the proxy, auth, the body-size limit) in the OpenAI error format."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hmac
-import ipaddress
 import sqlite3
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
@@ -73,42 +69,6 @@ def add_error_handlers(app: FastAPI) -> None:
     for refusal in (StoreError, sqlite3.Error, InvalidTransition):
         app.add_exception_handler(refusal, refused)
     app.add_exception_handler(RequestValidationError, invalid)
-
-
-class AuthError(RuntimeError):
-    """The server was asked to listen publicly without a token."""
-
-
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to serve on a non-loopback ``host`` without a token."""
-    if token or host == "localhost":
-        return
-    with contextlib.suppress(ValueError):
-        if ipaddress.ip_address(host).is_loopback:
-            return
-    raise AuthError(
-        f"refusing to listen on {host!r} without a token: anyone who can reach it could read your data and "
-        "use your model. Pass --token (or set AGL_SERVER_TOKEN), or bind to 127.0.0.1."
-    )
-
-
-def bearer_token(token: str) -> Callable[[Request], None]:
-    """A dependency refusing requests without ``Authorization: Bearer <token>`` (401) or with a wrong one (403)."""
-    expected = f"Bearer {token}".encode()
-
-    def check(request: Request) -> None:
-        supplied = request.headers.get("authorization")
-        if supplied is None:
-            raise OpenAIError(
-                401,
-                "missing bearer token: send 'Authorization: Bearer <token>' (agl client --token, or AGL_SERVER_TOKEN)",
-                "authentication_error",
-                {"www-authenticate": "Bearer"},
-            )
-        if not hmac.compare_digest(supplied.encode(), expected):
-            raise OpenAIError(403, "invalid bearer token", "authentication_error", {"www-authenticate": "Bearer"})
-
-    return check
 
 
 class BodyLimitMiddleware:

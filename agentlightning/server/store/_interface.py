@@ -68,7 +68,9 @@ class Store(Protocol):
     def complete_and_dequeue(
         self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
     ) -> tuple[ResultOutcome, Lease | None]:
-        """:meth:`complete`, then :meth:`dequeue` for ``worker_id``, in one transaction."""
+        """:meth:`complete`, then :meth:`dequeue` for ``worker_id``, in one transaction. The lease is remembered with
+        the result: re-sending that result (its answer was lost) returns the same lease while ``worker_id`` holds it,
+        across restarts."""
 
     def expire_leases(self, now: float | None = None) -> list[ResultOutcome]:
         """Retry or fail running rollouts whose lease has expired."""
