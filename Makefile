@@ -140,5 +140,21 @@ vllm-pins: .venv-vllm/.installed
 	grep -v '^mcp==' constraints.txt > .venv-vllm/constraints-without-mcp.txt
 	.venv-vllm/bin/pip install --quiet --dry-run -c .venv-vllm/constraints-without-mcp.txt '.[train,vllm]'
 
+# Two real command-line coding agents from npm, for tests/command/test_cli_agents.py (~760 MB, ~20 s): Claude Code
+# (Anthropic Messages) and Codex (the Responses API), both run as agl.CommandAgent rollouts through the proxy.
+# Their native binaries come as npm optional dependencies (no install script needed); Claude Code's package asks for
+# node >= 22 but its binary does not use the node that installs it.
+CLAUDE_CODE := 2.1.328
+CODEX := 0.169.0
+.PHONY: cli-agents
+cli-agents: .cli-agents/.installed
+
+.cli-agents/.installed: Makefile
+	npm install --prefix .cli-agents --no-fund --no-audit --no-save \
+		@anthropic-ai/claude-code@$(CLAUDE_CODE) @openai/codex@$(CODEX)
+	.cli-agents/node_modules/.bin/claude --version
+	.cli-agents/node_modules/.bin/codex --version
+	touch $@
+
 clean:
-	rm -rf $(VENV) .venv-vllm $(LOWEST) $(FRAMEWORKS) build dist *.egg-info
+	rm -rf $(VENV) .venv-vllm $(LOWEST) $(FRAMEWORKS) .cli-agents build dist *.egg-info

@@ -111,6 +111,11 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="API key sent to the upstream (default $AGL_UPSTREAM_API_KEY)",
     )
     parser.add_argument("--logprobs", action="store_true", help="ask the upstream for sampling logprobs")
+    parser.add_argument(
+        "--translate-responses",
+        action="store_true",
+        help="send Responses API requests (Codex) upstream as chat completions, for a chat-only upstream",
+    )
     parser.add_argument("--lease", type=float, default=30.0, help="seconds a worker may go without a heartbeat")
     parser.add_argument("--timeout", type=float, default=600.0, help="default seconds per rollout")
     parser.add_argument("--max-attempts", type=int, default=3, help="attempts per rollout (retries + 1)")
@@ -167,6 +172,7 @@ def server_from_args(args: argparse.Namespace) -> Any:
         model_version=args.model_version,
         upstream_api_key=args.upstream_api_key,
         logprobs=args.logprobs,
+        translate_responses=args.translate_responses,
         settings=settings,
         public_url=args.public_url,
     )

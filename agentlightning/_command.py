@@ -25,7 +25,7 @@ from agentlightning.types import LLM, Rollout
 
 logger = logging.getLogger(__name__)
 
-_PLACEHOLDER = re.compile(r"\{(?P<name>task|workdir|model)(?P<keys>(?:\[[^\]]*\])*)\}")
+_PLACEHOLDER = re.compile(r"\{(?P<name>task|workdir|model|base_url)(?P<keys>(?:\[[^\]]*\])*)\}")
 
 TAIL_BYTES = 8192  # how much of stdout / stderr each rollout keeps
 _POLL_SECONDS = 0.05  # how often a running command is checked for its deadline and for an abandoned rollout
@@ -57,7 +57,8 @@ class CommandAgent(RolloutAgent):
     - ``AGL_MODEL``: the model name to send; ``AGL_TASK``: the task as JSON; ``AGL_WORKDIR``: the directory.
 
     Arguments may hold placeholders, filled per rollout: ``{task}``, ``{task[key]}`` (or ``{task[key][0]}``...: a
-    string as it is, anything else as JSON), ``{workdir}``, ``{model}``; other braces are left as they are. ``argv``
+    string as it is, anything else as JSON), ``{workdir}``, ``{model}``, ``{base_url}`` (``OPENAI_BASE_URL``, for a
+    CLI that takes its endpoint as an option); other braces are left as they are. ``argv``
     may also be one shell-like command line (split with :func:`shlex.split`, not run by a shell).
 
     - ``reward``: ``reward(task, workdir, result) -> float`` called after a successful exit (``workdir`` a
@@ -143,7 +144,8 @@ class CommandAgent(RolloutAgent):
             if match["name"] != "task":
                 if match["keys"]:  # {workdir[...]}: not a placeholder
                     return match[0]
-                return str(workdir) if match["name"] == "workdir" else llm.model
+                values = {"workdir": str(workdir), "model": llm.model, "base_url": llm.base_url.rstrip("/")}
+                return values[match["name"]]
             value = task
             try:
                 for key in re.findall(r"\[([^\]]*)\]", match["keys"]):

@@ -122,6 +122,7 @@ class ServerRollouts:
             sampling_overrides=sampling_overrides or {},
             max_tokens_limit=max_tokens_limit,
             routes=routes,
+            translate_responses=True,  # the backends' token ids come on chat completions (HF serves nothing else)
         )
 
     def submit(

@@ -1,14 +1,14 @@
 """The Anthropic Messages API translated to and from OpenAI chat completions, for a backend that serves only chat
 completions (the HF backend, vLLM): :func:`chat_request` turns a Messages request into a chat request,
-:func:`message_from_chat` the chat answer back into a ``message``, :func:`message_events` that message into the
-server-sent events Anthropic streams. The backend's token ids stay on the chat answer, which is what is recorded.
+:func:`message_from_chat` the chat answer back into a ``message``, and :class:`MessageStream` a streamed chat answer
+into the server-sent events Anthropic streams, as it arrives. The backend's token ids stay on the chat answer,
+which is what is recorded.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from agentlightning._wire.messages import anthropic_to_messages
@@ -60,12 +60,15 @@ def _function(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def message_from_chat(chat: dict[str, Any], model: Any) -> dict[str, Any]:
-    """The Anthropic ``message`` a chat completion (first choice) answers: its text as a text block, its tool calls
+    """The Anthropic ``message`` a chat completion (first choice) answers: its reasoning (``reasoning_content``) as
+    a thinking block, its text as a text block, its tool calls
     as ``tool_use`` blocks, its finish reason as ``stop_reason``, its token counts as ``usage``."""
     choices = chat.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     message = choice.get("message") or {}
     content: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):  # vLLM's reasoning parsers
+        content.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
@@ -104,31 +107,94 @@ def _input(function: dict[str, Any]) -> dict[str, Any]:
     return {"arguments": arguments}
 
 
-def message_events(message: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """``message`` as the events of an Anthropic stream: ``message_start``, a start / delta / stop per content block
-    (``text_delta`` or ``input_json_delta``), ``message_delta`` with the stop reason and ``message_stop``."""
-    usage = message["usage"]
-    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 0}}
-    yield {"type": "message_start", "message": start}
-    for index, block in enumerate(message["content"]):
-        if block["type"] == "text":
-            yield {"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}}
-            delta = {"type": "text_delta", "text": block["text"]}
-        else:
-            yield {"type": "content_block_start", "index": index, "content_block": {**block, "input": {}}}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
-        yield {"type": "content_block_delta", "index": index, "delta": delta}
-        yield {"type": "content_block_stop", "index": index}
-    yield {
-        "type": "message_delta",
-        "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-        "usage": {"output_tokens": usage["output_tokens"]},
-    }
-    yield {"type": "message_stop"}
-
-
 def count_tokens(chat: dict[str, Any]) -> int:
     """An estimate of the input tokens of a Messages request, from its :func:`chat_request` (about four characters
     a token, as Anthropic's own guidance puts it): the proxy cannot run the served model's tokenizer."""
     text = json.dumps(chat["messages"]) + json.dumps(chat.get("tools") or [])
     return max(1, len(text) // 4)
+
+
+class MessageStream:
+    """Anthropic stream events for a chat completion's stream, as its chunks arrive (:meth:`feed` each parsed chunk,
+    then :meth:`close`): reasoning text (``reasoning_content``, as vLLM's reasoning parsers send it) as a thinking
+    block, text as a text block, each tool call as a ``tool_use`` block with its arguments as ``input_json_delta``."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.started = False
+        self.blocks = 0  # content blocks opened so far
+        self.open: tuple[str, int | None] | None = None  # the open block: its kind and, for a tool call, its index
+        self.finish: str | None = None
+        self.tool_use = False
+        self.tool_id: Any = None  # the id of the last tool call opened
+        self.usage: dict[str, Any] = {}
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        """The events one chat chunk makes."""
+        events: list[dict[str, Any]] = []
+        if not self.started:
+            self.started = True
+            message: dict[str, Any] = {
+                "id": f"msg_{chunk.get('id') or 'agl'}",
+                "type": "message",
+                "role": "assistant",
+                "model": self.model if isinstance(self.model, str) else chunk.get("model"),
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 0, "output_tokens": 0},
+            }
+            events.append({"type": "message_start", "message": message})
+        self.usage = chunk.get("usage") or self.usage
+        choices = [choice for choice in chunk.get("choices") or [] if isinstance(choice, dict)]
+        choice = next((choice for choice in choices if not choice.get("index")), None)
+        if choice is None:
+            return events
+        self.finish = choice.get("finish_reason") or self.finish
+        delta = choice.get("delta") or {}
+        if delta.get("reasoning_content"):
+            events += self._into(("thinking", None), {"type": "thinking", "thinking": "", "signature": ""})
+            events.append(self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]}))
+        if delta.get("content"):
+            events += self._into(("text", None), {"type": "text", "text": ""})
+            events.append(self._delta({"type": "text_delta", "text": delta["content"]}))
+        for entry in delta.get("tool_calls") or []:
+            function = entry.get("function") or {}
+            known = self.open == ("tool", entry.get("index")) and entry.get("id") in (None, self.tool_id)
+            if not known:  # a new call (some servers repeat the id on every chunk of a call)
+                self.tool_use, self.tool_id = True, entry.get("id")
+                block = {"type": "tool_use", "id": entry.get("id"), "name": function.get("name"), "input": {}}
+                events += self._into(("tool", entry.get("index")), block, new=True)
+            if function.get("arguments"):
+                events.append(self._delta({"type": "input_json_delta", "partial_json": function["arguments"]}))
+        return events
+
+    def close(self) -> list[dict[str, Any]]:
+        """The events ending the message (after the upstream's last chunk)."""
+        events = self._stop()
+        stop = "tool_use" if self.tool_use else _STOP_REASONS.get(str(self.finish), "end_turn")
+        usage = {
+            "input_tokens": int(self.usage.get("prompt_tokens") or 0),
+            "output_tokens": int(self.usage.get("completion_tokens") or 0),
+        }
+        events.append({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": usage})
+        events.append({"type": "message_stop"})
+        return events
+
+    def _into(self, kind: tuple[str, int | None], block: dict[str, Any], new: bool = False) -> list[dict[str, Any]]:
+        """Events that make ``kind`` the open block (closing the one open before), or none when it already is."""
+        if self.open == kind and not new:
+            return []
+        events = self._stop()
+        self.open = kind
+        self.blocks += 1
+        return [*events, {"type": "content_block_start", "index": self.blocks - 1, "content_block": block}]
+
+    def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}
+
+    def _stop(self) -> list[dict[str, Any]]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [{"type": "content_block_stop", "index": self.blocks - 1}]

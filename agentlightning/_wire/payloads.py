@@ -244,7 +244,13 @@ def response_object(reply: Reply) -> dict[str, Any]:
 
 def response_events(reply: Reply) -> Iterator[dict[str, Any]]:
     """The events of a streamed Responses API reply."""
-    final = response_object(reply)
+    return response_stream(response_object(reply))
+
+
+def response_stream(final: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The events streaming the Responses API ``response`` ``final`` (its message text a word a delta, each
+    function call's arguments in one delta), ending with ``response.completed`` (``response.incomplete`` for an
+    incomplete one)."""
     pending = {**final, "status": "in_progress", "output": [], "usage": None}
     pending.pop("output_token_ids", None)
     events: list[tuple[str, dict[str, Any]]] = [
@@ -283,7 +289,9 @@ def response_events(reply: Reply) -> Iterator[dict[str, Any]]:
                 )
             )
         events.append(("response.output_item.done", {"output_index": index, "item": item}))
-    events.append(("response.completed", {"response": final}))
+    events.append(
+        ("response.incomplete" if final["status"] == "incomplete" else "response.completed", {"response": final})
+    )
     for sequence, (kind, fields) in enumerate(events):
         yield {"type": kind, "sequence_number": sequence, **fields}
 
@@ -360,6 +368,11 @@ async def sse(events: Iterable[dict[str, Any]], *, done: bool = True, named: boo
     each (after ``event: <type>`` when ``named``), then ``data: [DONE]`` when ``done`` (chat and completions streams
     end so; Responses streams do not)."""
     for event in events:
-        yield (f"event: {event['type']}\n" if named else "").encode() + f"data: {json.dumps(event)}\n\n".encode()
+        yield sse_event(event, named)
     if done:
         yield b"data: [DONE]\n\n"
+
+
+def sse_event(event: dict[str, Any], named: bool = False) -> bytes:
+    """One server-sent event: ``data: <json>``, after ``event: <type>`` when ``named``."""
+    return (f"event: {event['type']}\n" if named else "").encode() + f"data: {json.dumps(event)}\n\n".encode()

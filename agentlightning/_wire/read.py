@@ -245,18 +245,23 @@ class StreamFold:
         self.final_response: Any = None  # the Responses API's last event carries the whole response
         self._pending = b""
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes) -> list[Any]:
         """Add the server-sent events in ``data``, raw bytes of the stream as they arrive (a malformed event is
-        logged and skipped)."""
+        logged and skipped); returns the events read, parsed."""
         lines = (self._pending + data).split(b"\n")
         self._pending = lines.pop()
+        read = []
         for line in lines:
             line = line.strip()
             if line.startswith(b"data:") and line[5:].strip() not in (b"", b"[DONE]"):
                 try:
-                    self.add(json.loads(line[5:]))
+                    event = json.loads(line[5:])
+                    self.add(event)
                 except Exception:  # noqa: BLE001 - a malformed event is skipped, the stream goes on
                     logger.warning("could not read a stream event: %.200r", line, exc_info=True)
+                else:
+                    read.append(event)
+        return read
 
     def add(self, chunk: Any) -> None:
         """Add one parsed chunk or event."""

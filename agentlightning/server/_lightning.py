@@ -44,6 +44,7 @@ class LightningServer:
         model_version: str | None = None,
         upstream_api_key: str | None = None,
         logprobs: bool = False,
+        translate_responses: bool = False,
         settings: Settings | None = None,
         public_url: str | None = None,
         store: Store | None = None,
@@ -60,7 +61,10 @@ class LightningServer:
             lease_seconds=settings.lease_seconds,
         )
         self.runtime = Runtime(store=store, settings=settings, token=token)
-        self._defaults = Upstream(url="", api_key=upstream_api_key, logprobs=logprobs)  # before any set_upstream
+        # before any set_upstream
+        self._defaults = Upstream(
+            url="", api_key=upstream_api_key, logprobs=logprobs, translate_responses=translate_responses
+        )
         if upstream_url is not None:
             try:
                 self.set_upstream(upstream_url, model_name, model_version, api_key=upstream_api_key, logprobs=logprobs)
@@ -129,13 +133,15 @@ class LightningServer:
         sampling_overrides: dict[str, Any] | None = None,
         max_tokens_limit: int | None = None,
         routes: Sequence[Route] | None = None,
+        translate_responses: bool | None = None,
     ) -> ModelVersion:
         """Forward the proxy to ``url`` serving ``model_name``; calls recorded from now on carry ``model_version``
         (default: ``model_name``). ``logprobs=True`` asks for sampling logprobs on every call; ``sampling_overrides``
         (e.g. ``{"temperature": 1.0}``) replace those fields of every forwarded request; ``max_tokens_limit`` caps
         the tokens a request may ask for (a trainer's ``max_completion_length``); ``routes`` serve some roles
-        by other models (one policy per role). Unset arguments keep the previous upstream's (else the constructor's)
-        value."""
+        by other models (one policy per role); ``translate_responses=True`` sends Responses API requests upstream as
+        chat completions (for a backend that serves only those, or whose token ids come only on them). Unset
+        arguments keep the previous upstream's (else the constructor's) value."""
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"upstream url must start with http:// or https://, got {url!r}")
         current = self.runtime.upstream or self._defaults
@@ -149,6 +155,7 @@ class LightningServer:
             sampling_overrides=dict(current.sampling_overrides if sampling_overrides is None else sampling_overrides),
             max_tokens_limit=max_tokens_limit if max_tokens_limit is not None else current.max_tokens_limit,
             routes=tuple(current.routes if routes is None else routes),
+            translate_responses=current.translate_responses if translate_responses is None else translate_responses,
         )
         return self.store.set_model_version(version, model_name or "", url)
 

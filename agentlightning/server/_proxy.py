@@ -8,8 +8,10 @@ stored rollout only if its attempt's result is the one taken. Each request is fo
 streams passed through) and recorded as a ``Call`` of the rollout with the upstream's token ids and the model version
 served, committed before the answer's end reaches the agent. A call's role (its base URL ``.../v1/roles/<role>``, the
 ``X-AGL-Role`` header, a ``model`` naming a role) picks its policy's route. Anthropic Messages requests (``messages``,
-``messages/count_tokens``) are translated to chat completions for the upstream and back (``_wire/anthropic.py``); the
-chat call, with its token ids, is what is recorded.
+``messages/count_tokens``) are translated to chat completions for the upstream and back (``_wire/anthropic.py``), and
+so are Responses requests when the upstream says so (``Upstream.translate_responses``, ``_wire/responses.py``;
+``previous_response_id`` continues a response of the same attempt); the chat call, with its token ids, is what is
+recorded.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import pydantic_core
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from agentlightning._wire import anthropic
-from agentlightning._wire.payloads import sse
+from agentlightning._wire import anthropic, responses
+from agentlightning._wire.payloads import sse_event
 from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
 from agentlightning.protocol import ROLE_HEADER
 from agentlightning.server._errors import StrictJSONRoute, openai_error, parse_json
@@ -66,8 +68,7 @@ class Proxy:
         url_role = None
         if path.startswith("roles/"):  # a role's own base URL, {llm.base_url}/roles/<role>
             url_role, _, path = path.removeprefix("roles/").partition("/")
-        translated = path in ("messages", "messages/count_tokens")  # Anthropic Messages, served as chat completions
-        endpoint = "chat.completions" if translated else ENDPOINTS.get(path)
+        endpoint = "chat.completions" if path in ("messages", "messages/count_tokens") else ENDPOINTS.get(path)
         if endpoint is None:
             return openai_error(
                 404,
@@ -99,13 +100,30 @@ class Proxy:
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
         asked = body
-        if translated:
+        # Anthropic Messages always, Responses when the upstream asks for it: served as chat completions
+        api = "messages" if path in ("messages", "messages/count_tokens") else None
+        if path == "responses" and upstream.translate_responses:
+            api, endpoint = "responses", "chat.completions"
+        response_id = new_id("resp")
+        if api == "messages":
             try:
                 body = anthropic.chat_request(asked)
             except ValueError as exc:
                 return openai_error(400, f"invalid Anthropic Messages request: {exc}", "invalid_request")
             if path == "messages/count_tokens":  # answered here: nothing is generated, nothing recorded
                 return JSONResponse({"input_tokens": anthropic.count_tokens(body)})
+        elif api == "responses":
+            history = self._history(rollout_id, attempt, asked.get("previous_response_id"))
+            if history is None:
+                message = (
+                    f"previous_response_id {asked.get('previous_response_id')!r} is not a response of rollout "
+                    f"{rollout_id!r} (only this rollout's responses can be continued)"
+                )
+                return openai_error(400, message, "previous_response_not_found")
+            try:
+                body = responses.chat_request(asked, history)
+            except ValueError as exc:
+                return openai_error(400, f"invalid Responses request: {exc}", "invalid_request")
         role = url_role or request.headers.get(ROLE_HEADER)
         role = role or (body["model"] if upstream.route(body.get("model")) else None)
         route = upstream.route(role)  # an agent that cannot be instrumented may name its role in its URL or model
@@ -118,8 +136,10 @@ class Proxy:
             "start_time": time.time(),
         }
         call["metadata"].update(endpoint=endpoint, captured_by="proxy", attempt=attempt)
-        if translated:  # recorded as the chat call sent upstream, streamed as the agent asked
-            call["metadata"].update(api="messages", stream=bool(asked.get("stream")))
+        if api is not None:  # recorded as the chat call sent upstream, streamed as the agent asked
+            call["metadata"].update(api=api, stream=bool(asked.get("stream")))
+        if api == "responses":
+            call["metadata"].update(response_id=response_id, instructions=bool(asked.get("instructions")))
         version = route.model_version if route is not None else upstream.model_version
         if version is not None:
             call["metadata"]["model_version"] = version
@@ -128,13 +148,20 @@ class Proxy:
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key:
             headers["authorization"] = f"Bearer {upstream.api_key}"
+        translator: anthropic.MessageStream | responses.ResponseStream | None = None
+        if api is not None and asked.get("stream"):  # streamed upstream too: events reach the agent as made
+            body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+            if api == "messages":
+                translator = anthropic.MessageStream(asked.get("model"))
+            else:
+                translator = responses.ResponseStream(asked.get("model"), response_id)
         sent = client.build_request(
             "POST",
-            f"{upstream.url.rstrip('/')}/{'chat/completions' if translated else path}",
+            f"{upstream.url.rstrip('/')}/{'chat/completions' if api else path}",
             headers=headers,
             content=json.dumps(_upstream_body(body, endpoint, upstream, route)).encode(),
         )
-        stream = bool(body.get("stream"))  # a translated request is sent whole, then streamed as Anthropic events
+        stream = bool(body.get("stream"))
         response, tries = await self._send(client, sent, stream, call, attempt)
         if isinstance(response, JSONResponse):  # the upstream could not be reached
             return response
@@ -142,7 +169,7 @@ class Proxy:
         media_type = response.headers.get("content-type")
         if stream and response.status_code < 400:
             return StreamingResponse(
-                self._pass_through(response, call, attempt),
+                self._pass_through(response, call, attempt, translator),
                 response.status_code,
                 media_type=media_type or "text/event-stream",
             )
@@ -151,13 +178,11 @@ class Proxy:
             await asyncio.to_thread(self._record_answer, call, attempt, response.status_code, response.content)
         else:
             self._record_answer(call, attempt, response.status_code, response.content)
-        if translated and response.status_code < 400:
-            message = anthropic.message_from_chat(json.loads(response.content), asked.get("model"))
-            if asked.get("stream"):
-                return StreamingResponse(
-                    sse(anthropic.message_events(message), done=False, named=True), media_type="text/event-stream"
-                )
-            return JSONResponse(message)
+        if api is not None and response.status_code < 400:  # a whole answer (streams were translated as they came)
+            chat = json.loads(response.content)
+            if api == "messages":
+                return JSONResponse(anthropic.message_from_chat(chat, asked.get("model")))
+            return JSONResponse(responses.response_from_chat(chat, asked.get("model"), response_id))
         return Response(response.content, response.status_code, media_type=media_type or "application/json")
 
     async def _send(
@@ -207,11 +232,26 @@ class Proxy:
                 )
                 return self._failed(call, attempt, 502, message, "upstream_unreachable"), tries
 
-    async def _pass_through(self, response: httpx.Response, call: CallRecord, attempt: int) -> AsyncIterator[bytes]:
-        """The upstream's stream, chunk by chunk as it arrives; recorded before its last event reaches the agent (or
-        once it broke off)."""
+    async def _pass_through(
+        self,
+        response: httpx.Response,
+        call: CallRecord,
+        attempt: int,
+        translator: anthropic.MessageStream | responses.ResponseStream | None,
+    ) -> AsyncIterator[bytes]:
+        """The upstream's stream, chunk by chunk as it arrives (as ``translator``'s events, when given, for a
+        translated request); recorded before its last event reaches the agent (or once it broke off)."""
         fold = StreamFold(call["metadata"]["endpoint"])
-        recorded = False
+        recorded = closed = False
+
+        def translated(chunks: list[Any], end: bool) -> bytes:
+            nonlocal closed
+            assert translator is not None
+            events = [event for chunk in chunks if isinstance(chunk, dict) for event in translator.feed(chunk)]
+            if end and not closed:
+                closed = True
+                events += translator.close()
+            return b"".join(sse_event(event, named=True) for event in events)
 
         def record(completed: bool) -> None:
             nonlocal recorded
@@ -222,16 +262,30 @@ class Proxy:
 
         try:
             async for chunk in response.aiter_bytes():
-                fold.feed(chunk)
-                if b"data: [DONE]" in chunk or fold.final_response is not None:  # the end: durable first
+                chunks = fold.feed(chunk)
+                end = b"data: [DONE]" in chunk or fold.final_response is not None
+                if end:  # durable first
                     record(True)
-                yield chunk
+                yield chunk if translator is None else translated(chunks, end)
             if not recorded:  # ended without [DONE]: whole only if the upstream said why it stopped
                 record(fold.finish_reason is not None)
+                if translator is not None and fold.finish_reason is not None:
+                    yield translated([], True)
         finally:
             if not recorded:
                 record(False)
             await response.aclose()
+
+    def _history(self, rollout_id: str, attempt: int, previous: Any) -> list[dict[str, Any]] | None:
+        """The chat messages of the translated response ``previous`` of this attempt of the rollout (its recorded
+        call's input and answer); [] without one, None when no recorded call of the attempt answered it."""
+        if previous is None:
+            return []
+        for recorded in reversed(self.runtime.store.proxy_calls(rollout_id, attempt)):
+            if recorded.metadata.get("response_id") == previous and recorded.status == "ok":
+                instructions = bool(recorded.metadata.get("instructions"))
+                return responses.conversation(recorded.input or [], recorded.output or {}, instructions)
+        return None
 
     def _record_answer(self, call: CallRecord, attempt: int, status: int, content: bytes) -> None:
         """Record a whole answer (runs right after the agent got it)."""

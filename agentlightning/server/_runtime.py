@@ -28,7 +28,9 @@ class Route:
 @dataclass(frozen=True)
 class Upstream:
     """The OpenAI-compatible endpoint the proxy forwards to, and the model version it serves. ``sampling_overrides``
-    are request fields forced on every forwarded call (the training temperature, for a backend like vLLM)."""
+    are request fields forced on every forwarded call (the training temperature, for a backend like vLLM);
+    ``translate_responses``: Responses API requests are sent as chat completions (a backend whose token ids come on
+    chat completions only)."""
 
     url: str
     model_name: str | None = None
@@ -38,6 +40,7 @@ class Upstream:
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
     max_tokens_limit: int | None = None  # the most tokens one answer may have; larger asks are capped
     routes: tuple[Route, ...] = ()
+    translate_responses: bool = False
 
     def route(self, role: Any) -> Route | None:
         """The first route whose roles match ``role``, or None."""

@@ -191,7 +191,7 @@ def test_environment_and_placeholders(tmp_path: Path) -> None:
         " 'AGL_MODEL', 'AGL_TASK', 'MINE']; open(sys.argv[1], 'w').write('\\n'.join(map(os.environ.get, keys)));"
         " print(sys.argv[2]); print(sys.argv[3] == os.getcwd()); print(sys.argv[4]); print(sys.argv[5]); print(1)"
     )
-    arguments = [str(out), "{task}", "{workdir}", "{task[q]}-{task[n][1]}-{model}", '{"json": {task[n]}}']
+    arguments = [str(out), "{task}", "{workdir}", "{task[q]}-{task[n][1]}-{model}-{base_url}", '{"json": {task[n]}}']
     agent = agl.CommandAgent([sys.executable, "-c", script, *arguments], env={"MINE": "yes"})
     llm = agl.LLM(base_url="http://127.0.0.1:9/v1/", model="served", api_key="k")
     [rollout] = agl.run(agent, [{"q": "x", "n": [1, 2]}], llm)
@@ -205,7 +205,10 @@ def test_environment_and_placeholders(tmp_path: Path) -> None:
         '{"q": "x", "n": [1, 2]}',
         "yes",
     ]
-    assert 'stdout (tail): {"q": "x", "n": [1, 2]}\nTrue\nx-2-served\n{"json": [1, 2]}\n1' in "\n".join(rollout.logs)
+    assert (
+        'stdout (tail): {"q": "x", "n": [1, 2]}\nTrue\nx-2-served-http://127.0.0.1:9/v1\n{"json": [1, 2]}\n1'
+        in "\n".join(rollout.logs)
+    )
 
 
 def test_training_without_the_server_is_refused(tmp_path: Path) -> None:

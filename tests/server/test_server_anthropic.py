@@ -3,14 +3,22 @@ upstream's chat completions and recorded as chat calls with the upstream's token
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 
 import agentlightning as agl  # noqa: F401 - imported as users do
+from agentlightning._uvicorn import BackgroundServer
+from agentlightning._wire import anthropic as agentlightning_anthropic
 from agentlightning.server import LightningServer, Settings
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
 from agentlightning.types import Rollout
@@ -140,13 +148,73 @@ def test_streamed_events_are_anthropic_events(server: LightningServer) -> None:
     assert kinds == [
         "message_start",
         "content_block_start",
-        "content_block_delta",
+        "content_block_delta",  # "echo:", as the upstream's first chunk
+        "content_block_delta",  # " hi"
         "content_block_stop",
         "message_delta",
         "message_stop",
     ]
     [call] = _finish(server, rid).calls
     assert call.output["content"] == "echo: hi"
+    assert call.metadata["sampling"]["max_tokens"] == 16  # recorded as the chat call sent, without stream options
+
+
+def test_streamed_messages_reach_the_agent_as_the_upstream_sends_them(server: LightningServer) -> None:
+    gate = threading.Event()  # the upstream holds the rest of its stream until the agent saw the first text
+
+    async def events() -> AsyncIterator[bytes]:
+        chunk = {"id": "c1", "model": "m", "choices": [{"index": 0, "delta": {"reasoning_content": "Think."}}]}
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+        chunk["choices"] = [{"index": 0, "delta": {"content": "Hel"}}]
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+        await asyncio.to_thread(gate.wait, 10)
+        call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+        for delta in ({"content": "lo"}, {"tool_calls": [call]}, {"tool_calls": [{"index": 0, "function": {}}]}):
+            chunk["choices"] = [{"index": 0, "delta": delta}]
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+        chunk["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] = '{"city": "Paris"}'
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+        chunk["choices"] = [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]
+        yield f"data: {json.dumps(chunk)}\n\n".encode()
+        usage = {"id": "c1", "choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 5}}
+        yield f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode()
+
+    async def chat(request: Request) -> StreamingResponse:
+        sent.append(await request.json())
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    sent: list[dict] = []
+    upstream = BackgroundServer(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])).start()
+    try:
+        server.set_upstream(f"{upstream.url}/v1", "gated", "v7")
+        rid, client = _running(server)
+        messages = [{"role": "user", "content": "weather?"}]
+        with client.messages.stream(model="claude-x", max_tokens=64, tools=[WEATHER], messages=messages) as stream:
+            early = []  # text that reached the agent while the upstream held the rest of its answer
+            for event in stream:
+                if event.type == "text" and not gate.is_set():
+                    early.append(event.text)
+                    gate.set()
+            answer = stream.get_final_message()
+        assert early == ["Hel"]
+        assert sent[0]["stream"] is True and sent[0]["stream_options"] == {"include_usage": True}
+        [thinking, text, use] = answer.content
+        assert thinking.type == "thinking" and thinking.thinking == "Think."
+        assert text.text == "Hello" and use.name == "get_weather" and use.input == {"city": "Paris"}
+        assert answer.stop_reason == "tool_use" and answer.usage.output_tokens == 5
+        [call] = _finish(server, rid).calls
+        assert call.status == "ok" and call.metadata["stream"] is True
+        assert call.output["content"] == "Hello" and call.output["tool_calls"][0]["function"]["name"] == "get_weather"
+    finally:
+        gate.set()
+        upstream.stop()
+
+
+def test_whole_answer_with_reasoning_has_a_thinking_block() -> None:
+    chat = {"id": "c", "choices": [{"message": {"reasoning_content": "Hmm.", "content": "4"}, "finish_reason": "stop"}]}
+    message = agentlightning_anthropic.message_from_chat(chat, "claude-x")
+    assert [block["type"] for block in message["content"]] == ["thinking", "text"]
+    assert message["content"][0] == {"type": "thinking", "thinking": "Hmm.", "signature": ""}
 
 
 def test_count_tokens_and_models_answered(server: LightningServer, mock: MockLLMServer) -> None:
