@@ -28,6 +28,8 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from agentlightning.trainers.reporting import STEP_WARNING
+
 from agentlightning.rl.advantages import GROUP_BASELINES, Estimator, compute_advantages, group_key
 from agentlightning.rl.transitions import ExtractionStats, extract_transitions
 from agentlightning.types import Rollout, Transition
@@ -168,7 +170,7 @@ class RolloutPipeline:
         trainer_wait = time.perf_counter() - waited
         warnings = ExtractionStats.combined(extracted).problems()  # counted over the step, not per group
         for line in warnings:
-            logger.warning("step %d: %s", step + 1, line)
+            logger.warning("step %d: %s", step + 1, line, extra={STEP_WARNING: step + 1})
         transitions = self._advantages([row for _, rows in used for row in rows])
         fresh, lags = fresh_enough(transitions, trained, self.max_staleness)
         dropped += len(transitions) - len(fresh)
