@@ -14,7 +14,7 @@ from pathlib import Path
 
 import fault_agents
 import pytest
-from _harness import agl
+from _harness import AglServer, agl
 from polling import wait_for
 
 from agentlightning.client import start_workers
@@ -139,10 +139,10 @@ def _group_survivors(pgid: int) -> list[str]:
 
 @contextlib.contextmanager
 def _fault_client(
-    tasks: list[dict], tmp_path: Path, server: LightningServer, nworkers: int
+    tasks: list[dict], tmp_path: Path, server: LightningServer, nworkers: int, *options: str
 ) -> Iterator[tuple[subprocess.Popen, str]]:
-    """A real ``agl client`` serving ``fault_agents:fault_agent`` on ``tasks`` (its dataset attached to ``server``),
-    killed with its process group on the way out if it is still running."""
+    """A real ``agl client`` serving ``fault_agents:fault_agent`` on ``tasks`` (its dataset attached to ``server``)
+    with ``options``, killed with its process group on the way out if it is still running."""
     dataset = tmp_path / "train.jsonl"
     dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in tasks))
     client = agl(
@@ -157,6 +157,7 @@ def _fault_client(
         server.url,
         "--log-level",
         "WARNING",
+        *options,
     )
     try:
         dataset_id = wait_for(
@@ -169,3 +170,44 @@ def _fault_client(
     finally:
         if client.poll() is None:
             os.killpg(client.pid, signal.SIGKILL)
+
+
+def test_a_client_whose_server_is_gone_says_so_and_exits_within_seconds(tmp_path: Path) -> None:
+    """Issue 35, item 8: ``agl server`` is killed (nothing on its port any more); ``agl client --nworkers 2`` used to
+    retry for 10 minutes. It now warns at the first refused connection, waits ``--reconnect-seconds`` (10 s) for a
+    restart, and exits 2 naming the server, its workers with it."""
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text(json.dumps({"id": "t0", "question": "t0"}) + "\n")
+    with MockLLMServer() as mock, AglServer(tmp_path / "s.db", mock.base_url) as server:
+        client = agl(
+            "client",
+            "--agent",
+            "fault_agents:fault_agent",
+            "--dataset",
+            str(dataset),
+            "--nworkers",
+            "2",
+            "--server-url",
+            server.url,
+        )
+        try:
+            wait_for(lambda: server.http.get("/datasets").json() or client.poll() is not None, 60, "the dataset")
+            assert client.poll() is None, client.stdout.read().decode()
+            time.sleep(2.0)  # its workers are asking for work
+            server.kill()
+            gone = time.monotonic()
+            code = client.wait(30)
+            waited = time.monotonic() - gone
+            output = client.stdout.read().decode()
+        finally:
+            if client.poll() is None:
+                os.killpg(client.pid, signal.SIGKILL)
+    assert code == 2, output[-3000:]
+    assert waited < 20, f"the client took {waited:.0f} s to give up"  # 10 s for a restart, then out
+    assert f"server {server.url} not answering (ConnectError" in output and "retrying for up to 10 s" in output
+    assert (
+        f"agl client: error: Client.train stopped: the server at {server.url} is gone: unreachable for 10 s" in output
+    )
+    assert "Traceback" not in output
+    # its workers are gone with it (multiprocessing's resource tracker may take a moment more)
+    wait_for(lambda: not _group_survivors(client.pid), 10, "the client's process group to be gone")
