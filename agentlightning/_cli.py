@@ -233,12 +233,23 @@ def _collect(server: Any, group_size: int, stop: threading.Event) -> None:
         stop.set()
 
 
+CLIENT_RECONNECT_SECONDS = 10.0
+"""``agl client``'s wait for a server that went away: long enough for a restart on the same port, short enough that
+a client whose server is gone says so and exits (the Python API's ``reconnect_seconds`` waits 10 minutes)."""
+
+
 def _client_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", required=True, help="the agent as 'package.module:function'")
     parser.add_argument("--dataset", help="JSONL or JSON file of tasks (uploaded if the server lacks it)")
     parser.add_argument("--dataset-id", help="id of a dataset already on the server")
     parser.add_argument("--nworkers", type=int, default=-1, help="worker processes (-1: one per core)")
     parser.add_argument("--timeout", type=float, help="seconds per rollout (default: the server's)")
+    parser.add_argument(
+        "--reconnect-seconds",
+        type=float,
+        default=CLIENT_RECONNECT_SECONDS,
+        help="how long the workers wait for a server that stopped answering (a restart) before the client exits 2",
+    )
     parser.add_argument(
         "--ray",
         nargs="?",
@@ -274,6 +285,7 @@ def _client(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         workers=workers,
         log_level=logging.getLogger().level,
+        reconnect_seconds=args.reconnect_seconds,
     )
     return 0
 

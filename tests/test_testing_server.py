@@ -213,16 +213,15 @@ def test_command_line_server() -> None:
     import subprocess
     import sys
 
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agentlightning.testing", "--reply", "from the shell"], stderr=subprocess.PIPE, text=True
-    )
+    command = [sys.executable, "-m", "agentlightning.testing", "--reply", "from the shell", "--reply", "again"]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
     try:
         line = process.stderr.readline()
         base_url = line.split(" at ")[1].split()[0]
-        reply = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0).chat.completions.create(
-            model="m", messages=MESSAGES
-        )
-        assert reply.choices[0].message.content == "from the shell"
+        client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+        # Issue 35: `--reply X` answered once, then 500 to every request of a training run; it now goes round.
+        replies = [client.chat.completions.create(model="m", messages=MESSAGES) for _ in range(5)]
+        assert [r.choices[0].message.content for r in replies] == ["from the shell", "again"] * 2 + ["from the shell"]
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=20) == 0

@@ -6,8 +6,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Unpack
 
+from agentlightning.trainers import _deepspeed_notice
+
 if TYPE_CHECKING:
     from agentlightning.trainers.config import TrainConfig, TrainOptions, TrainResult
+
+_deepspeed_notice.install()  # before any trainer module imports transformers (and so DeepSpeed)
 
 
 def train(

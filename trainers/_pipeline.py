@@ -28,11 +28,16 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from agentlightning.trainers.reporting import STEP_WARNING
+
 from agentlightning.rl.advantages import GROUP_BASELINES, Estimator, compute_advantages, group_key
 from agentlightning.rl.transitions import ExtractionStats, extract_transitions
 from agentlightning.types import Rollout, Transition
 
 logger = logging.getLogger(__name__)
+
+PROGRESS_SECONDS = 10.0
+"""How often a step still waiting for its rollouts logs where they stand (INFO)."""
 
 
 @contextmanager
@@ -119,6 +124,7 @@ class RolloutPipeline:
         self.algorithm = cast(Estimator, algorithm)  # one of ESTIMATORS: TrainConfig checks it
         self.max_steps = max_steps
         self.policy_of = policy_of
+        self.progress_seconds = PROGRESS_SECONDS
         self.filtering = refill_cap > 0  # set groups without signal aside (else pack drops the flat ones)
         self.pending: list[_Group] = []
         self._backlog = collections.deque(backlog)
@@ -140,7 +146,7 @@ class RolloutPipeline:
         ahead = self.max_staleness if self.max_steps is None else min(self.max_staleness, self.max_steps - 1 - step)
         reserve = max(ahead, 0) * self.tasks_per_step  # groups of the steps ahead, kept in flight
         self._submit(reserve + self.tasks_per_step - len(self.pending), f"step{step}")
-        waited = time.perf_counter()
+        waited, tokens = time.perf_counter(), self.source.progress().completion_tokens
         used: list[tuple[list[Rollout], list[Transition]]] = []
         set_aside: list[tuple[list[Rollout], list[Transition]]] = []
         discarded = refills = dropped = 0
@@ -154,8 +160,8 @@ class RolloutPipeline:
                 self._submit(count, f"step{step}r{refills}")
             if not self.pending:
                 break
-            group = self.pending.pop(0)  # the oldest; result() waits for it while the younger ones run on
-            rollouts = group.future.result()
+            group = self.pending.pop(0)  # the oldest; waited for while the younger ones run on
+            rollouts = self._result(group, step, (waited, tokens), len(used) + len(set_aside))
             extraction = extract_transitions(rollouts, self.roles, self.credit, self.air)
             extracted.append(extraction.stats)
             fresh = fresh_enough(extraction.transitions, trained, self.max_staleness)[0]
@@ -168,7 +174,7 @@ class RolloutPipeline:
         trainer_wait = time.perf_counter() - waited
         warnings = ExtractionStats.combined(extracted).problems()  # counted over the step, not per group
         for line in warnings:
-            logger.warning("step %d: %s", step + 1, line)
+            logger.warning("step %d: %s", step + 1, line, extra={STEP_WARNING: step + 1})
         transitions = self._advantages([row for _, rows in used for row in rows])
         fresh, lags = fresh_enough(transitions, trained, self.max_staleness)
         dropped += len(transitions) - len(fresh)
@@ -247,6 +253,26 @@ class RolloutPipeline:
         for index, future in zip(indices, futures, strict=True):
             self.pending.append(_Group(index, future))
             future.add_done_callback(self._finished)
+
+    def _result(self, group: _Group, step: int, since: tuple[float, int], taken: int) -> list[Rollout]:
+        """The rollouts of ``group``, logging a progress line every ``progress_seconds`` while it runs, so that a
+        slow step shows it is alive: the step's rollouts finished (``taken`` groups of it are already), running and
+        queued, and the completion tokens per second since the step began waiting (``since``: time, tokens)."""
+        while not wait([group.future], timeout=self.progress_seconds).done:
+            now = self.source.progress()
+            seconds = time.perf_counter() - since[0]
+            done = taken + sum(1 for other in self.pending if other.future.done())
+            logger.info(
+                "step %d, %.0f s: %d of %d rollouts finished, %d running, %d queued; %.1f completion tokens/s",
+                step + 1,
+                seconds,
+                done * self.group_size + now.finished,
+                (taken + len(self.pending) + 1) * self.group_size,
+                now.running,
+                now.queued,
+                (now.completion_tokens - since[1]) / seconds,
+            )
+        return group.future.result()
 
     def _finished(self, _: Future[list[Rollout]]) -> None:
         with self._lock:

@@ -33,7 +33,14 @@ from agentlightning.trainers.learner._distributed import Ranks, served_model
 from agentlightning.trainers.learner._policy_set import PolicySet, UpdateOptions
 from agentlightning.trainers.models import check_model_source
 from agentlightning.trainers.policies import PolicyMap, serving_routes
-from agentlightning.trainers.reporting import MetricsWriter, check_reporters, rollout_metrics
+from agentlightning.trainers.reporting import (
+    STEP_WARNING,
+    MetricsWriter,
+    WarningLog,
+    check_reporters,
+    role_metrics,
+    rollout_metrics,
+)
 
 from agentlightning._command import CommandAgent
 from agentlightning._decorator import RolloutAgent
@@ -87,10 +94,18 @@ class TrainingRun:
     # -- the run ------------------------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
-        from agentlightning.trainers.learner.grpo import grpo_config
-
         started = time.perf_counter()
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        warning_log = WarningLog(self.output_dir)  # the run's warnings, for the dashboard
+        logging.getLogger().addHandler(warning_log)
+        try:
+            return self._run(started)
+        finally:
+            logging.getLogger().removeHandler(warning_log)
+
+    def _run(self, started: float) -> TrainResult:
+        from agentlightning.trainers.learner.grpo import grpo_config
+
         model, tokenizer, model_name = self._load_model()
         settings = self._trl_settings()
         config = grpo_config(str(self.output_dir / "trl"), **settings)
@@ -200,8 +215,9 @@ class TrainingRun:
         checkpoint = ranks.resume_path(self._resume_path(latest_checkpoint) if ranks.main else None)
         if checkpoint is not None:
             return _RunState(load_checkpoint(learner, checkpoint), resumed=True)
-        if ranks.main and (self.output_dir / "metrics.jsonl").exists():
-            (self.output_dir / "metrics.jsonl").unlink()
+        if ranks.main:
+            for name in ("metrics.jsonl", "warnings.jsonl"):
+                (self.output_dir / name).unlink(missing_ok=True)
         return _RunState({"step": 0, "order": [], "cursor": 0})
 
     def _resume_path(self, latest: Callable[[Path], Path | None]) -> Path | None:
@@ -374,6 +390,7 @@ class _Steps:
         row["transitions"] = len(data.transitions)
         row["rollout_seconds"] = time.perf_counter() - started
         row.update(data.metrics)
+        row.update(role_metrics(data.rollouts, data.transitions))
         row["warnings"] = list(data.warnings)  # in metrics.jsonl: the dashboard shows why nothing trained
         options = UpdateOptions(
             max_prompt_length=self.config.max_prompt_length,
@@ -384,7 +401,7 @@ class _Steps:
         row.update(self.learner.update(data.transitions, self.backend, options, self.ranks))
         if row.get("skipped_update"):
             reason = _nothing_to_train(row, len(data.transitions), several=self.training.policies is not None)
-            logger.warning("step %d: %s", step + 1, reason)
+            logger.warning("step %d: %s", step + 1, reason, extra={STEP_WARNING: step + 1})
             row["warnings"].append(reason)
         row.update(self.learner.rewards(data.rollouts, self.config.credit, self.config.air))
         self._serve()

@@ -13,7 +13,7 @@ from typing import Any
 
 from agentlightning.trainers.config import REPORTERS
 
-from agentlightning.types import Rollout
+from agentlightning.types import Rollout, Transition
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +119,61 @@ def rollout_metrics(
         "completion_tokens_mean": statistics.fmean(completion_tokens) if completion_tokens else 0.0,
         "calls_on_version": float(sum(1 for call in calls if on_version(call))),
     }
+
+
+UNNAMED_ROLE = "unnamed"
+"""The name of the role of LLM calls that have none, in the ``role/<name>/...`` metrics."""
+
+
+def role_metrics(rollouts: Sequence[Rollout], transitions: Sequence[Transition]) -> dict[str, float]:
+    """Per role that spoke in ``rollouts`` or was trained (``role/<name>/...``): its LLM calls, the transitions
+    trained from them, their mean completion length and the mean final reward of the rollouts it spoke in."""
+    calls: dict[str, list[int]] = {}
+    rewards: dict[str, list[float]] = {}
+    for rollout in rollouts:
+        spoke = set()
+        for call in rollout.llm_calls:
+            role = call.role or UNNAMED_ROLE
+            calls.setdefault(role, []).append(len(call.completion_token_ids or []))
+            spoke.add(role)
+        for role in spoke:
+            rewards.setdefault(role, []).append(rollout.final_reward if rollout.final_reward is not None else 0.0)
+    trained: dict[str, int] = {}
+    for row in transitions:
+        trained[row.role or UNNAMED_ROLE] = trained.get(row.role or UNNAMED_ROLE, 0) + 1
+    metrics: dict[str, float] = {}
+    for role in sorted(set(calls) | set(trained)):
+        lengths = calls.get(role, [])
+        metrics[f"role/{role}/llm_calls"] = float(len(lengths))
+        metrics[f"role/{role}/transitions"] = float(trained.get(role, 0))
+        if lengths:
+            metrics[f"role/{role}/completion_tokens_mean"] = statistics.fmean(lengths)
+            metrics[f"role/{role}/reward"] = statistics.fmean(rewards[role])
+    return metrics
+
+
+STEP_WARNING = "agl_step"
+"""The ``extra=`` key of a warning logged for one training step: it is in that step's ``metrics.jsonl`` row."""
+
+
+class WarningLog(logging.Handler):
+    """Appends the run's warnings (WARNING and above, of every logger that reaches the root) to ``warnings.jsonl``
+    beside ``metrics.jsonl``, for the dashboard; those of one step (logged with ``extra={STEP_WARNING: step}``)
+    are left out: the step's row holds them."""
+
+    def __init__(self, output_dir: Path) -> None:
+        super().__init__(logging.WARNING)
+        self.path = output_dir / "warnings.jsonl"
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if hasattr(record, STEP_WARNING):
+            return
+        try:
+            entry = {"time": record.created, "level": record.levelname, "logger": record.name}
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write(json.dumps({**entry, "message": record.getMessage()}) + "\n")
+        except Exception:  # a full disk must not stop training
+            self.handleError(record)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +33,18 @@ _WAIT_POLL = 2.0
 """Seconds between looks at whether a waited-for group still has rollouts in the queue."""
 _WAIT_GRACE = 10.0
 """Seconds a group may run past ``rollout_timeout`` before its wait gives up (the server's own timeout comes first)."""
+
+
+@dataclass(frozen=True)
+class RolloutProgress:
+    """Where a source's rollouts stand: for the progress line of a long step."""
+
+    finished: int
+    """Rollouts done in groups that are not complete yet (a complete group's future is done)."""
+    running: int
+    queued: int
+    completion_tokens: int
+    """Completion tokens the model generated for this source so far (a running total)."""
 
 
 class RolloutSource(Protocol):
@@ -59,6 +72,10 @@ class RolloutSource(Protocol):
         """Serve ``model_name`` at ``base_url`` as ``model_version``, forcing ``sampling_overrides`` on requests and
         capping the tokens they ask for at ``max_tokens_limit``; ``routes`` (``agentlightning.server.Route``) serve
         some roles by other models (one policy per role)."""
+        ...
+
+    def progress(self) -> RolloutProgress:
+        """How many of the submitted rollouts finished, run and wait, and the completion tokens so far."""
         ...
 
     def close(self) -> None: ...
@@ -157,6 +174,16 @@ class ServerRollouts:
         finally:
             self._open.difference_update(ids)
 
+    def progress(self) -> RolloutProgress:
+        counts = self.server.store.counts()
+        open_ids = list(self._open)
+        return RolloutProgress(
+            finished=len(self.server.store.finished(open_ids)) if open_ids else 0,
+            running=counts.get("running", 0),
+            queued=counts.get("queued", 0),
+            completion_tokens=int(self.server.runtime.metrics.total("agl_proxy_completion_tokens_total")),
+        )
+
     def _queued(self, rollout_id: str) -> bool:
         state = self.server.store.rollout_state(rollout_id)
         return state is not None and state[0] == "queued"
@@ -209,6 +236,8 @@ class LocalRollouts:
         self.nworkers = max(1, nworkers)
         self.llm: LLM | None = None
         self._pool = ThreadPoolExecutor(max_workers=self.nworkers, thread_name_prefix="agl-local-rollout")
+        self._lock = threading.Lock()
+        self._counts = {"submitted": 0, "started": 0, "finished": 0, "taken": 0, "tokens": 0}
 
     def set_model(
         self,
@@ -228,10 +257,15 @@ class LocalRollouts:
     ) -> list[Future[list[Rollout]]]:
         if self.llm is None:
             raise RuntimeError("LocalRollouts.set_model() must be called before run()")
-        return [
+        with self._lock:
+            self._counts["submitted"] += len(tasks) * group_size
+        groups = [
             _gathered([self._pool.submit(self._one, task, group_prefix, timeout) for _ in range(group_size)])
             for task in tasks
         ]
+        for group in groups:
+            group.add_done_callback(self._taken)
+        return groups
 
     def run(self, tasks: Sequence[Any], group_size: int, group_prefix: str, timeout: float | None) -> list[Rollout]:
         return _results(self.submit(tasks, group_size, group_prefix, timeout))
@@ -240,9 +274,33 @@ class LocalRollouts:
         from agentlightning._run import run
 
         assert self.llm is not None
-        (rollout,) = run(self.agent, [task], self.llm, n_workers=1, timeout=timeout)  # the version served now
+        with self._lock:
+            self._counts["started"] += 1
+        try:
+            (rollout,) = run(self.agent, [task], self.llm, n_workers=1, timeout=timeout)  # the version served now
+        finally:
+            with self._lock:
+                self._counts["finished"] += 1
+        with self._lock:
+            self._counts["tokens"] += sum(len(call.completion_token_ids or []) for call in rollout.llm_calls)
         rollout.group_id = f"{group_prefix}:{rollout.task_id}"  # every attempt has a task id (own or content hash)
         return rollout
+
+    def _taken(self, group: Future[list[Rollout]]) -> None:
+        """A group is complete: its rollouts no longer count as finished in an incomplete group."""
+        if not group.cancelled() and group.exception() is None:
+            with self._lock:
+                self._counts["taken"] += len(group.result())
+
+    def progress(self) -> RolloutProgress:
+        with self._lock:
+            counts = dict(self._counts)
+        return RolloutProgress(
+            finished=counts["finished"] - counts["taken"],
+            running=counts["started"] - counts["finished"],
+            queued=counts["submitted"] - counts["started"],
+            completion_tokens=counts["tokens"],
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -21,6 +21,8 @@ from agentlightning.types import Rollout
 logger = logging.getLogger(__name__)
 
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+FIRST_DELAY = 0.05
+"""Seconds before the first retry of a request; each next one waits twice as long, up to 5 s."""
 StopSignal = threading.Event | multiprocessing.synchronize.Event
 
 
@@ -69,7 +71,7 @@ class ServerAPI:
         """Send a request and return its JSON answer, retrying transient failures for up to ``retry_for`` seconds
         (None: until ``stop`` is set)."""
         deadline = None if retry_for is None else time.monotonic() + retry_for
-        delay = 0.05
+        delay = FIRST_DELAY
         while True:
             retry_after = ""
             try:
@@ -89,7 +91,15 @@ class ServerAPI:
             pause = max(delay * random.uniform(0.5, 1.0), float(retry_after) if retry_after.isdigit() else 0.0)
             if (deadline is not None and time.monotonic() + pause > deadline) or (stop is not None and stop.is_set()):
                 raise Unreachable(f"{method} {self.server_url}{path} failed: {problem}")
-            logger.info("server %s not answering (%s); retrying in %.2f s", self.server_url, problem, pause)
+            if delay == FIRST_DELAY:  # the first retry of this request says so, loudly
+                logger.warning(
+                    "server %s not answering (%s); retrying for up to %s",
+                    self.server_url,
+                    problem,
+                    "until stopped" if retry_for is None else f"{retry_for:.0f} s",
+                )
+            else:
+                logger.info("server %s not answering (%s); retrying in %.2f s", self.server_url, problem, pause)
             (stop or threading.Event()).wait(pause)  # a sleep that ``stop`` cuts short
             delay = min(delay * 2, 5.0)
         if response.is_error:

@@ -21,6 +21,7 @@ from agentlightning.client._api import ServerAPI
 from agentlightning.client._worker import (
     EXIT_ABANDONED,
     EXIT_AUTH,
+    EXIT_SERVER_GONE,
     WorkerConfig,
     WorkerSlot,
     agent_ref,
@@ -213,6 +214,12 @@ class WorkerPool:
             )
         if code == EXIT_AUTH:
             self._fail("the server refused this client's token")
+        elif code == EXIT_SERVER_GONE:
+            waited = self._config.reconnect_seconds
+            self._fail(
+                f"the server at {self._config.server_url} is gone: unreachable for {waited:.0f} s "
+                "(reconnect_seconds; agl client --reconnect-seconds)"
+            )
         elif current is None and code not in (0, EXIT_ABANDONED) and now - worker.started < 2.0:  # broken set-up
             self._quick_crashes += 1
             if self._quick_crashes >= CRASH_LOOP_LIMIT:

@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 EXIT_ABANDONED = 75  # the worker left a stuck agent thread behind and must be replaced
 EXIT_AUTH = 2  # the server refused the token
+EXIT_SERVER_GONE = 3  # the server stayed unreachable for reconnect_seconds
 DEQUEUE_WAIT = 2.0
 DEFINITIVE = frozenset({409, 422})  # refusals of a result that re-sending cannot change (stale, not ours, invalid)
 UNKNOWN_ROLLOUT = 404  # definitive from the server that leased the rollout; another server may know it
@@ -190,9 +191,11 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> No
                 config.worker_id, DEQUEUE_WAIT, stop=drain, retry_for=config.reconnect_seconds
             )
         except Unreachable as exc:
-            if not drain.is_set():
-                logger.error("giving up on the server after %.0f s: %s", config.reconnect_seconds, exc)
-            break
+            if drain.is_set():
+                break
+            logger.error("giving up on the server after %.0f s: %s", config.reconnect_seconds, exc)
+            api.close()
+            sys.exit(EXIT_SERVER_GONE)
         except ServerError as exc:
             logger.error("the server refused to hand out work: %s", exc.message)
             if exc.status in (401, 403):

@@ -149,5 +149,6 @@ def _describe_metrics(runtime: Runtime) -> None:
     metrics.describe("agl_leases_expired_total", "counter", "Attempts whose worker stopped heart-beating.")
     metrics.describe("agl_proxy_calls_total", "counter", "LLM calls forwarded by the proxy, by endpoint and status.")
     metrics.describe("agl_proxy_call_seconds", "summary", "Proxied call duration including the upstream.")
+    metrics.describe("agl_proxy_completion_tokens_total", "counter", "Completion tokens of the proxied LLM calls.")
     metrics.describe("agl_proxy_upstream_retries_total", "counter", "Upstream retries, by endpoint and reason.")
     metrics.add_gauges(lambda: [("agl_rollouts", {"status": s}, float(n)) for s, n in runtime.store.counts().items()])

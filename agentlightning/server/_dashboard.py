@@ -126,6 +126,26 @@ def read_evals(directory: Path | None) -> list[dict[str, Any]]:
     return sorted(found, key=lambda entry: entry.get("created") or 0, reverse=True)
 
 
+WARNINGS_FILE = "warnings.jsonl"
+"""Where ``agl.train`` writes the run's logged warnings (those of one step are in its ``metrics.jsonl`` row)."""
+
+
+def read_warnings(path: Path | None) -> list[dict[str, Any]]:
+    """The run's logged warnings, once each (``count``: how often it was logged), in the order first seen; a line
+    the run is still writing, or one that is not JSON, is left out."""
+    text = path.read_text(encoding="utf-8") if path is not None and path.is_file() else ""
+    seen: dict[str, dict[str, Any]] = {}
+    for line in text[: text.rfind("\n") + 1].splitlines():
+        try:
+            entry = json.loads(line)
+            message = str(entry["message"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        found = seen.setdefault(message, {**entry, "count": 0})
+        found["count"] += 1
+    return list(seen.values())
+
+
 def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callable[[], dict[str, Any]]) -> APIRouter:
     routes = APIRouter(prefix="/ui/api", route_class=StrictJSONRoute, tags=["dashboard"])
 
@@ -160,6 +180,10 @@ def _api(reader: StoreReader | None, metrics_path: Path | None, settings: Callab
     def metrics(since: int = 0) -> dict[str, Any]:
         total, rows = read_metrics(metrics_path, since)
         return {"total": total, "rows": rows}
+
+    @routes.get("/warnings")
+    def warnings() -> list[dict[str, Any]]:
+        return read_warnings(metrics_path.parent / WARNINGS_FILE if metrics_path is not None else None)
 
     @routes.get("/evals")
     def evals() -> list[dict[str, Any]]:

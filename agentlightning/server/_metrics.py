@@ -33,6 +33,11 @@ class Metrics:
         self.inc(f"{name}_sum", seconds, **labels)
         self.inc(f"{name}_count", 1.0, **labels)
 
+    def total(self, name: str) -> float:
+        """The sum of a counter over all its labels (0 when it was never incremented)."""
+        with self._lock:
+            return sum(self._values.get(name, {}).values())
+
     def add_gauges(self, collect: Callable[[], list[tuple[str, dict[str, str], float]]]) -> None:
         """Register a function returning (name, labels, value) gauge samples at scrape time."""
         self._gauges.append(collect)

@@ -337,7 +337,9 @@ class Proxy:
         if call.get("end_time") is not None:
             metrics.observe("agl_proxy_call_seconds", call["end_time"] - call["start_time"], endpoint=endpoint)
         try:
-            self.runtime.store.record_proxy_call(build_call(call).model_dump(mode="json"), attempt)
+            built = build_call(call)
+            metrics.inc("agl_proxy_completion_tokens_total", float(len(built.completion_token_ids or [])))
+            self.runtime.store.record_proxy_call(built.model_dump(mode="json"), attempt)
         except Exception:  # recording must never break the agent's call
             logger.exception("could not record proxy call of rollout %s", call["rollout_id"])
 

@@ -3,6 +3,7 @@ LangChain tool agent against the mock model), its metrics file, and headless Chr
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from agentlightning.server import LightningServer, Settings
 from agentlightning.testing import MockLLMServer
 
 TOKEN = "dash-secret"
+RUN_WARNING = "upstream answered 500 for rollout r-1 (retrying in 1.0 s): model overloaded"
 
 
 @dataclass
@@ -31,8 +33,12 @@ class Run:
         return f"{self.server.url}/ui/{hash_path}"
 
 
+TYPO_WARNING = "roles ['checkr'] matched no LLM call; roles seen: ['checker', 'solver']"
+
+
 def write_metrics(path: Path, steps: range) -> None:
-    """Append per-step rows as the trainer's MetricsWriter writes them."""
+    """Append per-step rows as the trainer's MetricsWriter writes them for a synchronous run of two roles, one
+    of them trained, whose role list has a typo from step 2 on."""
     from agentlightning.trainers.reporting import MetricsWriter
 
     writer = MetricsWriter(path.parent)
@@ -48,9 +54,30 @@ def write_metrics(path: Path, steps: range) -> None:
                 "step_seconds": 2.0,
                 "llm_calls": 16.0,
                 "calls_on_version": 16.0 - step % 2,
+                "async/queue_depth": 0.0,
+                "async/staleness_max": 0.0,
+                "role/solver/reward": 0.1 * step,
+                "role/checker/reward": 0.3 - 0.05 * step,
+                "role/solver/transitions": 8.0,
+                "role/checker/transitions": 0.0,
+                "warnings": [TYPO_WARNING] if step >= 2 else [],
             }
         )
     writer.close()
+
+
+def write_run_warning(run_dir: Path, message: str, times: int) -> None:
+    """Log ``message`` ``times`` times as a warning while the trainer's WarningLog records the run's warnings."""
+    from agentlightning.trainers.reporting import WarningLog
+
+    handler = WarningLog(run_dir)
+    logger = logging.getLogger("agentlightning.server._proxy")
+    logger.addHandler(handler)
+    try:
+        for _ in range(times):
+            logger.warning(message)
+    finally:
+        logger.removeHandler(handler)
 
 
 @pytest.fixture(scope="package")
@@ -95,6 +122,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             server.request_stop()
             pool.wait(20)
         write_metrics(run_dir / "metrics.jsonl", range(1, 4))
+        write_run_warning(run_dir, RUN_WARNING, times=2)
         yield Run(server, run_dir, ok, crashed, flaky)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from chromium import wait_for
-from conftest import TOKEN, Run, write_metrics
+from conftest import RUN_WARNING, TOKEN, TYPO_WARNING, Run, write_metrics
 
 pytest.importorskip("langchain_openai")
 
@@ -54,14 +54,41 @@ def test_without_the_token_nothing_is_shown_and_the_token_opens_it(browser, run:
     assert len(rows) == 21
 
 
-def test_run_page_draws_a_curve_per_metric_and_a_new_step_appears_live(browser, run: Run) -> None:
+def chart_names(browser, css: str) -> list[str]:
+    return [svg.get_attribute("data-metric") for svg in browser.find_elements("css selector", f"{css} svg.chart")]
+
+
+def test_run_page_leads_with_reward_and_roles_hides_flat_metrics_and_a_new_step_appears_live(browser, run: Run) -> None:
     open_page(browser, run, "#/run")
-    reward = wait_for(browser, 'svg[data-metric="reward"]')[0]
+    reward = wait_for(browser, '#headline svg[data-metric="reward"]')[0]
     assert reward.get_attribute("data-points") == "3"
     assert len(reward.find_elements("css selector", "circle")) == 3
-    names = [svg.get_attribute("data-metric") for svg in browser.find_elements("css selector", "svg.chart")]
-    assert names[:3] == ["reward", "accuracy", "train/kl"]
-    assert "throughput (rollouts/s)" in names and "staleness (calls off-version)" in names
+    assert chart_names(browser, "#headline") == ["reward", "accuracy"]
+    by_role = browser.find_element("css selector", '#role-charts svg[data-metric="reward by role"]')
+    assert by_role.get_attribute("data-series-count") == "2"
+    assert {g.get_attribute("data-series") for g in by_role.find_elements("css selector", "g")} == {"checker", "solver"}
+    others = chart_names(browser, "#charts")
+    assert others[0] == "train/kl" and "staleness (calls off-version)" in others
+    # A synchronous run's async/* columns, and what stayed the same every step, are named with their value only.
+    assert not [name for name in chart_names(browser, "main") if name.startswith("async/")]
+    flat = browser.find_element("id", "flat")
+    assert "never moved over the 3 steps" in flat.text
+    flat.find_element("tag name", "summary").click()
+    shown = {
+        item.get_attribute("data-metric"): item.text for item in flat.find_elements("css selector", ".flat-metric")
+    }
+    assert shown["async/queue_depth"] == "async/queue_depth = 0"
+    assert shown["throughput (rollouts/s)"] == "throughput (rollouts/s) = 4"
+    assert shown["role/checker/transitions"] == "role/checker/transitions = 0"
+    assert "transitions by role" not in chart_names(browser, "main")
+    warnings = {
+        item.get_attribute("data-kind"): item.text for item in browser.find_elements("css selector", "li.warning")
+    }
+    assert warnings["step"] == f"{TYPO_WARNING} (steps 2–3)"
+    assert warnings["run"] == f"{RUN_WARNING} (agentlightning.server._proxy, 2 times)"
+    assert warnings["retried"].startswith("5 rollouts retried (an attempt crashed")  # 4 flaky ones, the crashed one
+    assert warnings["failed"] == "1 rollout failed on the last attempt"
+    assert "nothing-trained" not in warnings
     assert "v1" in browser.find_element("tag name", "main").text and "v2" in browser.page_source
     shot(browser, "run")
     write_metrics(run.run_dir / "metrics.jsonl", range(4, 5))  # the run writes its next step

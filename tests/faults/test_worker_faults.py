@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import fault_agents
 import pytest
-from _harness import fault_client
+from _harness import AglServer, agl, fault_client
 from polling import wait_for
 
 from agentlightning.client import start_workers
@@ -132,3 +133,44 @@ def _group_survivors(pgid: int) -> list[str]:
     """The processes of group ``pgid`` that still run (zombies, exited but not reaped, left out)."""
     group = subprocess.run(["ps", "-o", "stat=,pid=,args=", "-g", str(pgid)], capture_output=True, text=True)
     return [line for line in group.stdout.splitlines() if not line.lstrip().startswith("Z")]
+
+
+def test_a_client_whose_server_is_gone_says_so_and_exits_within_seconds(tmp_path: Path) -> None:
+    """Issue 35, item 8: ``agl server`` is killed (nothing on its port any more); ``agl client --nworkers 2`` used to
+    retry for 10 minutes. It now warns at the first refused connection, waits ``--reconnect-seconds`` (10 s) for a
+    restart, and exits 2 naming the server, its workers with it."""
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text(json.dumps({"id": "t0", "question": "t0"}) + "\n")
+    with MockLLMServer() as mock, AglServer(tmp_path / "s.db", mock.base_url) as server:
+        client = agl(
+            "client",
+            "--agent",
+            "fault_agents:fault_agent",
+            "--dataset",
+            str(dataset),
+            "--nworkers",
+            "2",
+            "--server-url",
+            server.url,
+        )
+        try:
+            wait_for(lambda: server.http.get("/datasets").json() or client.poll() is not None, 60, "the dataset")
+            assert client.poll() is None, client.stdout.read().decode()
+            time.sleep(2.0)  # its workers are asking for work
+            server.kill()
+            gone = time.monotonic()
+            code = client.wait(30)
+            waited = time.monotonic() - gone
+            output = client.stdout.read().decode()
+        finally:
+            if client.poll() is None:
+                os.killpg(client.pid, signal.SIGKILL)
+    assert code == 2, output[-3000:]
+    assert waited < 20, f"the client took {waited:.0f} s to give up"  # 10 s for a restart, then out
+    assert f"server {server.url} not answering (ConnectError" in output and "retrying for up to 10 s" in output
+    assert (
+        f"agl client: error: Client.train stopped: the server at {server.url} is gone: unreachable for 10 s" in output
+    )
+    assert "Traceback" not in output
+    # its workers are gone with it (multiprocessing's resource tracker may take a moment more)
+    wait_for(lambda: not _group_survivors(client.pid), 10, "the client's process group to be gone")

@@ -10,7 +10,7 @@ import torch
 from agentlightning.trainers._pipeline import RolloutPipeline, fresh_enough, version_number
 from agentlightning.trainers.config import TrainConfig
 from agentlightning.trainers.learner._importance import importance_weights
-from agentlightning.trainers.rollouts import LocalRollouts, ServerRollouts
+from agentlightning.trainers.rollouts import LocalRollouts, RolloutProgress, ServerRollouts
 from async_agents import scored_agent
 
 from agentlightning.server import SQLiteStore
@@ -231,3 +231,26 @@ def test_queued_rollouts_are_not_hung_the_group_wait_counts_from_their_start(tmp
         finally:
             source.close()
     assert len(rollouts) == 12 and {rollout.status for rollout in rollouts} == {"succeeded"}
+
+
+def test_a_slow_step_logs_where_its_rollouts_stand(caplog) -> None:
+    """Issue 35, item 4: a step waiting for its rollouts logs, at INFO, how many finished, run and wait, and the
+    completion tokens per second (LocalRollouts counts them from the finished rollouts' calls)."""
+    with MockLLMServer(token_ids=True) as server:
+        source = LocalRollouts(scored_agent, nworkers=2)  # 6 rollouts of 0.6 s, two at a time: about 2 s
+        source.set_model(server.base_url, "mock-model", "v0")
+        try:
+            pipeline = _pipeline(source, [{"id": "t0", "question": "q", "delay": 0.6}] * 2, staleness=0, refills=0)
+            pipeline.progress_seconds = 0.25
+            with caplog.at_level("INFO", logger="agentlightning.trainers._pipeline"):
+                step = pipeline.next_step(0, 0)
+        finally:
+            source.close()
+    assert len(step.rollouts) == 6
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "INFO" and "rollouts finished" in r.getMessage()]
+    assert len(lines) >= 3, lines
+    assert all(line.startswith("step 1, ") and " of 6 rollouts finished, " in line for line in lines)
+    assert "0 of 6 rollouts finished, 2 running, 4 queued" in lines[0]
+    assert float(lines[-1].split("; ")[1].split()[0]) > 0  # completion tokens/s once rollouts have finished
+    tokens = sum(len(call.completion_token_ids or []) for rollout in step.rollouts for call in rollout.llm_calls)
+    assert tokens and source.progress() == RolloutProgress(finished=0, running=0, queued=0, completion_tokens=tokens)

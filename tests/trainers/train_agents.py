@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import openai
 
 import agentlightning as agl
@@ -83,3 +85,14 @@ def solver_agent(task: dict, llm: agl.LLM) -> float:
 def no_llm_agent(task: dict) -> float:
     """An agent that never receives the model (it answers by itself): nothing training does can change it."""
     return 1.0
+
+
+@agl.rollout
+def slow_agent(task: dict, llm: agl.LLM) -> float:
+    """One chat call, then ``task['sleep']`` seconds of the agent's own work: a step that takes a while."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    reply = client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=8
+    )
+    time.sleep(task["sleep"])
+    return len(reply.choices[0].message.content or "") / 50.0

@@ -14,6 +14,7 @@ function esc(value) {
 const num = (v, digits = 3) => (v === null || v === undefined ? "" : Number(v).toPrecision(digits).replace(/\.?0+$/, ""));
 const time = (t) => (t ? new Date(t * 1000).toLocaleTimeString() : "");
 const seconds = (a, b) => (a && b ? `${(b - a).toFixed(2)} s` : "");
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
 const badge = (s) => `<span class="badge ${esc(s)}">${esc(s)}</span>`;
 const json = (v) => {  // one line when short, indented otherwise
   if (typeof v === "string") return v;
@@ -60,30 +61,49 @@ function setQuery(base, params) {
 
 // -- charts (inline SVG) -------------------------------------------------------------------------------------
 
-function lineChart(name, points) {
-  const w = 320, h = 150, left = 42, bottom = 20, top = 8, right = 8;
-  if (!points.length) return "";
-  const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
-  let [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+const COLOURS = ["#3867d6", "#e17055", "#00a884", "#8e44ad", "#f5b400", "#636e72"];
+
+// One chart of one or more series ({label, points: [[step, value], ...]}); a y axis whose values are all >= 0 starts
+// at 0 or above, and the x axis is labelled with the steps the data has (a single step: that step, centred).
+function lineChart(name, series, big = false) {
+  if (!Array.isArray(series[0]?.points)) series = [{label: name, points: series}];
+  series = series.filter((s) => s.points.length);
+  if (!series.length) return "";
+  const w = 320, h = big ? 190 : 150, left = 42, bottom = 20, top = 8, right = 8;
+  const all = series.flatMap((s) => s.points), xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
+  const [xmin, xmax, ymin, ymax] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+  let [x0, x1, y0, y1] = [xmin, xmax, ymin, ymax];
   if (x0 === x1) { x0 -= 1; x1 += 1; }
-  if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
+  if (y0 === y1) { const pad = Math.abs(y0) * 0.1 || 0.5; y0 -= pad; y1 += pad; }
+  if (ymin >= 0 && y0 < 0) y0 = 0;  // counts, rates and lengths never go below zero
   const sx = (x) => left + ((x - x0) / (x1 - x0)) * (w - left - right);
   const sy = (y) => top + (1 - (y - y0) / (y1 - y0)) * (h - top - bottom);
-  const line = points.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ");
-  const dots = points.map((p) => `<circle cx="${sx(p[0]).toFixed(1)}" cy="${sy(p[1]).toFixed(1)}" r="2.5">` +
-    `<title>step ${p[0]}: ${num(p[1], 4)}</title></circle>`).join("");
-  return `<div class="chart-box"><h4>${esc(name)}</h4><svg class="chart" data-metric="${esc(name)}"
-    data-points="${points.length}" viewBox="0 0 ${w} ${h}" width="100%">
+  const drawn = series.map((s, i) => {
+    const colour = COLOURS[i % COLOURS.length];
+    const line = s.points.map((p) => `${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join(" ");
+    const dots = s.points.map((p) => `<circle cx="${sx(p[0]).toFixed(1)}" cy="${sy(p[1]).toFixed(1)}" r="2.5"
+      style="fill:${colour}"><title>${esc(s.label)} · step ${p[0]}: ${num(p[1], 4)}</title></circle>`).join("");
+    return `<g data-series="${esc(s.label)}"><polyline points="${line}" style="stroke:${colour}"/>${dots}</g>`;
+  });
+  const xLabels = xmin === xmax ? `<text x="${sx(xmin) - 3}" y="${h - 4}">${num(xmin)}</text>` :
+    `<text x="${left}" y="${h - 4}">${num(xmin)}</text><text x="${w - right - 30}" y="${h - 4}">${num(xmax)}</text>`;
+  const legend = series.length > 1 ? `<div class="legend">${series.map((s, i) =>
+    `<span style="color:${COLOURS[i % COLOURS.length]}">● ${esc(s.label)}</span>`).join(" ")}</div>` : "";
+  return `<div class="chart-box${big ? " big" : ""}"><h4>${esc(name)}</h4>${legend}<svg class="chart"
+    data-metric="${esc(name)}" data-points="${Math.max(...series.map((s) => s.points.length))}"
+    data-series-count="${series.length}" viewBox="0 0 ${w} ${h}" width="100%">
     <line x1="${left}" y1="${h - bottom}" x2="${w - right}" y2="${h - bottom}" stroke="#ccc"/>
     <line x1="${left}" y1="${top}" x2="${left}" y2="${h - bottom}" stroke="#ccc"/>
     <text x="2" y="${top + 8}">${num(y1)}</text><text x="2" y="${h - bottom}">${num(y0)}</text>
-    <text x="${left}" y="${h - 4}">${num(x0)}</text><text x="${w - right - 30}" y="${h - 4}">${num(x1)}</text>
-    <polyline points="${line}"/>${dots}</svg></div>`;
+    ${xLabels}<text x="${(w + left) / 2 - 10}" y="${h - 4}">step</text>${drawn.join("")}</svg></div>`;
 }
 
-// The curves a user looks at first; every other numeric column of metrics.jsonl follows.
-const FIRST = ["reward", "val/reward", "accuracy", "val/accuracy", "train/kl", "train/entropy", "train/loss",
-  "completion_tokens_mean", "throughput (rollouts/s)", "staleness (calls off-version)", "step_seconds", "failed"];
+// What a user reads first: reward and accuracy, in training and on the held-out tasks.
+const HEADLINE = ["reward", "accuracy", "val/reward", "val/accuracy"];
+// The other curves in this order; every other numeric column of metrics.jsonl follows, by name.
+const FIRST = ["train/kl", "train/entropy", "train/loss", "completion_tokens_mean", "throughput (rollouts/s)",
+  "staleness (calls off-version)", "step_seconds", "failed"];
+const rank = (name) => (FIRST.includes(name) ? FIRST.indexOf(name) : FIRST.length);
 
 function derived(row) {
   const extra = {};
@@ -92,17 +112,89 @@ function derived(row) {
   return {...row, ...extra};
 }
 
-function metricCharts(rows) {
+function seriesOf(rows) {
   const series = {};
   for (const row of rows.map(derived)) {
     for (const [key, value] of Object.entries(row)) {
       if (key !== "step" && typeof value === "number" && isFinite(value)) (series[key] ||= []).push([row.step, value]);
     }
   }
-  const names = Object.keys(series).sort((a, b) => rank(a) - rank(b) || a.localeCompare(b));
-  return names.map((name) => lineChart(name, series[name])).join("");
+  return series;
 }
-const rank = (name) => (FIRST.includes(name) ? FIRST.indexOf(name) : FIRST.length);
+const moved = (points) => points.some((p) => p[1] !== points[0][1]);
+
+// The run's curves in three parts: the headline (always drawn), one chart per role or policy metric with a line
+// per role (role/<name>/<metric>, policy/<name>/<metric>), and the rest; a chart none of whose lines moved over
+// the run is not drawn but named with its (last) value, so a synchronous run shows no wall of async/* charts.
+function curves(rows) {
+  const series = seriesOf(rows);
+  const headline = HEADLINE.filter((name) => series[name]).map((name) => lineChart(name, series[name], true));
+  const grouped = {}, other = [];
+  for (const name of Object.keys(series)) {
+    const match = /^(role|policy)\/(.+)\/([^/]+)$/.exec(name);
+    if (match) ((grouped[`${match[3]} by ${match[1]}`] ||= [])).push({label: match[2], points: series[name], name});
+    else if (!HEADLINE.includes(name)) other.push(name);
+  }
+  const flat = [];
+  const perRole = Object.keys(grouped).sort().map((title) => {
+    const lines = grouped[title];
+    if (lines.some((line) => moved(line.points))) return lineChart(title, lines);
+    flat.push(...lines.map((line) => [line.name, line.points.at(-1)[1]]));
+    return "";
+  });
+  // A synchronous run (nothing queued ahead, no lag) has async/* columns of waits that only say the step waited for
+  // its rollouts: listed, not drawn.
+  const ahead = ["async/queue_depth", "async/staleness_max"].some((name) => (series[name] || []).some((p) => p[1] > 0));
+  const rest = other.sort((a, b) => rank(a) - rank(b) || a.localeCompare(b)).map((name) => {
+    if (moved(series[name]) && (ahead || !name.startsWith("async/"))) return lineChart(name, series[name]);
+    flat.push([name, series[name].at(-1)[1]]);
+    return "";
+  });
+  return {headline: headline.join(""), perRole: perRole.join(""), rest: rest.join(""), flat};
+}
+
+function flatNote(flat, steps) {
+  if (!flat.length) return "";
+  const values = flat.sort((a, b) => a[0].localeCompare(b[0])).map(([name, value]) =>
+    `<span class="flat-metric" data-metric="${esc(name)}">${esc(name)} = ${num(value)}</span>`);
+  const why = (steps > 1 ? `never moved over the ${steps} steps` : "one step so far") +
+    (flat.some(([name]) => name.startsWith("async/")) ? "; async/* of a run that sampled no step ahead" : "");
+  return `<details id="flat"><summary>${flat.length} metrics not drawn (${why})</summary><p>${values.join(" · ")}</p>
+    </details>`;
+}
+
+// The run's warnings, most important first: a run that trained nothing, what each step's extraction or update
+// skipped (with the steps it happened in), the run's logged warnings (warnings.jsonl), retried and failed rollouts.
+function warningList(rows, logged, overview) {
+  const items = [];
+  const steps = rows.filter((row) => row.step >= 1);
+  if (steps.length && steps.every((row) => row.skipped_update)) {
+    items.push(["nothing-trained", `Nothing trained: none of the ${steps.length} steps changed the model ` +
+      `(${esc(steps.at(-1).model_version_after || steps.at(-1).model_version || "")} is the model it started with)`]);
+  }
+  const byText = new Map();
+  for (const row of steps) for (const text of row.warnings || []) byText.set(text, [...(byText.get(text) || []), row.step]);
+  for (const [text, at] of byText) items.push(["step", `${esc(text)} <small>(${stepList(at)})</small>`]);
+  for (const entry of logged) {
+    items.push(["run", `${esc(entry.message)} <small>(${esc(entry.logger)}${entry.count > 1 ? `, ${entry.count} times` : ""})</small>`]);
+  }
+  const counts = overview.counts || {};
+  if (overview.retried) {
+    items.push(["retried", `<a href="#/rollouts?retried=true">${plural(overview.retried, "rollout")} retried</a> ` +
+      "(an attempt crashed, timed out or lost its worker)"]);
+  }
+  const failed = (counts.failed || 0) + (counts.timeout || 0) + (counts.cancelled || 0);
+  if (failed) items.push(["failed", `<a href="#/rollouts?failed=true">${plural(failed, "rollout")} failed</a> on the last attempt`]);
+  if (!items.length) return "";
+  return `<h3>Warnings</h3><ul class="warnings">${items.map(([kind, html]) =>
+    `<li class="warning ${kind}" data-kind="${kind}">${html}</li>`).join("")}</ul>`;
+}
+
+function stepList(steps) {
+  if (steps.length === 1) return `step ${steps[0]}`;
+  const contiguous = steps.every((s, i) => !i || s === steps[i - 1] + 1);
+  return contiguous ? `steps ${steps[0]}–${steps.at(-1)}` : `steps ${steps.join(", ")}`;
+}
 
 // -- pages ---------------------------------------------------------------------------------------------------
 
@@ -140,29 +232,41 @@ async function runPage() {
     <td>${time(v.created)}</td><td class="num">${v.rollouts}</td><td class="num">${num(v.mean_reward)}</td></tr>`);
   const settings = Object.entries(overview.settings).map(([k, v]) => `<tr><td>${esc(k)}</td><td>${esc(json(v))}</td></tr>`);
   page.innerHTML = `<h2>Run</h2><p>${counts || '<span class="empty">no rollouts in the store</span>'}</p>
-    <h3>Curves <small id="curve-note"></small></h3><div class="charts" id="charts"></div>
+    <div id="warnings"></div>
+    <h3>Reward and accuracy <small id="curve-note"></small></h3><div class="charts headline" id="headline"></div>
+    <div id="per-role"></div><div id="other"></div>
     <div id="evals"></div>
     <h3>Model versions</h3><table><thead><tr><th>version</th><th>model</th><th>since</th><th class="num">rollouts</th>
     <th class="num">mean reward</th></tr></thead><tbody>${versions.join("") || '<tr><td colspan="5" class="empty">none</td></tr>'}
     </tbody></table>${listing("Datasets", overview.datasets, (d) => [d.dataset_id, d.name, d.size, time(d.created)])}
     ${listing("Workers", overview.workers, (w) => [w.worker_id, `last seen ${time(w.last_seen)}`, `${w.leased} leased`])}
     <h3>Settings</h3><table class="kv"><tbody>${settings.join("")}</tbody></table>`;
-  let rows = [], tick = 0;
+  let rows = [], logged = [], tick = 0;
   const draw = async () => {
     const fresh = await api(`/metrics?since=${rows.length}`);
     const restarted = fresh.total < rows.length;  // a fresh run in the same directory started a new file
     rows = restarted ? (await api("/metrics")).rows : rows.concat(fresh.rows);
-    const charts = document.getElementById("charts");
-    if (!charts) return;
+    const headline = document.getElementById("headline");
+    if (!headline) return;
+    const polled = tick++ % 5 === 0;  // the warnings log and the store's batches change slowly: every 10 s
+    if (polled) logged = await api("/warnings");
+    if (polled || restarted || fresh.rows.length) {
+      document.getElementById("warnings").innerHTML = warningList(rows, logged, overview);
+    }
     if (rows.length) {
-      if (!restarted && !fresh.rows.length && charts.children.length) return;  // nothing new: keep what is drawn
+      if (!restarted && !fresh.rows.length && headline.children.length) return;  // nothing new: keep what is drawn
       document.getElementById("curve-note").textContent = `(${rows.length} steps from ${overview.metrics})`;
-      charts.innerHTML = metricCharts(rows);
-    } else if (tick++ % 5 === 0) {  // no metrics.jsonl: the store's batches of rollouts (a step each) stand in
+      const drawn = curves(rows);
+      headline.innerHTML = drawn.headline;
+      document.getElementById("per-role").innerHTML = drawn.perRole ?
+        `<h3>Per role and policy</h3><div class="charts" id="role-charts">${drawn.perRole}</div>` : "";
+      document.getElementById("other").innerHTML = (drawn.rest ? `<h3>Other curves</h3><div class="charts" id="charts">
+        ${drawn.rest}</div>` : "") + flatNote(drawn.flat, rows.length);
+    } else if (polled) {  // no metrics.jsonl: the store's batches of rollouts (a step each) stand in
       const batches = await api("/batches");
       document.getElementById("curve-note").textContent = `(no metrics.jsonl; mean reward of each of ${batches.length} batches)`;
-      charts.innerHTML = lineChart("batch mean reward", batches.map((b, i) => [i + 1, b.mean_reward]).filter((p) => p[1] !== null)) +
-        lineChart("batch failed rollouts", batches.map((b, i) => [i + 1, b.failed]));
+      headline.innerHTML = lineChart("batch mean reward", batches.map((b, i) => [i + 1, b.mean_reward]).filter((p) => p[1] !== null), true) +
+        lineChart("batch failed rollouts", batches.map((b, i) => [i + 1, b.failed]), true);
     }
   };
   await draw();

@@ -183,7 +183,7 @@ class StoreReader:
         }
 
     def overview(self) -> dict[str, Any]:
-        """Counts by state, model versions with their rollouts' mean reward, datasets, workers."""
+        """Counts by state, retried rollouts, model versions with their rollouts' mean reward, datasets, workers."""
         served = {
             r["model_version"]: r
             for r in self._all(
@@ -193,6 +193,7 @@ class StoreReader:
         versions = self._all("SELECT version, model_name, created FROM model_versions ORDER BY seq")
         return {
             "counts": {r["status"]: r["n"] for r in self._all("SELECT status, COUNT(*) AS n FROM rollouts GROUP BY 1")},
+            "retried": self._all("SELECT COUNT(*) AS n FROM rollouts WHERE attempt > 1")[0]["n"],
             "model_versions": [
                 {**v, "rollouts": 0, "mean_reward": None, **served.get(v["version"], {})} for v in versions
             ],
