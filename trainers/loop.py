@@ -37,6 +37,7 @@ from agentlightning.trainers.reporting import MetricsWriter, check_reporters, ro
 
 from agentlightning._command import CommandAgent
 from agentlightning._decorator import RolloutAgent
+from agentlightning._signals import stop_like_ctrl_c
 from agentlightning.rl.advantages import GROUP_BASELINES
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,13 @@ class TrainingRun:
     # -- the run ------------------------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
+        """Train; SIGTERM and SIGHUP stop the run as Ctrl-C does (:mod:`agentlightning._signals`): the backend,
+        the server and the workers it started are stopped before :class:`~agentlightning._signals.Stopped` is
+        raised."""
+        with stop_like_ctrl_c("agl.train"):
+            return self._run()
+
+    def _run(self) -> TrainResult:
         from agentlightning.trainers.learner.grpo import grpo_config
 
         started = time.perf_counter()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import fault_agents
 import pytest
-from _harness import agl
+from _harness import agl, group_survivors
 from polling import wait_for
 
 from agentlightning.client import start_workers
@@ -128,13 +128,7 @@ def test_sigterm_to_agl_client_drains_like_ctrl_c(tmp_path: Path, to_group: bool
         finished = [server.store.get_rollout(rid) for rid in ids if server.store.rollout_state(rid)[0] == "succeeded"]
         assert [(r.attempt, r.final_reward) for r in finished] == [(1, 1.0), (1, 1.0)]
         # multiprocessing's resource tracker may still be exiting for a moment after the client; a worker never ends
-        wait_for(lambda: not _group_survivors(client.pid), 10, "the client's process group to be gone")
-
-
-def _group_survivors(pgid: int) -> list[str]:
-    """The processes of group ``pgid`` that still run (zombies, exited but not reaped, left out)."""
-    group = subprocess.run(["ps", "-o", "stat=,pid=,args=", "-g", str(pgid)], capture_output=True, text=True)
-    return [line for line in group.stdout.splitlines() if not line.lstrip().startswith("Z")]
+        wait_for(lambda: not group_survivors(client.pid), 10, "the client's process group to be gone")
 
 
 @contextlib.contextmanager
