@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from _harness import agl, group_survivors, session_survivors
 from polling import wait_for
+from vllm_venv import require_vllm
 
 pytest.importorskip("torch")
 from agentlightning.trainers.models import tiny_model  # noqa: E402
@@ -31,7 +32,6 @@ from agentlightning.server import SQLiteStore  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
-VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 LORA = json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]})
 VLLM_OPTIONS = [
     "--backend",
@@ -145,14 +145,6 @@ def vllm_owned_dir(pid: int) -> Path:
     return Path(entry.split(b"=", 1)[1].decode())
 
 
-def needs_vllm() -> None:
-    if not VLLM_PYTHON.exists():
-        reason = ".venv-vllm is absent: `make vllm-venv` installs vLLM's CPU build"
-        if os.environ.get("AGL_REQUIRE_VLLM") == "1":
-            pytest.fail(f"AGL_REQUIRE_VLLM=1 but {reason}")
-        pytest.skip(reason)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_or_sighup_to_agl_train_stops_it_as_ctrl_c_does(tmp_path: Path, signum: signal.Signals) -> None:
@@ -193,7 +185,7 @@ def test_sigterm_to_the_group_of_agl_train_on_vllm_stops_the_vllm_server_and_rem
 ) -> None:
     """As a process manager stops a service: SIGTERM to the trainer's process group. The vLLM server runs in a
     session of its own, which the signal does not reach; the trainer stops it, and removes its /dev/shm files."""
-    needs_vllm()
+    require_vllm()
     with holding_trainer(tmp_path, *VLLM_OPTIONS, hidden_size=256) as trainer:
         (server,) = trainer.children_in_own_session()
         files = vllm_owned_dir(server)
@@ -210,7 +202,7 @@ def test_sigterm_to_the_group_of_agl_train_on_vllm_stops_the_vllm_server_and_rem
 @pytest.mark.slow
 def test_the_vllm_server_of_a_sigkilled_agl_train_stops_itself_and_removes_its_files(tmp_path: Path) -> None:
     """Its launcher sees the trainer gone, removes the server's files and stops the server's whole session."""
-    needs_vllm()
+    require_vllm()
     with holding_trainer(tmp_path, *VLLM_OPTIONS, hidden_size=256) as trainer:
         (server,) = trainer.children_in_own_session()
         files = vllm_owned_dir(server)
