@@ -131,6 +131,32 @@ def test_sigterm_to_agl_client_drains_like_ctrl_c(tmp_path: Path, to_group: bool
         wait_for(lambda: not group_survivors(client.pid), 10, "the client's process group to be gone")
 
 
+def test_workers_of_a_sigkilled_agl_client_exit_on_their_own(tmp_path: Path) -> None:
+    """SIGKILL (or the OOM killer) to the client runs no clean-up: its workers see their parent gone, lease nothing
+    more, give up the rollouts they hold at their next heartbeat and exit; the server re-leases those rollouts once
+    their leases expire."""
+    release = tmp_path / "release"
+    tasks = [{"id": f"t-{i}", "mode": "hold", "release": str(release)} for i in range(4)]
+    settings = Settings(lease_seconds=6.0)
+    with (
+        MockLLMServer() as mock,
+        LightningServer(
+            tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model", settings=settings
+        ) as server,
+    ):
+        with _fault_client(tasks, tmp_path, server, nworkers=2) as (client, dataset_id):
+            server.enqueue(dataset_id)
+            wait_for(lambda: server.store.counts().get("running") == 2, 60, "both workers to lease a rollout")
+            assert len(group_survivors(client.pid)) >= 3  # the client and its two workers at least
+            client.kill()
+            client.wait(10)
+            wait_for(lambda: not group_survivors(client.pid), 20, "the orphaned workers to exit")
+            # the two they held expire (nobody heart-beats them) and are queued again
+            wait_for(
+                lambda: server.store.counts() == {"queued": 4}, settings.lease_seconds + 10, "the leases to expire"
+            )
+
+
 @contextlib.contextmanager
 def _fault_client(
     tasks: list[dict], tmp_path: Path, server: LightningServer, nworkers: int
