@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from _harness import agl, group_survivors, session_survivors
+from _harness import agl, free_port, group_survivors, session_survivors
 from polling import wait_for
 from vllm_venv import require_vllm
 
@@ -78,14 +79,20 @@ class Trainer:
         return leaders
 
 
-@contextmanager
-def holding_trainer(tmp_path: Path, *options: str, hidden_size: int = 32) -> Iterator[Trainer]:
-    """``agl train`` (in its own session) of ``fault_agent`` on 2 tasks x 2 rollouts that hold until
-    ``tmp_path/release`` exists, yielded once both workers hold one; its session is killed on the way out."""
+def tiny_model_dir(tmp_path: Path, hidden_size: int = 32) -> Path:
+    """The tiny random model and its tokenizer, saved (``agl train --model DIR``)."""
     model_dir = tmp_path / "tiny"
     model, tokenizer = tiny_model(seed=5, hidden_size=hidden_size)
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
+    return model_dir
+
+
+@contextmanager
+def holding_trainer(tmp_path: Path, *options: str, hidden_size: int = 32) -> Iterator[Trainer]:
+    """``agl train`` (in its own session) of ``fault_agent`` on 2 tasks x 2 rollouts that hold until
+    ``tmp_path/release`` exists, yielded once both workers hold one; its session is killed on the way out."""
+    model_dir = tiny_model_dir(tmp_path, hidden_size)
     holding = tmp_path / "holding"
     holding.mkdir()
     hold = {"mode": "hold", "release": str(tmp_path / "release"), "holding": str(holding)}
@@ -164,6 +171,39 @@ def test_sigterm_or_sighup_to_agl_train_stops_it_as_ctrl_c_does(tmp_path: Path, 
         # multiprocessing's resource tracker may still be exiting for a moment after the trainer; a worker never ends
         wait_for(lambda: not group_survivors(trainer.process.pid), 10, "the trainer's process group to be gone")
     assert store_counts(tmp_path) == {"cancelled": 4}
+
+
+@pytest.mark.slow
+def test_sigterm_to_agl_server_model_stops_it_and_frees_its_port(tmp_path: Path) -> None:
+    """``agl server --model`` waiting for a client to attach a dataset: SIGTERM stops the server (its port free
+    again) and it exits 143, as Ctrl-C would stop it."""
+    port = free_port()
+    process = agl(
+        "server",
+        "--model",
+        str(tiny_model_dir(tmp_path)),
+        "--port",
+        str(port),
+        "--store",
+        str(tmp_path / "store.db"),
+        "--output-dir",
+        str(tmp_path / "run"),
+        "--log-level",
+        "WARNING",
+    )
+    server = Trainer(process)
+    try:
+        wait_for(lambda: "waiting for a client" in server.output or process.poll() is not None, 120, "the server")
+        assert process.poll() is None, server.output[-3000:]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 128 + signal.SIGTERM, server.output[-3000:]
+        wait_for(lambda: "agl server: stopped by SIGTERM" in server.output, 5, "the server's last line")
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
 
 
 @pytest.mark.slow
