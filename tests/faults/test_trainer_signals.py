@@ -231,9 +231,11 @@ def test_sigterm_to_the_group_of_agl_train_on_vllm_stops_the_vllm_server_and_rem
         files = vllm_owned_dir(server)
         assert files.is_dir() and len(session_survivors(server)) >= 2  # the API server and its engine core
         os.killpg(trainer.process.pid, signal.SIGTERM)
+        sent = time.monotonic()
         wait_for(lambda: "stopping what it started" in trainer.output, 30, "the trainer to start stopping")
         (tmp_path / "release").touch()
         assert trainer.process.wait(120) == 128 + signal.SIGTERM, trainer.output[-3000:]
+        logger.warning("agl train on vLLM exited %.1f s after SIGTERM to its group", time.monotonic() - sent)
         assert not session_survivors(server), session_survivors(server)
         assert not files.exists()
         wait_for(lambda: not group_survivors(trainer.process.pid), 10, "the trainer's process group to be gone")
