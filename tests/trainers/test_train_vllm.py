@@ -19,7 +19,7 @@ from vllm_venv import require_vllm
 
 import agentlightning as agl
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 from agentlightning.server import SQLiteStore  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ def test_two_steps_on_vllm_serve_the_new_version_and_report_the_logprob_gap(serv
         progress=False,
         save_model=False,
         val_every=0,
+        checkpoint_every=1,
     )
     logger.warning("2-step agl.train on vLLM: %.1f s; rows %s", time.perf_counter() - started, result.history)
 
@@ -74,28 +75,38 @@ def test_two_steps_on_vllm_serve_the_new_version_and_report_the_logprob_gap(serv
             assert len(call.completion_logprobs) == len(call.completion_token_ids)
     finally:
         store.close()
+    # The second step's answers were sampled from the adapter of step 1: the policy with the step-1 checkpoint's
+    # adapter gives their logprobs, the base model (v0: the adapter starts at zero) does not.
+    policy = result.model
+    weights = torch.load(tmp_path / "run" / "checkpoints" / "step-1" / "trainable.pt", map_location="cpu")
+    assert not policy.load_state_dict(weights, strict=False).unexpected_keys
+    calls = [rollout.llm_calls[0] for rollout in step_two]
+    after_one = _largest_logprob_gap(policy, calls)
+    with policy.disable_adapter():
+        base = _largest_logprob_gap(policy, calls)
+    logger.warning("largest logprob gaps of step 2's answers (nats): step-1 adapter %.2e, base %.2e", after_one, base)
+    assert after_one < 1e-3 and base > 1e-2, (after_one, base)
     served_models = {entry["id"] for entry in httpx.get(backend.base_url + "/models").json()["data"]}
     assert served_models == {"policy"}, "the run unloads its adapters when it ends"
 
 
-def _largest_logprob_gap(model, calls, temperature: float = 1.0) -> float:
-    """The largest |recorded - ``model``'s| logprob over the completion tokens of ``calls`` (sampled by vLLM)."""
-    import torch
-
+def _largest_logprob_gap(model, calls) -> float:
+    """The largest |recorded - ``model``'s| logprob over the completion tokens of ``calls`` (sampled by vLLM at
+    temperature 1, the runs' training temperature)."""
     gaps = []
     with torch.no_grad():
         for call in calls:
             prompt, completion = call.prompt_token_ids, call.completion_token_ids
             logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].double()
-            ours = torch.log_softmax(logits / temperature, dim=-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+            ours = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
             gaps.append(float((ours - torch.tensor(call.completion_logprobs, dtype=torch.float64)).abs().max()))
     return max(gaps)
 
 
-def _children_running(what: str) -> list[str]:
-    """Command lines of this process's children that contain ``what``."""
-    found = subprocess.run(["ps", "-o", "args=", "--ppid", str(os.getpid())], capture_output=True, text=True).stdout
-    return [line for line in found.splitlines() if what in line]
+def _vllm_servers() -> set[str]:
+    """Pid and command line of each vLLM server this process started and that still runs."""
+    found = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(os.getpid())], capture_output=True, text=True)
+    return {line.strip() for line in found.stdout.splitlines() if "agl_vllm_launch" in line}
 
 
 @pytest.mark.slow
@@ -110,6 +121,7 @@ def test_agl_train_starts_its_own_vllm_and_syncs_full_weights_from_disk(tmp_path
     model, tokenizer = tiny_model(seed=4, hidden_size=256)  # head size 64: vLLM's CPU attention supports it
     initial = copy.deepcopy(model)
     tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(4)]
+    servers = _vllm_servers()  # the session's shared one, when the other tests of this folder started it
     started = time.perf_counter()
     result = agl.train(
         reply_length_agent,
@@ -140,7 +152,7 @@ def test_agl_train_starts_its_own_vllm_and_syncs_full_weights_from_disk(tmp_path
         checkpoint_every=1,
     )
     logger.warning("2-step agl.train with its own vLLM, disk sync: %.1f s", time.perf_counter() - started)
-    assert not _children_running("agl_vllm_launch"), "the run stops the vLLM server it started"
+    assert _vllm_servers() == servers, "the run stops the vLLM server it started"
 
     first, second = result.history
     assert (first["model_version"], first["model_version_after"]) == ("v0", "v1")
