@@ -26,7 +26,7 @@ def serve_training(server: LightningServer, args: argparse.Namespace) -> int:
     the rollouts being run by the clients. The training options are those of ``agl train``, with the same
     defaults (``TrainConfig``'s fields as flags, ``--config FILE``, ``--set FIELD=VALUE``); the rollout timeout is
     the server's ``--timeout``; ``--val-fraction`` holds out a share of the dataset. SIGTERM and SIGHUP stop it as
-    Ctrl-C does: the training run and the server stop, and the clients are told to stop.
+    Ctrl-C does: the training run (and a vLLM server it started) and the Lightning Server stop.
     """
     config = training_config(args)
     with stop_like_ctrl_c("agl server --model"):
