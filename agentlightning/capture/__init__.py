@@ -7,6 +7,7 @@ Framework adapters (``agentlightning.adapters``) use only the names exported her
 from agentlightning.capture._context import (
     LLMCall,
     RolloutRecorder,
+    call_metadata,
     current_recorder,
     current_role,
     emit_reward,
@@ -24,6 +25,7 @@ from agentlightning.capture._telemetry import emit_call_span
 __all__ = [
     "LLMCall",
     "RolloutRecorder",
+    "call_metadata",
     "current_recorder",
     "current_role",
     "emit_call_span",
