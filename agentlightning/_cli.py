@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from agentlightning._cli_eval import eval_arguments, run_eval, run_sft, sft_arguments
+from agentlightning._signals import Stopped
 
 logger = logging.getLogger("agl")
 
@@ -85,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     try:
         return _serve_training(args) if training else handlers[args.command](args)
+    except Stopped as stopped:  # SIGTERM or SIGHUP in agl train or agl server --model, after its clean-up
+        print(f"agl {args.command}: {stopped}", file=sys.stderr)
+        return stopped.exit_code
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as exc:
         print(f"agl {args.command}: error: {exc}", file=sys.stderr)
         return 2

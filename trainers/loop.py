@@ -44,6 +44,7 @@ from agentlightning.trainers.reporting import (
 
 from agentlightning._command import CommandAgent
 from agentlightning._decorator import RolloutAgent
+from agentlightning._signals import stop_like_ctrl_c
 from agentlightning.rl.advantages import GROUP_BASELINES
 
 logger = logging.getLogger(__name__)
@@ -94,12 +95,16 @@ class TrainingRun:
     # -- the run ------------------------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
+        """Train; SIGTERM and SIGHUP stop the run as Ctrl-C does (:mod:`agentlightning._signals`): the backend,
+        the server and the workers it started are stopped before :class:`~agentlightning._signals.Stopped` is
+        raised."""
         started = time.perf_counter()
         self.output_dir.mkdir(parents=True, exist_ok=True)
         warning_log = WarningLog(self.output_dir)  # the run's warnings, for the dashboard
         logging.getLogger().addHandler(warning_log)
         try:
-            return self._run(started)
+            with stop_like_ctrl_c("agl.train"):
+                return self._run(started)
         finally:
             logging.getLogger().removeHandler(warning_log)
 

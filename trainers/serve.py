@@ -12,6 +12,7 @@ from agentlightning.trainers.models import check_model_source
 from agentlightning.trainers.reporting import check_reporters
 from agentlightning.trainers.rollouts import RemoteRollouts
 
+from agentlightning._signals import stop_like_ctrl_c
 from agentlightning.server import LightningServer
 
 logger = logging.getLogger(__name__)
@@ -24,9 +25,15 @@ def serve_training(server: LightningServer, args: argparse.Namespace) -> int:
     a dataset (``agl.Client().train(agent, dataset=...)``), then runs the ``agl.train`` loop with that dataset,
     the rollouts being run by the clients. The training options are those of ``agl train``, with the same
     defaults (``TrainConfig``'s fields as flags, ``--config FILE``, ``--set FIELD=VALUE``); the rollout timeout is
-    the server's ``--timeout``; ``--val-fraction`` holds out a share of the dataset.
+    the server's ``--timeout``; ``--val-fraction`` holds out a share of the dataset. SIGTERM and SIGHUP stop it as
+    Ctrl-C does: the training run (and a vLLM server it started) and the Lightning Server stop.
     """
     config = training_config(args)
+    with stop_like_ctrl_c("agl server --model"):
+        return _serve(server, args, config)
+
+
+def _serve(server: LightningServer, args: argparse.Namespace, config: TrainConfig) -> int:
     server.start()
     print(f"Lightning server on {server.url}; waiting for a client to attach a dataset", flush=True)
     try:

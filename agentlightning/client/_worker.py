@@ -37,6 +37,11 @@ logger = logging.getLogger(__name__)
 EXIT_ABANDONED = 75  # the worker left a stuck agent thread behind and must be replaced
 EXIT_AUTH = 2  # the server refused the token
 EXIT_SERVER_GONE = 3  # the server stayed unreachable for reconnect_seconds
+EXIT_ORPHANED = 76  # the process that started the worker died, and the worker did not stop within ORPHAN_GRACE
+PARENT_POLL = 0.5
+"""Seconds between a worker's looks at whether the process that started it is still its parent."""
+ORPHAN_GRACE = 30.0
+"""Seconds an orphaned worker may take to stop by itself (an upload in flight) before it exits regardless."""
 DEQUEUE_WAIT = 2.0
 DEFINITIVE = frozenset({409, 422})  # refusals of a result that re-sending cannot change (stale, not ours, invalid)
 UNKNOWN_ROLLOUT = 404  # definitive from the server that leased the rollout; another server may know it
@@ -155,6 +160,9 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> No
         # Ctrl-C and a SIGTERM to the group reach us too: the pool drains us (and ends us with SIGKILL if it must)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        parent = multiprocessing.parent_process()  # its pid as the pool saw it (getppid() may already be init's)
+        parent_pid = parent.pid if parent is not None and parent.pid is not None else os.getppid()
+        threading.Thread(target=_watch_parent, args=(parent_pid, drain), name="agl-parent-watch", daemon=True).start()
         # The agent runs in this process: it gets its rollout's own LLM key (lease.llm), not the server's token.
         os.environ.pop("AGL_SERVER_TOKEN", None)
     for stream in (sys.stdout, sys.stderr):  # an agent's lone surrogate must not fail its logging
@@ -229,6 +237,8 @@ def run_lease(
     )
 
     def heartbeat() -> bool:
+        if _orphaned.is_set():
+            return False  # nobody supervises this attempt any more: give it up (the server re-leases it)
         try:
             return api.heartbeat(lease.rollout_id, lease.attempt, config.worker_id).get("ok", True)
         except (Unreachable, ServerError) as exc:
@@ -240,7 +250,13 @@ def run_lease(
     except Exception as exc:  # noqa: BLE001 - e.g. a task the agent cannot take: fail this rollout only
         result = attempt.refuse(f"the attempt could not start: {type(exc).__name__}: {exc}", exc)
     following: tuple[Lease | None, bool] = (None, False)
-    if result.status == "cancelled":
+    if result.status == "cancelled" and _orphaned.is_set():
+        logger.warning(
+            "attempt %d of %s: the process that started this worker is gone; dropping it",
+            lease.attempt,
+            lease.rollout_id,
+        )
+    elif result.status == "cancelled":
         logger.warning("attempt %d of %s was taken away by the server; dropping it", lease.attempt, lease.rollout_id)
     else:
         if attempt.abandoned:
@@ -352,6 +368,25 @@ def resend_every(
             resend_spooled(api, spool_dir, retry_for=0.0, not_here=not_here)
         except Exception:  # noqa: BLE001 - a broken spool file must not stop the workers
             logger.exception("re-sending spooled results failed")
+
+
+_orphaned = threading.Event()
+"""Set in a worker process whose parent (the pool's process: ``agl client``, ``agl.train``) has died."""
+
+
+def _watch_parent(parent_pid: int, drain: StopSignal) -> None:
+    """A worker's thread: once the process that started it is gone (SIGKILL, OOM; the worker then has another
+    parent), the worker stops by itself: no new lease, the running attempt given up at its next heartbeat, and after
+    :data:`ORPHAN_GRACE` seconds it exits whatever still runs. Polls ``os.getppid()``, which changes on POSIX when
+    a parent dies (the process is re-parented); on Windows it never does, and workers wait for the server instead."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL)
+    logger.warning("the process that started this worker (pid %d) is gone; stopping", parent_pid)
+    _orphaned.set()
+    drain.set()  # shared with the sibling workers, orphaned too
+    time.sleep(ORPHAN_GRACE)
+    logger.error("still running %.0f s after the parent died; exiting", ORPHAN_GRACE)
+    os._exit(EXIT_ORPHANED)
 
 
 def _stamp(slot: WorkerSlot) -> None:

@@ -48,6 +48,21 @@ def agl(*args: str, preexec_fn: Callable[[], None] | None = None) -> subprocess.
     )
 
 
+def group_survivors(pgid: int) -> list[str]:
+    """The processes of group ``pgid`` that still run (zombies, exited but not reaped, left out)."""
+    return _running(["-g", str(pgid)])
+
+
+def session_survivors(sid: int) -> list[str]:
+    """The processes of session ``sid`` that still run (zombies left out)."""
+    return _running(["-s", str(sid)])
+
+
+def _running(selection: list[str]) -> list[str]:
+    found = subprocess.run(["ps", "-o", "stat=,pid=,args=", *selection], capture_output=True, text=True)
+    return [line for line in found.stdout.splitlines() if not line.lstrip().startswith("Z")]
+
+
 class AglServer:
     """``agl server`` on a fixed port and store file, which a test can kill -9 and restart."""
 

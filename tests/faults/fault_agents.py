@@ -7,7 +7,8 @@
 - "exit": logs and prints a line, then ends its process with ``os._exit(1)``;
 - "segfault": logs a line, then dereferences a null pointer (SIGSEGV);
 - "gil": logs a line, then runs a regular expression that backtracks for hours while holding the GIL;
-- "hold": waits until the file ``task["release"]`` exists;
+- "hold": waits until the file ``task["release"]`` exists (first creating a file in the folder ``task["holding"]``,
+  when given, so a test can count the rollouts that hold);
 - "surrogate": logs and prints a line holding a lone UTF-16 surrogate, then returns as "ok" does;
 - "script": runs the steps ``task["script"][str(attempt)]`` of its attempt in order instead of the calls: "call" (an
   LLM call whose message names the attempt and step, ``"<question> attempt <n> step <i>"``) or "wait:<path>" (until
@@ -67,6 +68,8 @@ def fault_agent(task: dict, llm: agl.LLM, rollout: agl.Rollout) -> float:
     if mode == "gil":
         re.match(r"(a+)+$", "a" * 64 + "b")
     if mode == "hold":
+        if task.get("holding"):
+            Path(task["holding"], f"{os.getpid()}-{time.monotonic_ns()}").touch()
         while not Path(task["release"]).exists():
             time.sleep(0.02)
     return 1.0 if task["question"] in content else 0.0

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import fault_agents
 import pytest
-from _harness import AglServer, agl, fault_client
+from _harness import AglServer, agl, fault_client, group_survivors
 from polling import wait_for
 
 from agentlightning.client import start_workers
@@ -126,13 +125,7 @@ def test_sigterm_to_agl_client_drains_like_ctrl_c(tmp_path: Path, to_group: bool
         finished = [server.store.get_rollout(rid) for rid in ids if server.store.rollout_state(rid)[0] == "succeeded"]
         assert [(r.attempt, r.final_reward) for r in finished] == [(1, 1.0), (1, 1.0)]
         # multiprocessing's resource tracker may still be exiting for a moment after the client; a worker never ends
-        wait_for(lambda: not _group_survivors(client.pid), 10, "the client's process group to be gone")
-
-
-def _group_survivors(pgid: int) -> list[str]:
-    """The processes of group ``pgid`` that still run (zombies, exited but not reaped, left out)."""
-    group = subprocess.run(["ps", "-o", "stat=,pid=,args=", "-g", str(pgid)], capture_output=True, text=True)
-    return [line for line in group.stdout.splitlines() if not line.lstrip().startswith("Z")]
+        wait_for(lambda: not group_survivors(client.pid), 10, "the client's process group to be gone")
 
 
 def test_a_client_whose_server_is_gone_says_so_and_exits_within_seconds(tmp_path: Path) -> None:
@@ -173,4 +166,30 @@ def test_a_client_whose_server_is_gone_says_so_and_exits_within_seconds(tmp_path
     )
     assert "Traceback" not in output
     # its workers are gone with it (multiprocessing's resource tracker may take a moment more)
-    wait_for(lambda: not _group_survivors(client.pid), 10, "the client's process group to be gone")
+    wait_for(lambda: not group_survivors(client.pid), 10, "the client's process group to be gone")
+
+
+def test_workers_of_a_sigkilled_agl_client_exit_on_their_own(tmp_path: Path) -> None:
+    """SIGKILL (or the OOM killer) to the client runs no clean-up: its workers see their parent gone, lease nothing
+    more, give up the rollouts they hold at their next heartbeat and exit; the server re-leases those rollouts once
+    their leases expire."""
+    release = tmp_path / "release"
+    tasks = [{"id": f"t-{i}", "mode": "hold", "release": str(release)} for i in range(4)]
+    settings = Settings(lease_seconds=6.0)
+    with (
+        MockLLMServer() as mock,
+        LightningServer(
+            tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model", settings=settings
+        ) as server,
+    ):
+        with fault_client(tasks, tmp_path, server, nworkers=2) as (client, dataset_id):
+            server.enqueue(dataset_id)
+            wait_for(lambda: server.store.counts().get("running") == 2, 60, "both workers to lease a rollout")
+            assert len(group_survivors(client.pid)) >= 3  # the client and its two workers at least
+            client.kill()
+            client.wait(10)
+            wait_for(lambda: not group_survivors(client.pid), 20, "the orphaned workers to exit")
+            # the two they held expire (nobody heart-beats them) and are queued again
+            wait_for(
+                lambda: server.store.counts() == {"queued": 4}, settings.lease_seconds + 10, "the leases to expire"
+            )

@@ -8,25 +8,18 @@ embeddings (head size 64, which vLLM's CPU attention supports), saved with the t
 from __future__ import annotations
 
 import logging
-import os
 import time
-from pathlib import Path
 
 import pytest
+from vllm_venv import require_vllm
 
 logger = logging.getLogger(__name__)
-
-VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 
 
 @pytest.fixture(scope="session")
 def served(tmp_path_factory: pytest.TempPathFactory):
     """(backend, base model, tokenizer): a started LoRA-sync :class:`VLLMBackend` (fp32, max LoRA rank 8)."""
-    if not VLLM_PYTHON.exists():
-        reason = ".venv-vllm is absent: `make vllm-venv` installs vLLM's CPU build"
-        if os.environ.get("AGL_REQUIRE_VLLM") == "1":
-            pytest.fail(f"AGL_REQUIRE_VLLM=1 but {reason}")
-        pytest.skip(reason)
+    require_vllm()
     pytest.importorskip("peft")
     from agentlightning.trainers.backends.vllm.server import VLLMBackend
     from agentlightning.trainers.models import tiny_model

@@ -1,7 +1,9 @@
 """vLLM backend: serve the policy from a vLLM OpenAI server and keep its weights equal to the trainer's.
 
-``VLLMBackend(model=DIR, policy=..., tokenizer=...)`` starts ``python -m vllm.entrypoints.openai.api_server`` on
-127.0.0.1 (with the trainer tokenizer's chat template, Hermes tool-call parsing and ``--served-model-name``);
+``VLLMBackend(model=DIR, policy=..., tokenizer=...)`` starts vLLM's OpenAI server
+(``vllm.entrypoints.openai.api_server``, through :mod:`~agentlightning.trainers.backends.vllm._launch`, which stops
+it if the trainer dies without stopping it) on 127.0.0.1 in a session of its own (with the trainer tokenizer's chat
+template, Hermes tool-call parsing and ``--served-model-name``);
 ``VLLMBackend(url=..., policy=...)`` uses a server someone else started. It implements
 :class:`~agentlightning.trainers.backends.base.Backend`: after the block of ``with backend.updating(version):`` changes
 the trainer's weights, the new weights are pushed to the server by one of four sync modes:
@@ -60,6 +62,9 @@ DEFAULT_LORA_RANK = 64
 CONNECT_GRACE = 3.0
 """Seconds a server given by ``url=`` may refuse connections before :meth:`VLLMBackend.start` gives up (a server
 still loading its model accepts connections; only a closed port refuses them)."""
+LAUNCHER = "agl_vllm_launch"
+"""The module a server started here runs (a copy of ``_launch.py`` on its ``PYTHONPATH``): vLLM's OpenAI server,
+which stops its whole session if the process that started it dies without stopping it (SIGKILL, the OOM killer)."""
 WORKER_EXTENSION = "agl_vllm_worker.WeightReloader"
 """``--worker-extension-cls`` of a server started here (a copy of ``_vllm_worker.py`` put on its ``PYTHONPATH``).
 A server started by hand in an environment with Agent Lightning uses
@@ -406,7 +411,7 @@ class VLLMBackend:
         command = [
             self.python,
             "-m",
-            "vllm.entrypoints.openai.api_server",
+            LAUNCHER,  # vllm.entrypoints.openai.api_server, stopped if this process dies
             "--model",
             str(self.model),
             "--host",
@@ -460,12 +465,16 @@ class VLLMBackend:
             self._port = probe.getsockname()[1]
         self._base_name = self._base_name or "policy"
         shutil.copy(Path(__file__).with_name("_worker.py"), self._dir / "agl_vllm_worker.py")
+        shutil.copy(Path(__file__).with_name("_launch.py"), self._dir / f"{LAUNCHER}.py")
         env = {
             **os.environ,
             # /collective_rpc, /pause and friends (dev mode) are safe only because the server binds 127.0.0.1.
             "VLLM_SERVER_DEV_MODE": "1",
             "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(self._dir), os.environ.get("PYTHONPATH")])),
+            # The launcher's watch: if this process dies without stopping the server, the server stops itself.
+            "AGL_VLLM_PARENT_PID": str(os.getpid()),
+            "AGL_VLLM_OWNED_DIR": str(self._dir),
             **self.env,
         }
         command = self.command()
