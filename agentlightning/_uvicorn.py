@@ -11,9 +11,7 @@ from typing import Any
 
 import uvicorn
 
-
-class AddressInUse(RuntimeError):
-    """Another process already listens on the address a server was asked to bind."""
+from agentlightning.errors import AddressInUse
 
 
 class BackgroundServer:

@@ -1,6 +1,6 @@
-"""The python snippets of the README and of the capture, testing and framework docs run as written, in order, and
-print what the pages say they print (the ``# ...`` lines closing a block; wrapped or elided ones, with ``...``, are
-not compared).
+"""The python snippets of the README and of the capture, testing, framework, evaluation and errors docs run as
+written, in order, and print what the pages say they print (the ``# ...`` lines closing a block; wrapped or elided
+ones, with ``...``, are not compared).
 
 Each page runs in a fresh interpreter: pages set process-wide state (an OpenTelemetry provider, installed adapters)
 and one page's leftovers must not make another pass.
@@ -25,6 +25,7 @@ PAGES = [
     "frameworks/autogen.md",
     "frameworks/pydantic_ai.md",
     "evaluation.md",
+    "errors.md",
 ]
 RUNNER = """
 import re, sys

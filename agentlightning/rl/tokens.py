@@ -12,6 +12,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from agentlightning.errors import RetokenizeError
 from agentlightning.types import Call
 
 # Preference when the same response was recorded twice (proxy and client): lower is better.
@@ -22,10 +23,6 @@ class Tokenizer(Protocol):
     """What re-tokenization needs: ``encode(text)``; ``apply_chat_template`` is used for chat messages."""
 
     def encode(self, text: str, *args: Any, **kwargs: Any) -> list[int]: ...
-
-
-class RetokenizeError(ValueError):
-    """The call's text cannot be turned back into the tokens the model saw."""
 
 
 def _rank(call: Call) -> tuple[bool, int]:

@@ -19,8 +19,7 @@ from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentlightning import _json
-from agentlightning.server._states import InvalidTransition
-from agentlightning.server.store import Conflict, NotFound, StoreError, StoreUnavailable
+from agentlightning.errors import AuthError, Conflict, InvalidTransition, NotFound, StoreError, StoreUnavailable
 
 
 def openai_error(
@@ -72,10 +71,6 @@ def add_error_handlers(app: FastAPI) -> None:
     for refusal in (StoreError, sqlite3.Error, InvalidTransition):
         app.add_exception_handler(refusal, refused)
     app.add_exception_handler(RequestValidationError, invalid)
-
-
-class AuthError(RuntimeError):
-    """The server was asked to listen publicly without a token."""
 
 
 def check_bind(host: str, token: str | None) -> None:
