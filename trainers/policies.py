@@ -22,12 +22,11 @@ import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
 
 from agentlightning.errors import ConfigError
 from agentlightning.rl.credit import CreditFunction, assign_credit, resolve_credit
-from agentlightning.types import Call, Rollout
+from agentlightning.types import Call, Rollout, role_matches
 
 BASE_VERSION = "base"
 """The model version recorded on calls served by the frozen base model."""
@@ -120,9 +119,7 @@ class PolicyMap:
         two different policies match it."""
         if role in self._cache:
             return self._cache[role]
-        matches = [
-            (key, name) for key, name in self.routes if role is not None and (role == key or fnmatchcase(role, key))
-        ]
+        matches = [(key, name) for key, name in self.routes if role_matches(role, [key])]
         chosen = {name for _, name in matches}
         if len(chosen) > 1:
             found = ", ".join(f"{key!r} ({name or 'frozen base'})" for key, name in matches)

@@ -17,8 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentlightning.errors import StoreError, StoreUnavailable
-from agentlightning.rl.tokens import merge_records
-from agentlightning.types import Call
+from agentlightning.types import Call, merge_records
 
 logger = logging.getLogger(__name__)
 
