@@ -97,8 +97,15 @@ class WorkerPool:
 
     def start(self) -> WorkerPool:
         """Send spooled results from earlier runs, then start the workers and their supervisor thread."""
-        if sent := resend_spooled(self._api, self._config.spool_dir):
+        not_here: set[str] = set()
+        if sent := resend_spooled(self._api, self._config.spool_dir, not_here=not_here):
             logger.info("re-sent %d spooled results", sent)
+        if not_here:
+            logger.info(
+                "kept %d spooled results in %s for the servers that leased them (this one does not know them)",
+                len(not_here),
+                self._config.spool_dir,
+            )
         for index in range(self.nworkers):
             self._spawn(index)
         threading.Thread(target=self._supervise, name="agl-worker-pool", daemon=True).start()
@@ -106,7 +113,7 @@ class WorkerPool:
             target=resend_every,
             name="agl-spool",
             daemon=True,
-            args=(self._api, self._config.spool_dir, self.spool_retry_seconds, self._done),
+            args=(self._api, self._config.spool_dir, self.spool_retry_seconds, self._done, not_here),
         ).start()
         logger.info(
             "started %d workers for %s against %s", self.nworkers, self._config.agent_ref, self._config.server_url

@@ -189,10 +189,11 @@ class _Actor:
     def run(self) -> int:
         """Re-send what an earlier incarnation spooled on this node, then run the worker loop; its exit code."""
         api = ServerAPI(self.config.server_url, self.config.token)
-        resend_spooled(api, self.config.spool_dir)
+        not_here: set[str] = set()
+        resend_spooled(api, self.config.spool_dir, not_here=not_here)
         threading.Thread(
             target=resend_every,
-            args=(api, self.config.spool_dir, self.spool_retry_seconds, self.stop),
+            args=(api, self.config.spool_dir, self.spool_retry_seconds, self.stop, not_here),
             name="agl-spool",
             daemon=True,
         ).start()

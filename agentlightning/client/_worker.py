@@ -38,6 +38,7 @@ EXIT_ABANDONED = 75  # the worker left a stuck agent thread behind and must be r
 EXIT_AUTH = 2  # the server refused the token
 DEQUEUE_WAIT = 2.0
 DEFINITIVE = frozenset({409, 422})  # refusals of a result that re-sending cannot change (stale, not ours, invalid)
+UNKNOWN_ROLLOUT = 404  # definitive from the server that leased the rollout; another server may know it
 
 
 def agent_ref(agent: RolloutAgent | Callable[..., Any] | str) -> str:
@@ -260,7 +261,7 @@ def upload(
             else:
                 outcome, lease, stop = api.upload_result(result, attempt, config.worker_id, retry_for), None, False
         except (ServerError, Unreachable) as exc:
-            if isinstance(exc, ServerError) and exc.status in DEFINITIVE:
+            if isinstance(exc, ServerError) and exc.status in DEFINITIVE | {UNKNOWN_ROLLOUT}:
                 logger.warning("server refused rollout %s attempt %d: %s", result.rollout_id, attempt, exc.message)
                 lease, stop = None, False
                 break
@@ -286,9 +287,13 @@ def spool(result: Rollout, attempt: int, config: WorkerConfig) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{result.rollout_id}-{attempt}.json"
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(
-        json.dumps({"attempt": attempt, "worker_id": config.worker_id, "rollout": result.model_dump(mode="json")})
-    )
+    entry = {
+        "attempt": attempt,
+        "worker_id": config.worker_id,
+        "server_url": config.server_url,
+        "rollout": result.model_dump(mode="json"),
+    }
+    tmp.write_text(json.dumps(entry))
     tmp.replace(path)
     return path
 
@@ -298,17 +303,28 @@ def default_spool_dir() -> str:
     return os.environ.get("AGL_SPOOL_DIR") or str(Path.home() / ".cache/agentlightning/spool")
 
 
-def resend_spooled(api: ServerAPI, spool_dir: str, retry_for: float = 10.0) -> int:
-    """Upload spooled results; returns how many the server took. One it refused for good is removed; others stay."""
+def resend_spooled(api: ServerAPI, spool_dir: str, retry_for: float = 10.0, not_here: set[str] | None = None) -> int:
+    """Upload spooled results; returns how many the server took. One it refused for good is removed; others stay.
+
+    The spool directory is shared by every client on the machine: a result whose rollout this server does not know
+    (404) stays for the server that leased it (a resumed run's server on a new port takes it), unless this server is
+    that one. Those names are added to ``not_here`` and skipped when it is passed again."""
+    not_here = set() if not_here is None else not_here
     sent = 0
     for path in sorted(Path(spool_dir).glob("*.json")):  # none when the directory does not exist
+        if path.name in not_here:
+            continue
         try:
             entry = json.loads(path.read_text())
             api.upload_result(
                 Rollout.model_validate(entry["rollout"]), entry["attempt"], entry["worker_id"], retry_for=retry_for
             )
         except (FileNotFoundError, ServerError) as exc:
-            if not isinstance(exc, ServerError) or exc.status not in DEFINITIVE:
+            if isinstance(exc, ServerError) and exc.status == UNKNOWN_ROLLOUT:
+                if entry.get("server_url") != api.server_url:
+                    not_here.add(path.name)
+                    continue
+            elif not isinstance(exc, ServerError) or exc.status not in DEFINITIVE:
                 continue  # sent by another client meanwhile, or not taken yet (kept)
             logger.warning("spooled result %s refused (%s); removing it", path.name, exc.message)
         except Unreachable:
@@ -319,11 +335,15 @@ def resend_spooled(api: ServerAPI, spool_dir: str, retry_for: float = 10.0) -> i
     return sent
 
 
-def resend_every(api: ServerAPI, spool_dir: str, seconds: float, done: StopSignal) -> None:
-    """Re-send spooled results every ``seconds`` until ``done`` (a server that had refused them may take them now)."""
+def resend_every(
+    api: ServerAPI, spool_dir: str, seconds: float, done: StopSignal, not_here: set[str] | None = None
+) -> None:
+    """Re-send spooled results every ``seconds`` until ``done`` (a server that had refused them may take them now);
+    ``not_here`` as in :func:`resend_spooled`."""
+    not_here = set() if not_here is None else not_here
     while not done.wait(seconds):
         try:
-            resend_spooled(api, spool_dir, retry_for=0.0)
+            resend_spooled(api, spool_dir, retry_for=0.0, not_here=not_here)
         except Exception:  # noqa: BLE001 - a broken spool file must not stop the workers
             logger.exception("re-sending spooled results failed")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -65,3 +66,41 @@ def test_result_spooled_when_server_unreachable_then_resent(tmp_path: Path) -> N
         [rollout] = server.wait([rid], timeout=5)
         assert rollout.status == "succeeded" and rollout.final_reward == 2.0
         assert httpx.get(f"{live_url}/rollouts/{rid}").json()["final_reward"] == 2.0
+
+
+def test_a_spooled_result_this_server_does_not_know_stays_for_the_server_that_leased_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The spool directory is shared by every run on the machine: another run's results must not be deleted (nor
+    re-sent every 30 s) by a server that never leased them, while the server that did, and forgot them, drops them."""
+    spool_dir = tmp_path / "spool"
+    with LightningServer(tmp_path / "s.db") as server:
+        api = ServerAPI(server.url)
+        config = WorkerConfig(
+            agent_ref="x:y",
+            server_url="http://127.0.0.1:9",  # another run's server, down now
+            token=None,
+            worker_id="w",
+            spool_dir=str(spool_dir),
+            log_dir=str(tmp_path),
+            upload_retry_seconds=0.2,
+        )
+        upload(ServerAPI(config.server_url), Rollout(rollout_id="ro-elsewhere", status="succeeded"), 1, config)
+        not_here: set[str] = set()
+        assert resend_spooled(api, str(spool_dir), not_here=not_here) == 0
+        assert not_here == {"ro-elsewhere-1.json"} and (spool_dir / "ro-elsewhere-1.json").exists()
+
+        # The worker's own server answering 404 (its store replaced): refused for good, not spooled
+        ours = dataclasses.replace(config, server_url=server.url)
+        with caplog.at_level("WARNING", logger="agentlightning.client._worker"):
+            upload(api, Rollout(rollout_id="ro-forgotten", status="succeeded"), 1, ours)
+        assert "server refused rollout ro-forgotten attempt 1" in caplog.text
+        assert sorted(p.name for p in spool_dir.iterdir()) == ["ro-elsewhere-1.json"]
+
+        # A spooled entry of this very server that it no longer knows is removed
+        entry = json.loads((spool_dir / "ro-elsewhere-1.json").read_text())
+        (spool_dir / "ro-mine-1.json").write_text(json.dumps({**entry, "server_url": server.url}))
+        with caplog.at_level("WARNING", logger="agentlightning.client._worker"):
+            assert resend_spooled(api, str(spool_dir), not_here=not_here) == 0
+        assert "spooled result ro-mine-1.json refused" in caplog.text
+        assert sorted(p.name for p in spool_dir.iterdir()) == ["ro-elsewhere-1.json"]

@@ -251,7 +251,8 @@ class LightningGRPOTrainer(GRPOTrainer):
         return outputs.log_probs[:, -logits_to_keep:], outputs.entropy[:, -logits_to_keep:]
 
     def _prepare_inputs(self, generation_batch: dict[str, Any]) -> dict[str, Any]:
-        # Micro-batches are built by step(); TRL applies the sampler correction when this flag is set.
+        # Micro-batches are built by step(); TRL applies the sampler correction when this flag is set (not a documented
+        # switch: tests/trainers/test_trl_seams.py pins it).
         self.use_vllm = "importance_sampling_ratio" in generation_batch
         return generation_batch
 
@@ -297,6 +298,9 @@ class LightningGRPOTrainer(GRPOTrainer):
         for _ in range(self.num_iterations):
             for index, micro in enumerate(micro_batches):
                 last = index == len(micro_batches) - 1
+                # accelerate's private setter, since the number of micro-batches changes per update (accelerate's
+                # public accumulate() needs a fixed count): only the last one is a sync boundary, where DeepSpeed's
+                # engine steps. Pinned by tests/trainers/test_trl_seams.py.
                 self.accelerator.gradient_state._set_sync_gradients(last)
                 self._pending_ratio = micro if deferred else None
                 # DeepSpeed's engine takes the optimizer step (clipping included) in the last micro-batch's backward.
@@ -325,6 +329,7 @@ class LightningGRPOTrainer(GRPOTrainer):
             self._sampler_ratio(
                 inputs["old_per_token_logps"], inputs["sampling_per_token_logps"], inputs["completion_mask"]
             )
+        # TRL's loss statistics of this update (what its log() would average and clear; pinned by test_trl_seams.py)
         metrics = {name: float(sum(values) / len(values)) for name, values in self._metrics["train"].items() if values}
         self._metrics["train"].clear()
         metrics["loss"] = mean_over_ranks(float(sum(losses)), self)
