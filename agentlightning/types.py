@@ -210,8 +210,10 @@ def merge_records(call: Call, other: Call) -> None:
     proxy's, say): ``call`` takes the token ids, logprobs and model version of ``other`` when their source ranks
     better (:data:`SOURCE_RANK`), and its role and response id when it has none."""
     if _rank(other) < _rank(call):
-        call.prompt_token_ids, call.completion_token_ids = other.prompt_token_ids, other.completion_token_ids
-        call.completion_logprobs, call.token_source = other.completion_logprobs, other.token_source
+        call.prompt_token_ids = other.prompt_token_ids
+        call.completion_token_ids = other.completion_token_ids
+        call.completion_logprobs = other.completion_logprobs
+        call.token_source = other.token_source
         for key in ("model_version", "policy"):  # the version (and policy) that produced these ids
             if key in other.metadata:
                 call.metadata[key] = other.metadata[key]
