@@ -331,7 +331,7 @@ class _Steps:
         self.initial_validation = self.state.values.get("initial_validation")
 
     def run(self) -> None:
-        _serve(self.source, self.backend, self.training.policies)
+        self._serve()
         if self.training.val_dataset and self.initial_validation is None:
             self._validate_initial()
         progress = _progress(self.config.progress, int(self.state.values["step"]), self.config.max_steps)
@@ -387,7 +387,7 @@ class _Steps:
             logger.warning("step %d: %s", step + 1, reason)
             row["warnings"].append(reason)
         row.update(self.learner.rewards(data.rollouts, self.config.credit, self.config.air))
-        _serve(self.source, self.backend, self.training.policies)
+        self._serve()
         row["model_version_after"] = self.backend.model_version
         row["step_seconds"] = time.perf_counter() - started
         return row
@@ -422,19 +422,33 @@ class _Steps:
         """Reward, accuracy and failures on the held-out tasks, sampled at the validation temperature."""
         assert self.training.val_dataset is not None
         self.backend.sampling_overrides = {"temperature": self.config.val_temperature}
-        _serve(self.source, self.backend, self.training.policies)
+        self._serve()
         try:
             rollouts = self.source.run(
                 list(self.training.val_dataset), 1, f"val-{label.replace(' ', '')}", self.config.rollout_timeout
             )
         finally:
             self.backend.sampling_overrides = {"temperature": self.config.temperature}
-            _serve(self.source, self.backend, self.training.policies)
+            self._serve()
         metrics = self._rollout_metrics(rollouts, self.backend.model_version)
         kept: dict[str, float] = {key: metrics[key] for key in ("reward", "accuracy", "failed") if key in metrics}
         # What each policy is rewarded for (its credit) on the held-out tasks.
         kept.update(self.learner.rewards(rollouts, self.config.credit, self.config.air))
         return kept
+
+    def _serve(self) -> None:
+        """Point the rollouts at what the backend serves now, with its sampling overrides and the answer length cap
+        (the proxy enforces them) and each role's policy (``policies=``)."""
+        backend, policies = self.backend, self.training.policies
+        routes = serving_routes(policies, backend.served) if policies is not None else ()
+        self.source.set_model(
+            backend.base_url,
+            backend.model_name,
+            backend.model_version,
+            dict(backend.sampling_overrides),
+            max_tokens_limit=self.config.max_completion_length,
+            routes=routes,
+        )
 
     def _rollout_metrics(self, rollouts: Any, version: str | dict[str | None, str]) -> dict[str, Any]:
         threshold = self.config.success_threshold
@@ -470,15 +484,6 @@ class _Steps:
             },
             notify=lambda directory: self.ranks.send_checkpoint(trainer, directory),
         )
-
-
-def _serve(source: Any, backend: Backend, policies: PolicyMap | None) -> None:
-    """Point the rollouts at what ``backend`` serves now, with its sampling overrides (the proxy enforces them) and
-    each role's policy (``policies=``)."""
-    routes = serving_routes(policies, backend.served) if policies is not None else ()
-    source.set_model(
-        backend.base_url, backend.model_name, backend.model_version, dict(backend.sampling_overrides), routes=routes
-    )
 
 
 def _served_versions(backend: Backend, policies: PolicyMap | None) -> dict[str | None, str] | None:

@@ -53,10 +53,12 @@ class RolloutSource(Protocol):
         model_name: str,
         model_version: str,
         sampling_overrides: dict[str, Any] | None = None,
+        max_tokens_limit: int | None = None,
         routes: Sequence[Any] = (),
     ) -> None:
-        """Serve ``model_name`` at ``base_url`` as ``model_version``, forcing ``sampling_overrides`` on requests;
-        ``routes`` (``agentlightning.server.Route``) serve some roles by other models (one policy per role)."""
+        """Serve ``model_name`` at ``base_url`` as ``model_version``, forcing ``sampling_overrides`` on requests and
+        capping the tokens they ask for at ``max_tokens_limit``; ``routes`` (``agentlightning.server.Route``) serve
+        some roles by other models (one policy per role)."""
         ...
 
     def close(self) -> None: ...
@@ -109,6 +111,7 @@ class ServerRollouts:
         model_name: str,
         model_version: str,
         sampling_overrides: dict[str, Any] | None = None,
+        max_tokens_limit: int | None = None,
         routes: Sequence[Any] = (),
     ) -> None:
         self.server.set_upstream(
@@ -117,6 +120,7 @@ class ServerRollouts:
             model_version,
             logprobs=self._logprobs,
             sampling_overrides=sampling_overrides or {},
+            max_tokens_limit=max_tokens_limit,
             routes=routes,
         )
 
@@ -211,10 +215,11 @@ class LocalRollouts:
         model_name: str,
         model_version: str,
         sampling_overrides: dict[str, Any] | None = None,
+        max_tokens_limit: int | None = None,
         routes: Sequence[Any] = (),
     ) -> None:
-        # Only the HF backend is served this way (TrainConfig refuses another): it applies the overrides itself and
-        # routes each role to its policy (the X-AGL-Role header).
+        # Only the HF backend is served this way (TrainConfig refuses another): it applies the overrides and the
+        # length cap itself and routes each role to its policy (the X-AGL-Role header).
         self.llm = LLM(base_url=base_url, model=model_name, model_version=model_version)
 
     def submit(

@@ -7,6 +7,7 @@ Framework adapters (``agentlightning.adapters``) use only the names exported her
 from agentlightning.capture._context import (
     LLMCall,
     RolloutRecorder,
+    call_metadata,
     current_recorder,
     current_role,
     emit_reward,
@@ -25,6 +26,7 @@ from agentlightning.types import role_matches, unmatched_patterns
 __all__ = [
     "LLMCall",
     "RolloutRecorder",
+    "call_metadata",
     "current_recorder",
     "current_role",
     "emit_call_span",

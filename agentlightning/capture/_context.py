@@ -143,6 +143,19 @@ def emit_reward(value: float, final: bool = False, name: str | None = None) -> R
     return reward
 
 
+_call_metadata: ContextVar[dict[str, Any] | None] = ContextVar("agl_call_metadata", default=None)
+
+
+@contextlib.contextmanager
+def call_metadata(**fields: Any) -> Iterator[None]:
+    """Add ``fields`` to the metadata of every LLM call that starts inside (e.g. a framework's own model string)."""
+    token = _call_metadata.set({**(_call_metadata.get() or {}), **fields})
+    try:
+        yield
+    finally:
+        _call_metadata.reset(token)
+
+
 class LLMCall:
     """A call to ``api`` ('chat.completions', 'responses', ...) at ``endpoint`` starting now with request ``body``
     (a plain copy of what is sent), in the rollout of ``recorder``, with the role current now."""
@@ -154,6 +167,7 @@ class LLMCall:
         self.fields.update(
             call_id=new_id("call"), rollout_id=recorder.rollout_id, role=current_role(), start_time=time.time()
         )
+        self.fields["metadata"].update(_call_metadata.get() or {})
         self.fields["metadata"].update(endpoint=endpoint, api=api)
         if recorder.model_version is not None:
             self.fields["metadata"]["model_version"] = recorder.model_version

@@ -33,6 +33,7 @@ ADAPTERS: dict[str, str] = {
     "openai_agents": "agents",
     "autogen": "autogen_agentchat",
     "pydantic_ai": "pydantic_ai",
+    "litellm": "litellm",
 }
 
 _lock = threading.RLock()
@@ -48,7 +49,7 @@ def _trigger(name: str) -> str:
 
 def instrument(name: str) -> None:
     """Install the adapter ``name`` ('openai', 'httpx', 'httpx2', 'anthropic', 'langchain', 'openai_agents',
-    'autogen', 'pydantic_ai') now.
+    'autogen', 'pydantic_ai', 'litellm') now.
 
     Raises ``ImportError`` with the extra to install when its framework is missing. Installing twice is harmless.
     """

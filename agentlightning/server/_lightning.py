@@ -114,11 +114,13 @@ class LightningServer:
         api_key: str | None = None,
         logprobs: bool | None = None,
         sampling_overrides: dict[str, Any] | None = None,
+        max_tokens_limit: int | None = None,
         routes: Sequence[Route] | None = None,
     ) -> ModelVersion:
         """Forward the proxy to ``url`` serving ``model_name``; calls recorded from now on carry ``model_version``
         (default: ``model_name``). ``logprobs=True`` asks for sampling logprobs on every call; ``sampling_overrides``
-        (e.g. ``{"temperature": 1.0}``) replace those fields of every forwarded request; ``routes`` serve some roles
+        (e.g. ``{"temperature": 1.0}``) replace those fields of every forwarded request; ``max_tokens_limit`` caps
+        the tokens a request may ask for (a trainer's ``max_completion_length``); ``routes`` serve some roles
         by other models (one policy per role). Unset arguments keep the previous upstream's (else the constructor's)
         value."""
         if not url.startswith(("http://", "https://")):
@@ -132,6 +134,7 @@ class LightningServer:
             api_key=api_key if api_key is not None else current.api_key,
             logprobs=logprobs if logprobs is not None else current.logprobs,
             sampling_overrides=dict(current.sampling_overrides if sampling_overrides is None else sampling_overrides),
+            max_tokens_limit=max_tokens_limit if max_tokens_limit is not None else current.max_tokens_limit,
             routes=tuple(current.routes if routes is None else routes),
         )
         return self.store.set_model_version(version, model_name or "", url)

@@ -329,12 +329,26 @@ def _upstream_body(
         payload["model"] = route.model_name if route is not None else upstream.model_name
     payload["return_token_ids"] = True
     payload.update(upstream.sampling_overrides)
+    if upstream.max_tokens_limit is not None:
+        _cap_max_tokens(payload, endpoint, upstream.max_tokens_limit)
     if upstream.logprobs:
         if endpoint == "chat.completions":
             payload["logprobs"] = True
         elif endpoint == "completions" and not payload.get("logprobs"):
             payload["logprobs"] = 1
     return payload
+
+
+def _cap_max_tokens(payload: dict[str, Any], endpoint: str, limit: int) -> None:
+    """At most ``limit`` tokens in the answer: the request's own limit if smaller, else ``limit``."""
+    fields = {"responses": ("max_output_tokens",), "completions": ("max_tokens",)}
+    names = fields.get(endpoint, ("max_completion_tokens", "max_tokens"))
+    asked = [payload[name] for name in names if payload.get(name) is not None]
+    if not all(type(value) is int for value in asked):
+        return  # the backend refuses it with its own message
+    for name in names:
+        payload.pop(name, None)
+    payload[names[0]] = min([limit, *asked])
 
 
 def _error_message(content: bytes) -> str:

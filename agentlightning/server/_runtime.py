@@ -36,6 +36,7 @@ class Upstream:
     api_key: str | None = None
     logprobs: bool = False
     sampling_overrides: dict[str, Any] = field(default_factory=dict)
+    max_tokens_limit: int | None = None  # the most tokens one answer may have; larger asks are capped
     routes: tuple[Route, ...] = ()
 
     def route(self, role: Any) -> Route | None:

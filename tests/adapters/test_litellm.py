@@ -1,6 +1,7 @@
 """LiteLLM agents against the mock server: ``litellm.completion`` / ``acompletion`` with an ``openai/...`` model send
 through the openai client's ``client.post``, below its resource methods; every call is captured once, with role,
-messages, tool calls and the server's token ids, streamed (read to the end or left early) or not."""
+messages, tool calls, the server's token ids and LiteLLM's model string, streamed (read to the end or left early)
+or not. Without the litellm adapter the calls are captured all the same, without LiteLLM's model string."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ WEATHER = {
 
 @pytest.fixture(autouse=True)
 def _instrumented() -> None:
+    agl.instrument("litellm")
     agl.instrument("openai")
     for http in ("httpx", "httpx2"):
         try:
@@ -60,6 +62,7 @@ def test_tool_loop_with_completion_is_captured_call_by_call(server: MockLLMServe
     asked, answered = recorder.calls
     assert len(server.requests) == 2
     assert (asked.role, asked.name, asked.rollout_id) == ("forecaster", "qwen", "ro-litellm")
+    assert asked.metadata["litellm_model"] == answered.metadata["litellm_model"] == "openai/qwen"  # LiteLLM's name
     assert asked.input == messages[:1] and asked.tools == [WEATHER]
     assert asked.output["finish_reason"] == "tool_calls"
     assert asked.output["tool_calls"] == [
@@ -104,5 +107,18 @@ async def test_acompletion_with_tools_and_a_stream_left_early(server: MockLLMSer
     tools_call, streamed = recorder.calls
     assert len(server.requests) == 2
     assert tools_call.role == streamed.role == "planner"
+    assert tools_call.metadata["litellm_model"] == streamed.metadata["litellm_model"] == "openai/qwen"
     assert tools_call.output["tool_calls"][0]["id"] == first.choices[0].message.tool_calls[0].id
     assert streamed.output["content"] == "a" and streamed.output["finish_reason"] == "incomplete_stream"
+
+
+def test_without_the_litellm_adapter_calls_are_captured_without_its_model_string(server: MockLLMServer) -> None:
+    server.set_replies(["plain"])
+    agl.uninstrument("litellm")
+    recorder = RolloutRecorder("ro")
+    with recording(recorder):
+        litellm.completion(
+            model="openai/qwen", api_base=server.base_url, api_key="x", messages=[{"role": "user", "content": "hi"}]
+        )
+    (call,) = recorder.calls
+    assert call.output["content"] == "plain" and "litellm_model" not in call.metadata

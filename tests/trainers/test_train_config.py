@@ -61,6 +61,29 @@ def test_proxy_forces_the_sampling_overrides(tmp_path: Path) -> None:
         assert mock.requests[-1].body["temperature"] == 0.0
 
 
+def test_proxy_caps_the_answer_length_at_max_completion_length(tmp_path: Path) -> None:
+    """TrainConfig.max_completion_length is the most tokens a rollout's call generates: an agent asking for more
+    (or not saying) gets that many, one asking for fewer keeps its own limit, whichever field it uses."""
+    with MockLLMServer() as mock, LightningServer(tmp_path / "store.db") as server:
+        server.set_upstream(mock.base_url, "m", "v1", max_tokens_limit=16)
+        [rid] = server.enqueue([{"q": "x"}])
+        assert server.store.dequeue("w", 30.0).rollout_id == rid
+        client = openai.OpenAI(base_url=f"{server.url}/rollouts/{rid}/v1", api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "hi"}]
+        client.chat.completions.create(model="m", messages=messages, max_tokens=512)
+        client.chat.completions.create(model="m", messages=messages, max_completion_tokens=8)
+        client.chat.completions.create(model="m", messages=messages)
+        client.completions.create(model="m", prompt="hi", max_tokens=100)
+        client.responses.create(model="m", input="hi", max_output_tokens=64)
+        sent = [request.body for request in mock.requests]
+        assert [body.get("max_completion_tokens") for body in sent[:3]] == [16, 8, 16]
+        assert not any("max_tokens" in body for body in sent[:3])
+        assert sent[3]["max_tokens"] == 16 and sent[4]["max_output_tokens"] == 16
+        server.set_upstream(mock.base_url, "m", "v2")  # the cap stays until replaced
+        client.chat.completions.create(model="m", messages=messages, max_tokens=512)
+        assert mock.requests[-1].body["max_completion_tokens"] == 16
+
+
 def _tiny_model_dir(path: Path) -> Path:
     from agentlightning.trainers.models import tiny_model
 

@@ -37,6 +37,7 @@ def make_backend(
             max_batch_size=config.max_batch_size,
             always_logprobs=True,
             default_max_tokens=config.max_completion_length or 512,
+            max_tokens_limit=config.max_completion_length,
             policies=policies,
         )
     if config.backend == "vllm":

@@ -156,6 +156,23 @@ def test_sampling_overrides_and_version_change(served):
             pass
 
 
+def test_max_tokens_limit_caps_what_a_request_asks(served):
+    server, _, _ = served
+    client = _client(server)
+    server.max_tokens_limit = 3
+    try:
+        asked = [
+            client.chat.completions.create(
+                model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=limit, temperature=1.0, seed=1
+            ).model_dump()["choices"][0]
+            for limit in (50, 2)
+        ]
+    finally:
+        server.max_tokens_limit = None
+    assert [len(choice["token_ids"]) for choice in asked] == [3, 2]  # the random tiny model never stops on its own
+    assert asked[0]["finish_reason"] == "length"
+
+
 def test_tool_calls_are_parsed_from_generated_text():
     from agentlightning.trainers.backends.hf.tool_calls import parse_tool_calls
 

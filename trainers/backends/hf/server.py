@@ -4,7 +4,7 @@
 
 - ``POST /v1/chat/completions`` (stream or not): the model's chat template with ``tools`` rendered, Hermes-style
   ``<tool_call>{json}</tool_call>`` output parsed into ``tool_calls``; ``temperature``, ``top_p``, ``top_k``,
-  ``max_tokens`` / ``max_completion_tokens``, ``stop``, ``seed``, ``n``;
+  ``max_tokens`` / ``max_completion_tokens`` (capped at ``max_tokens_limit``), ``stop``, ``seed``, ``n``;
 - ``POST /v1/completions``: a text prompt or a list of token ids;
 - ``GET /v1/models``.
 
@@ -70,6 +70,7 @@ class HFBackendServer:
         max_batch_size: int = 32,
         batch_wait_s: float = 0.005,
         default_max_tokens: int = 512,
+        max_tokens_limit: int | None = None,
         max_model_len: int | None = None,
         always_logprobs: bool = False,
         policies: PolicyMap | None = None,
@@ -82,6 +83,8 @@ class HFBackendServer:
         self.model_name = model_name
         self.host = host
         self.default_max_tokens = default_max_tokens
+        # The most tokens an answer gets, whatever a request asks (the trainer's max_completion_length)
+        self.max_tokens_limit = max_tokens_limit
         self.always_logprobs = always_logprobs
         # Sampling settings forced on every request (e.g. the trainer's temperature), whatever the agent sends.
         self.sampling_overrides: dict[str, Any] = {}
@@ -289,7 +292,7 @@ class HFBackendServer:
         stop = [stop] if isinstance(stop, str) else list(stop)
         try:
             params = SamplingParams(
-                max_tokens=min(int(max_tokens), room),
+                max_tokens=min(int(max_tokens), room, self.max_tokens_limit or room),
                 temperature=float(body["temperature"]) if body.get("temperature") is not None else 1.0,
                 top_p=float(body["top_p"]) if body.get("top_p") is not None else 1.0,
                 top_k=int(body["top_k"]) if body.get("top_k") is not None else 0,
