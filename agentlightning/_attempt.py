@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from agentlightning import _json
 from agentlightning.capture import (
     RolloutRecorder,
     current_recorder,
@@ -205,7 +206,23 @@ class Attempt:
         rollout.timings["end"] = time.time()
         rollout.timings["duration"] = rollout.timings["end"] - rollout.timings["start"]
         rollout.diagnostics = explain_rollout(rollout, recorder, self.llm.base_url)
+        self._refuse_non_finite(rollout)
         return rollout
+
+    def _refuse_non_finite(self, rollout: Rollout) -> None:
+        """A NaN or Infinity in what the rollout keeps (its output, timings, calls) cannot travel as JSON (it would be
+        stored as null): a succeeded rollout is failed saying where, its other data kept."""
+        where = _json.non_finite(rollout.model_dump(include={"output", "timings", "calls"}))
+        if not where:
+            return
+        message = (
+            f"the rollout holds NaN or Infinity at {', '.join(where)}: JSON has no such numbers (they would be stored "
+            "as null); make the agent return finite numbers or None there"
+        )
+        logger.warning("rollout %s of agent %r: %s", rollout.rollout_id, self.agent.name, message)
+        rollout.diagnostics.append(message)
+        if rollout.status == "succeeded":
+            rollout.status, rollout.error = "failed", ErrorInfo(type="NonFiniteNumber", message=message)
 
 
 class _RolloutLogs(logging.Handler):

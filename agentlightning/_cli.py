@@ -317,8 +317,8 @@ def _train(args: argparse.Namespace) -> int:
 
 def _dashboard(args: argparse.Namespace) -> int:
     from agentlightning._uvicorn import BackgroundServer
+    from agentlightning.server._auth import check_bind
     from agentlightning.server._dashboard import dashboard_app
-    from agentlightning.server._errors import check_bind
 
     check_bind(args.host, args.token)
     app = dashboard_app(args.run_dir, args.token)

@@ -163,8 +163,9 @@ class CommandAgent(RolloutAgent):
     def _environment(self, task: Any, workdir: Path, llm: LLM) -> dict[str, str]:
         key = llm.api_key or "agl"
         base_url = llm.base_url.rstrip("/")
+        inherited = {name: value for name, value in os.environ.items() if name != "AGL_SERVER_TOKEN"}
         return {
-            **os.environ,
+            **inherited,  # the server's token stays with the worker: the command gets its rollout's own key
             **self.env,
             "OPENAI_BASE_URL": base_url,
             "OPENAI_API_KEY": key,

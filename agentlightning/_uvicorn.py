@@ -4,20 +4,62 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import socket
 import threading
 import time
 from typing import Any
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from agentlightning.errors import AddressInUse
+
+logger = logging.getLogger(__name__)
+
+REQUEST_HEAD_TIMEOUT = 10.0  # seconds a connection may take to send a whole request line and headers
+
+
+class RequestHeadDeadline(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection that has not sent a whole request head (request line and
+    headers) :data:`REQUEST_HEAD_TIMEOUT` seconds after it opened, or after the first byte of its next request.
+    uvicorn itself only times out idle connections between requests (``timeout_keep_alive``): one that sends nothing,
+    or a header line now and then (slowloris), would be held open for ever."""
+
+    _head_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]
+        self._wait_for_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:  # part of a request head, or nothing yet
+            self._wait_for_head()
+        elif self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+        super().connection_lost(exc)
+
+    def _wait_for_head(self) -> None:
+        if self._head_deadline is None:
+            loop = asyncio.get_running_loop()
+            self._head_deadline = loop.call_later(REQUEST_HEAD_TIMEOUT, self._head_too_slow)
+
+    def _head_too_slow(self) -> None:
+        logger.debug("closing a connection that sent no whole request head in %s s", REQUEST_HEAD_TIMEOUT)
+        self.transport.close()
 
 
 class BackgroundServer:
     """Serve ``app`` on ``host:port`` (``port=0`` picks a free one) from a daemon thread: ``start()`` returns once
     requests are accepted. Keyword arguments go to :class:`uvicorn.Config` (defaults: warnings only, no access log, no
-    lifespan)."""
+    lifespan, :class:`RequestHeadDeadline` as the HTTP protocol)."""
 
     def __init__(
         self, app: Any, host: str = "127.0.0.1", port: int = 0, *, name: str = "server", **config: Any
@@ -25,7 +67,13 @@ class BackgroundServer:
         self.host = host
         self.port = port
         self.name = name
-        self._config = {"log_level": "warning", "access_log": False, "lifespan": "off", **config}
+        self._config = {
+            "log_level": "warning",
+            "access_log": False,
+            "lifespan": "off",
+            "http": RequestHeadDeadline,
+            **config,
+        }
         self._app = app
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None

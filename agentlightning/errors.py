@@ -12,6 +12,7 @@
     │   ├── NotFound                        an id the store does not know (404)
     │   ├── Conflict                        contradicts the stored state (409)
     │   └── StoreUnavailable                cannot take writes now (503, retryable)
+    ├── StoreInUse (RuntimeError)           another server holds the store file
     ├── InvalidTransition (ValueError)      an event the rollout's state does not allow (409)
     ├── AuthError (RuntimeError)            a public listen address without a token
     ├── AddressInUse (RuntimeError)         a server's port is taken
@@ -47,6 +48,7 @@ __all__ = [
     "RetokenizeError",
     "ServerError",
     "StoreError",
+    "StoreInUse",
     "StoreUnavailable",
     "Unreachable",
     "VLLMUnavailable",
@@ -100,6 +102,10 @@ class Conflict(StoreError):
 
 class StoreUnavailable(StoreError):
     """The store cannot take writes now (file deleted, read-only or full disk): retryable, answered with a 503."""
+
+
+class StoreInUse(AgentLightningError, RuntimeError):
+    """Another server (another process, or another store object of this one) holds the store file."""
 
 
 class InvalidTransition(AgentLightningError, ValueError):

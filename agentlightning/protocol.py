@@ -19,6 +19,12 @@ ROLE_HEADER = "X-AGL-Role"
 """Request header naming the role of an LLM call (set by capture), by which the proxy picks the role's policy."""
 
 
+def proxy_path(rollout_id: str, attempt: int) -> str:
+    """The path of an attempt's LLM endpoint on the server (its ``llm.base_url`` without the origin): the proxy
+    records each call under the attempt it names, so calls stay with the attempt that made them after a re-lease."""
+    return f"/rollouts/{rollout_id}/attempts/{attempt}/v1"
+
+
 class DatasetInfo(BaseModel):
     """An uploaded dataset."""
 

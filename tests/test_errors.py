@@ -18,7 +18,7 @@ from agentlightning import errors
 from agentlightning.client import ServerAPI
 from agentlightning.errors import AgentLightningError
 from agentlightning.server import LightningServer
-from agentlightning.server._errors import check_bind
+from agentlightning.server._auth import check_bind
 from agentlightning.server.store import SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +35,7 @@ BUILTIN_BASE = {
     "ProtocolError": RuntimeError,
     "ServerError": RuntimeError,
     "Unreachable": RuntimeError,
+    "StoreInUse": RuntimeError,
     "InvalidTransition": ValueError,
     "AuthError": RuntimeError,
     "AddressInUse": RuntimeError,
@@ -58,6 +59,7 @@ SHIPPED = [
     ("agentlightning.server.store", "NotFound"),
     ("agentlightning.server.store", "Conflict"),
     ("agentlightning.server.store", "StoreUnavailable"),
+    ("agentlightning.server.store", "StoreInUse"),
     ("agentlightning.rl.tokens", "RetokenizeError"),
     ("agentlightning.trainers.config", "NothingTrainedError"),
     ("agentlightning.trainers.models", "ModelLoadError"),

@@ -29,7 +29,7 @@ from agentlightning._attempt import Attempt
 from agentlightning._decorator import RolloutAgent
 from agentlightning.capture import current_recorder, enable_auto_instrumentation
 from agentlightning.client._api import ServerAPI, StopSignal
-from agentlightning.protocol import Lease, ServerError, Unreachable
+from agentlightning.protocol import Lease, ServerError, Unreachable, proxy_path
 from agentlightning.types import Rollout
 
 logger = logging.getLogger(__name__)
@@ -154,6 +154,8 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> No
         # Ctrl-C and a SIGTERM to the group reach us too: the pool drains us (and ends us with SIGKILL if it must)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # The agent runs in this process: it gets its rollout's own LLM key (lease.llm), not the server's token.
+        os.environ.pop("AGL_SERVER_TOKEN", None)
     for stream in (sys.stdout, sys.stderr):  # an agent's lone surrogate must not fail its logging
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
@@ -211,7 +213,8 @@ def run_lease(
         lease.rollout_id, lease.attempt, time.monotonic() + timeout if timeout else float("inf"), lease.lease_seconds
     )
     assert lease.llm is not None  # the server fills it in; addressed through the URL this client reaches it with
-    llm = lease.llm.model_copy(update={"base_url": f"{config.server_url.rstrip('/')}/rollouts/{lease.rollout_id}/v1"})
+    base_url = f"{config.server_url.rstrip('/')}{proxy_path(lease.rollout_id, lease.attempt)}"
+    llm = lease.llm.model_copy(update={"base_url": base_url})
     attempt = Attempt(
         agent,
         lease.task,

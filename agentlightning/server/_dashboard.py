@@ -67,7 +67,8 @@ def add_dashboard(
 def dashboard_app(run_dir: str | Path, token: str | None = None) -> FastAPI:
     """``agl dashboard RUN_DIR``: the dashboard alone, read-only, over ``RUN_DIR/store.db`` and
     ``RUN_DIR/metrics.jsonl`` (``RUN_DIR`` may also be a store file)."""
-    from agentlightning.server._errors import add_error_handlers, bearer_token
+    from agentlightning.server._auth import bearer_token
+    from agentlightning.server._errors import add_error_handlers
 
     run = Path(run_dir)
     store, metrics = (run, run.parent / "metrics.jsonl") if run.is_file() else (run / "store.db", run / "metrics.jsonl")

@@ -1,13 +1,10 @@
-"""How the server refuses requests: bearer-token auth (required whenever it listens beyond loopback), the body-size
-limit, JSON bodies read strictly (:class:`StrictJSONRoute`), and its error answers: its own API in FastAPI's
-``{"detail": "..."}`` format, and what agents' OpenAI clients read (the proxy, auth, the body-size limit) in the
-OpenAI error format."""
+"""How the server refuses requests (who may call it is ``_auth``): the body-size limit, JSON bodies read strictly
+(:class:`StrictJSONRoute`), and its error answers: its own API in FastAPI's ``{"detail": "..."}`` format, and what
+agents' OpenAI clients read (the proxy, auth, the body-size limit) in the OpenAI error format."""
 
 from __future__ import annotations
 
-import contextlib
-import hmac
-import ipaddress
+import asyncio
 import sqlite3
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
@@ -19,7 +16,7 @@ from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentlightning import _json
-from agentlightning.errors import AuthError, Conflict, InvalidTransition, NotFound, StoreError, StoreUnavailable
+from agentlightning.errors import Conflict, InvalidTransition, NotFound, StoreError, StoreUnavailable
 
 
 def openai_error(
@@ -73,41 +70,10 @@ def add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, invalid)
 
 
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to serve on a non-loopback ``host`` without a token."""
-    if token or host == "localhost":
-        return
-    with contextlib.suppress(ValueError):
-        if ipaddress.ip_address(host).is_loopback:
-            return
-    raise AuthError(
-        f"refusing to listen on {host!r} without a token: anyone who can reach it could read your data and "
-        "use your model. Pass --token (or set AGL_SERVER_TOKEN), or bind to 127.0.0.1."
-    )
-
-
-def bearer_token(token: str) -> Callable[[Request], None]:
-    """A dependency refusing requests without ``Authorization: Bearer <token>`` (401) or with a wrong one (403)."""
-    expected = f"Bearer {token}".encode()
-
-    def check(request: Request) -> None:
-        supplied = request.headers.get("authorization")
-        if supplied is None:
-            raise OpenAIError(
-                401,
-                "missing bearer token: send 'Authorization: Bearer <token>' (agl client --token, or AGL_SERVER_TOKEN)",
-                "authentication_error",
-                {"www-authenticate": "Bearer"},
-            )
-        if not hmac.compare_digest(supplied.encode(), expected):
-            raise OpenAIError(403, "invalid bearer token", "authentication_error", {"www-authenticate": "Bearer"})
-
-    return check
-
-
 class BodyLimitMiddleware:
-    """Counts the body bytes a handler reads and raises a 413 :class:`OpenAIError` past ``max_bytes``, after
-    reading the rest of the body (so the client sees the answer instead of a reset connection)."""
+    """Refuses a body larger than ``max_bytes`` with a 413 before anything parses it: at once when its
+    ``Content-Length`` says so, else as soon as a handler has read that much. The rest of the body is read and dropped
+    first (so the client sees the answer instead of a reset connection); none of it is kept."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -117,6 +83,13 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._drain(receive, {"more_body": True})
+            refusal = self._refusal(declared.decode())
+            answer = openai_error(refusal.status_code, str(refusal.detail), 413, refusal.kind, refusal.headers)
+            await answer(scope, receive, send)
+            return
         size = 0
 
         async def limited() -> Message:
@@ -124,23 +97,39 @@ class BodyLimitMiddleware:
             message = await receive()
             size += len(message.get("body", b""))
             if size > self.max_bytes:
-                while message.get("more_body", False):
-                    message = await receive()
-                raise OpenAIError(
-                    413,
-                    f"request body of {size}+ bytes is larger than the server's limit of "
-                    f"{self.max_bytes} bytes (agl server --max-body-mb)",
-                    "invalid_request_error",
-                    {"connection": "close"},
-                )
+                await self._drain(receive, message)
+                raise self._refusal(f"{size}+")
             return message
 
         await self.app(scope, limited, send)
 
+    def _refusal(self, size: str) -> OpenAIError:
+        message = (
+            f"request body of {size} bytes is larger than the server's limit of {self.max_bytes} bytes "
+            "(Settings.max_body_bytes, agl server --max-body-mb)"
+        )
+        return OpenAIError(413, message, "invalid_request_error", {"connection": "close"})
+
+    @staticmethod
+    async def _drain(receive: Receive, message: Message) -> None:
+        while message.get("more_body", False):
+            message = await receive()
+
+
+LARGE_BODY = 1 << 20  # bytes of a body parsed (and its result stored) on a thread: the event loop keeps serving
+
+
+async def parse_json(raw: bytes, what: str) -> Any:
+    """:func:`agentlightning._json.loads` of ``raw``; on a thread when it is large."""
+    if len(raw) > LARGE_BODY:
+        return await asyncio.to_thread(_json.loads, raw, what)
+    return _json.loads(raw, what)
+
 
 class StrictJSONRequest(Request):
     """A request whose JSON body is read by :func:`agentlightning._json.loads`: text the store could not keep or
-    answer with again (lone surrogates, NaN, nesting past 200) is refused with a 422 before any handler sees it."""
+    answer with again (lone surrogates, NaN, numbers too large for a float, nesting past 200) is refused with a 422
+    before any handler sees it."""
 
     _parsed: Any = None
     _was_parsed: bool = False
@@ -148,7 +137,7 @@ class StrictJSONRequest(Request):
     async def json(self) -> Any:
         if not self._was_parsed:
             try:
-                self._parsed = _json.loads(await self.body(), f"body of {self.method} {self.url.path}")
+                self._parsed = await parse_json(await self.body(), f"body of {self.method} {self.url.path}")
             except ValueError as exc:
                 raise HTTPException(422, str(exc)) from None
             self._was_parsed = True

@@ -12,7 +12,7 @@ from typing import Any
 from agentlightning._uvicorn import BackgroundServer
 from agentlightning.protocol import ModelVersion
 from agentlightning.server._app import create_app
-from agentlightning.server._errors import check_bind
+from agentlightning.server._auth import check_bind
 from agentlightning.server._runtime import Route, Runtime, Settings, Upstream
 from agentlightning.server.store import SQLiteStore, Store
 from agentlightning.types import Rollout
@@ -53,12 +53,20 @@ class LightningServer:
         self._public_url = public_url
         settings = settings or Settings()
         store = store or SQLiteStore(
-            store_path, requeue_delay=settings.requeue_delay, requeue_delay_max=settings.requeue_delay_max
+            store_path,
+            requeue_delay=settings.requeue_delay,
+            requeue_delay_max=settings.requeue_delay_max,
+            exclusive=True,  # a second server on this store file is refused (StoreInUse)
+            lease_seconds=settings.lease_seconds,
         )
         self.runtime = Runtime(store=store, settings=settings, token=token)
         self._defaults = Upstream(url="", api_key=upstream_api_key, logprobs=logprobs)  # before any set_upstream
         if upstream_url is not None:
-            self.set_upstream(upstream_url, model_name, model_version, api_key=upstream_api_key, logprobs=logprobs)
+            try:
+                self.set_upstream(upstream_url, model_name, model_version, api_key=upstream_api_key, logprobs=logprobs)
+            except BaseException:
+                store.close()  # its lock too: a corrected retry can open the store
+                raise
         self._http = BackgroundServer(
             create_app(self.runtime),
             host,
@@ -88,8 +96,13 @@ class LightningServer:
         return self.runtime.store
 
     def start(self) -> LightningServer:
-        """Bind and serve on a background thread; returns once requests are accepted."""
-        self._http.start()
+        """Bind and serve on a background thread; returns once requests are accepted. A server that cannot start
+        (its port taken) closes its store, so another server can open it."""
+        try:
+            self._http.start()
+        except BaseException:
+            self.store.close()
+            raise
         self.runtime.public_url = self.url
         logger.info("Lightning server listening on %s (store %s)", self.url, getattr(self.store, "path", "?"))
         return self

@@ -1,12 +1,15 @@
-"""The per-rollout LLM proxy: ``/rollouts/{rollout_id}/v1/{chat/completions,completions,responses,messages}``.
+"""The per-rollout LLM proxy: ``/rollouts/{rollout_id}/attempts/{attempt}/v1/{chat/completions,completions,
+responses,messages}`` (a lease's ``llm.base_url``; ``/rollouts/{rollout_id}/v1/...`` serves the running attempt).
 
-Each request is forwarded upstream over the server's one ``httpx.AsyncClient`` (retried with backoff and jitter on
-5xx/429 and connection errors for ``Settings.upstream_retry_window`` seconds until its first byte reached the agent,
-held while the upstream is paused; streams passed through) and recorded as a ``Call`` of the rollout with the
-upstream's token ids and the model version served, committed before the answer's end reaches the agent. A call's role
-(its base URL ``.../v1/roles/<role>``, the ``X-AGL-Role`` header, a ``model`` naming a role) picks its policy's route.
-Anthropic Messages requests (``messages``, ``messages/count_tokens``) are translated to chat completions for the
-upstream and back (``_wire/anthropic.py``); the chat call, with its token ids, is what is recorded.
+Each call is recorded under the attempt its URL names, so a worker whose lease expired keeps its calls: they join the
+stored rollout only if its attempt's result is the one taken. Each request is forwarded upstream over the server's one
+``httpx.AsyncClient`` (retried with backoff and jitter on 5xx/429 and connection errors for
+``Settings.upstream_retry_window`` seconds until its first byte reached the agent, held while the upstream is paused;
+streams passed through) and recorded as a ``Call`` of the rollout with the upstream's token ids and the model version
+served, committed before the answer's end reaches the agent. A call's role (its base URL ``.../v1/roles/<role>``, the
+``X-AGL-Role`` header, a ``model`` naming a role) picks its policy's route. Anthropic Messages requests (``messages``,
+``messages/count_tokens``) are translated to chat completions for the upstream and back (``_wire/anthropic.py``); the
+chat call, with its token ids, is what is recorded.
 """
 
 from __future__ import annotations
@@ -17,25 +20,25 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import pydantic_core
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from agentlightning import _json
 from agentlightning._wire import anthropic
 from agentlightning._wire.payloads import sse
 from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
 from agentlightning.protocol import ROLE_HEADER
-from agentlightning.server._errors import StrictJSONRoute, openai_error
+from agentlightning.server._errors import StrictJSONRoute, openai_error, parse_json
 from agentlightning.server._runtime import Route, Runtime, Upstream
-from agentlightning.types import new_id
+from agentlightning.types import FINISHED_STATUSES, new_id
 
 logger = logging.getLogger(__name__)
 
 CallRecord = dict[str, Any]  # the Call fields of a proxied call, filled in as its answer arrives
+AttemptNumber = Annotated[int, Path(ge=1, le=1000)]  # as max_attempts
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 LARGE = 1 << 20  # bytes of an answer recorded on a thread: its SQLite write leaves the loop free
@@ -55,8 +58,11 @@ class Proxy:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
-    async def handle(self, client: httpx.AsyncClient, request: Request, rollout_id: str, path: str) -> Response:
-        """Serve ``POST /rollouts/{rollout_id}/v1/{path}`` through ``client``."""
+    async def handle(
+        self, client: httpx.AsyncClient, request: Request, rollout_id: str, attempt: int | None, path: str
+    ) -> Response:
+        """Serve ``POST /rollouts/{rollout_id}/attempts/{attempt}/v1/{path}`` (``attempt`` None: the rollout's running
+        attempt, ``/rollouts/{rollout_id}/v1/{path}``) through ``client``."""
         url_role = None
         if path.startswith("roles/"):  # a role's own base URL, {llm.base_url}/roles/<role>
             url_role, _, path = path.removeprefix("roles/").partition("/")
@@ -68,10 +74,15 @@ class Proxy:
                 f"unknown endpoint /v1/{path}: the proxy serves chat/completions, completions, responses and messages",
                 "unknown_endpoint",
             )
-        state = self.runtime.store.rollout_state(rollout_id)
-        if state is None or state[0] != "running":
-            return _not_serving(rollout_id, state)
-        attempt = state[1]
+        if attempt is None:
+            state = self.runtime.store.rollout_state(rollout_id)
+            if state is None or state[0] != "running":
+                return _not_serving(rollout_id, state)
+            attempt = state[1]
+        else:
+            refusal = _not_serving_attempt(rollout_id, attempt, self.runtime.store.attempt_state(rollout_id, attempt))
+            if refusal is not None:
+                return refusal
         upstream = self.runtime.upstream
         if upstream is None:
             return openai_error(
@@ -82,7 +93,7 @@ class Proxy:
                 "server_error",
             )
         try:
-            body = _json.loads(await request.body())
+            body = await parse_json(await request.body(), "request body")
         except ValueError as exc:
             return openai_error(400, str(exc), "invalid_json")
         if not isinstance(body, dict):
@@ -106,7 +117,7 @@ class Proxy:
             "status": "ok",
             "start_time": time.time(),
         }
-        call["metadata"].update(endpoint=endpoint, captured_by="proxy")
+        call["metadata"].update(endpoint=endpoint, captured_by="proxy", attempt=attempt)
         if translated:  # recorded as the chat call sent upstream, streamed as the agent asked
             call["metadata"].update(api="messages", stream=bool(asked.get("stream")))
         version = route.model_version if route is not None else upstream.model_version
@@ -278,12 +289,16 @@ class Proxy:
 
 
 def router(runtime: Runtime) -> APIRouter:
-    """The proxy's routes; the upstream client is the one the server's lifespan opened (``request.state``)."""
-    routes = APIRouter(prefix="/rollouts/{rollout_id}/v1", route_class=StrictJSONRoute, tags=["proxy"])
+    """The proxy's routes: each attempt's (``/rollouts/{rollout_id}/attempts/{attempt}/v1``, the ``llm.base_url`` of
+    a lease) and the rollout's running attempt's (``/rollouts/{rollout_id}/v1``). The upstream client is the one the
+    server's lifespan opened (``request.state``)."""
+    routes = APIRouter(route_class=StrictJSONRoute, tags=["proxy"])
     proxy = Proxy(runtime)
 
-    @routes.get("/models", response_model=None)
-    @routes.get("/roles/{role}/models", response_model=None)
+    @routes.get("/rollouts/{rollout_id}/v1/models", response_model=None)
+    @routes.get("/rollouts/{rollout_id}/v1/roles/{role}/models", response_model=None)
+    @routes.get("/rollouts/{rollout_id}/attempts/{attempt}/v1/models", response_model=None)
+    @routes.get("/rollouts/{rollout_id}/attempts/{attempt}/v1/roles/{role}/models", response_model=None)
     async def models(request: Request, rollout_id: str) -> dict[str, Any] | Response:
         state = runtime.store.rollout_state(rollout_id)
         if state is None:
@@ -295,9 +310,13 @@ def router(runtime: Runtime) -> APIRouter:
             return {"data": [model], "has_more": False, "first_id": name, "last_id": name}
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "agentlightning"}]}
 
-    @routes.post("/{path:path}")
+    @routes.post("/rollouts/{rollout_id}/attempts/{attempt}/v1/{path:path}")
+    async def forward_attempt(request: Request, rollout_id: str, attempt: AttemptNumber, path: str) -> Response:
+        return await proxy.handle(request.state.upstream, request, rollout_id, attempt, path)
+
+    @routes.post("/rollouts/{rollout_id}/v1/{path:path}")
     async def forward(request: Request, rollout_id: str, path: str) -> Response:
-        return await proxy.handle(request.state.upstream, request, rollout_id, path)
+        return await proxy.handle(request.state.upstream, request, rollout_id, None, path)
 
     return routes
 
@@ -316,6 +335,22 @@ def _not_serving(rollout_id: str, state: tuple[str, int] | None) -> JSONResponse
         f"rollout {rollout_id!r} is {state[0]}, not running: its LLM endpoint only serves the "
         "attempt that holds its lease",
         f"rollout_{state[0]}",
+    )
+
+
+def _not_serving_attempt(rollout_id: str, attempt: int, state: tuple[str, str | None] | None) -> JSONResponse | None:
+    """None when ``attempt`` may still call its LLM: it is running, or its lease expired but the rollout is not
+    finished (its result may still be taken); else the 404 or 409 to answer."""
+    if state is None or state[0] in FINISHED_STATUSES:
+        return _not_serving(rollout_id, None if state is None else (state[0], attempt))
+    if state[1] in ("running", "lease_expired"):
+        return None
+    ended = "was never leased" if state[1] is None else f"ended ({state[1]})"
+    return openai_error(
+        409,
+        f"attempt {attempt} of rollout {rollout_id!r} {ended}: its LLM endpoint only serves an attempt that may "
+        "still report a result",
+        "attempt_ended",
     )
 
 

@@ -157,9 +157,11 @@ def rollouts_router(runtime: Runtime) -> APIRouter:
         return store.attempts(rollout_id)
 
     @routes.get("/{rollout_id}/proxy_calls")
-    async def proxy_calls(rollout_id: str) -> list[dict[str, Any]]:
+    async def proxy_calls(
+        rollout_id: str, attempt: Annotated[int | None, Query(ge=1, le=1000)] = None
+    ) -> list[dict[str, Any]]:
         known(rollout_id)
-        return [call.model_dump(mode="json") for call in store.proxy_calls(rollout_id)]
+        return [call.model_dump(mode="json") for call in store.proxy_calls(rollout_id, attempt)]
 
     @routes.post("/{rollout_id}/cancel")
     async def cancel(rollout_id: str) -> Response:

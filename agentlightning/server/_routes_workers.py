@@ -2,7 +2,7 @@
 
 A result upload is idempotent and only taken from the worker holding the attempt's lease; with ``?next=1`` its answer
 also carries the worker's next lease (``"next"``). A re-sent result (its answer was lost) gets the same lease again
-while the worker still holds it."""
+while the worker still holds it, after a server restart too: the store remembers which lease answered each result."""
 
 from __future__ import annotations
 
@@ -10,19 +10,17 @@ import asyncio
 import contextlib
 import math
 import time
-from collections import OrderedDict
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, field_validator
 
-from agentlightning.protocol import Lease
-from agentlightning.server._errors import StrictJSONRoute
+from agentlightning.protocol import Lease, proxy_path
+from agentlightning.server._auth import rollout_key
+from agentlightning.server._errors import LARGE_BODY, StrictJSONRoute
 from agentlightning.server._runtime import Runtime
 from agentlightning.types import LLM, Rollout
-
-_HANDED_MAX = 4096  # workers whose last result-and-lease answer is remembered (for re-sent results)
 
 
 class ResultUpload(BaseModel):
@@ -58,19 +56,19 @@ def router(runtime: Runtime) -> APIRouter:
     """The worker protocol of ``runtime``'s server."""
     store, settings, metrics = runtime.store, runtime.settings, runtime.metrics
     routes = APIRouter(route_class=StrictJSONRoute, tags=["workers"])
-    # worker id -> ((rollout id, attempt) of its last result, the lease handed with the answer)
-    handed: OrderedDict[str, tuple[tuple[str, int], Lease]] = OrderedDict()
 
-    def leased(lease: Lease | None) -> Lease | None:
-        """``lease`` counted and given the rollout's model endpoint (the proxy URL of this server)."""
+    def leased(lease: Lease | None, counted: bool = True) -> Lease | None:
+        """``lease`` given the rollout's model endpoint (the proxy URL of this server), counted unless it may be one
+        handed again."""
         if lease is None:
             return None
-        metrics.inc("agl_rollouts_leased_total")
+        if counted:
+            metrics.inc("agl_rollouts_leased_total")
         upstream = runtime.upstream
         lease.llm = LLM(
-            base_url=f"{runtime.public_url or ''}/rollouts/{lease.rollout_id}/v1",
+            base_url=f"{runtime.public_url or ''}{proxy_path(lease.rollout_id, lease.attempt)}",
             model=(upstream.model_name if upstream and upstream.model_name else "default"),
-            api_key=runtime.token or "EMPTY",
+            api_key=rollout_key(runtime.token, lease.rollout_id) if runtime.token else "EMPTY",
             model_version=upstream.model_version if upstream else None,
         )
         return lease
@@ -95,22 +93,26 @@ def router(runtime: Runtime) -> APIRouter:
 
     @routes.post("/rollouts/{rollout_id}/result")
     async def result(
-        rollout_id: str, body: ResultUpload, take_next: Annotated[bool, Query(alias="next")] = False
+        request: Request,
+        rollout_id: str,
+        body: ResultUpload,
+        take_next: Annotated[bool, Query(alias="next")] = False,
     ) -> JSONResponse:
+        large = len(await request.body()) > LARGE_BODY  # (read already) stored on a thread: the loop keeps serving
         if body.rollout.rollout_id != rollout_id:
             raise HTTPException(422, f"result for {body.rollout.rollout_id!r} posted to rollout {rollout_id!r}")
-        worker_id = body.worker_id
-        reported = (rollout_id, body.attempt)
-        previous = handed.get(worker_id) if take_next else None
-        resent = previous is not None and previous[0] == reported  # the answer to the first upload was lost
         lease = None
-        if take_next and not resent and not runtime.stop_requested:
-            outcome, lease = store.complete_and_dequeue(
-                rollout_id, body.attempt, worker_id, body.rollout, settings.lease_seconds
-            )
-            lease = leased(lease)
+        if take_next and not runtime.stop_requested:  # a re-sent result gets the lease its first answer carried
+            args = (rollout_id, body.attempt, body.worker_id, body.rollout, settings.lease_seconds)
+            if large:
+                outcome, lease = await asyncio.to_thread(store.complete_and_dequeue, *args)
+            else:
+                outcome, lease = store.complete_and_dequeue(*args)
+            lease = leased(lease, counted=not outcome.duplicate)
+        elif large:
+            outcome = await asyncio.to_thread(store.complete, rollout_id, body.attempt, body.worker_id, body.rollout)
         else:
-            outcome = store.complete(rollout_id, body.attempt, worker_id, body.rollout)
+            outcome = store.complete(rollout_id, body.attempt, body.worker_id, body.rollout)
         if outcome.accepted:
             metrics.inc("agl_results_total", status=body.rollout.status)
         if outcome.retried:
@@ -118,14 +120,6 @@ def router(runtime: Runtime) -> APIRouter:
         answer = outcome.model_dump(mode="json")
         if not take_next:
             return JSONResponse(answer)
-        if resent and previous is not None:  # the same lease again, if the worker still holds it
-            verdict = store.heartbeat(previous[1].rollout_id, previous[1].attempt, worker_id, settings.lease_seconds)
-            lease = previous[1] if verdict == "ok" else leased(store.dequeue(worker_id, settings.lease_seconds))
-        handed.pop(worker_id, None)
-        if lease is not None:
-            handed[worker_id] = (reported, lease)
-            if len(handed) > _HANDED_MAX:
-                handed.popitem(last=False)
         answer["next"] = LeaseAnswer(lease=lease, stop=lease is None and runtime.stop_requested).model_dump(mode="json")
         return JSONResponse(answer)
 

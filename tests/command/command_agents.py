@@ -26,3 +26,6 @@ echo_agent = agl.CommandAgent([sys.executable, str(SCRIPTS / "openai_agent.py"),
 
 # For the training test: one call per rollout, a reward that varies with the reply.
 length_agent = agl.CommandAgent([sys.executable, str(SCRIPTS / "length_agent.py")], timeout=120)
+
+# Reports what its credentials reach (its own proxy; the server's admin routes) as a JSON line of its stdout.
+credential_probe = agl.CommandAgent([sys.executable, str(SCRIPTS / "credential_probe.py")], timeout=60)

@@ -1,14 +1,18 @@
-"""What the fault scenarios share: real ``agl`` processes, a fault-injecting upstream on loopback, waiting."""
+"""What the fault scenarios share: real ``agl`` processes (``agl client`` on a fault dataset), a fault-injecting
+upstream and a relay in front of the server that can drop heartbeats, on loopback."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -19,6 +23,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentlightning._uvicorn import BackgroundServer
+from agentlightning.server import LightningServer
 from agentlightning.testing import MockLLMServer
 
 HERE = Path(__file__).parent
@@ -162,3 +167,77 @@ class FaultyUpstream:
                 headers={"content-type": "application/json"},
             )
         return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
+
+
+@contextlib.contextmanager
+def fault_client(
+    tasks: list[dict],
+    tmp_path: Path,
+    server: LightningServer,
+    nworkers: int,
+    server_url: str | None = None,
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A real ``agl client`` serving ``fault_agents:fault_agent`` on ``tasks`` (its dataset attached to ``server``,
+    reached at ``server_url``, default its own URL), killed with its process group on the way out if still running."""
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in tasks))
+    client = agl(
+        "client",
+        "--agent",
+        "fault_agents:fault_agent",
+        "--dataset",
+        str(dataset),
+        "--nworkers",
+        str(nworkers),
+        "--server-url",
+        server_url or server.url,
+        "--log-level",
+        "WARNING",
+    )
+    try:
+        dataset_id = wait_for(
+            lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None,
+            60,
+            "the client to attach its dataset",
+        )
+        assert client.poll() is None, client.stdout.read().decode()
+        yield client, dataset_id
+    finally:
+        if client.poll() is None:
+            os.killpg(client.pid, signal.SIGKILL)
+
+
+class ServerRelay:
+    """An HTTP relay on loopback in front of a Lightning Server, for clients that should reach it through a faulty
+    path: while ``drop_heartbeats`` is set, heartbeats are answered 503 (the worker keeps its rollout running, its
+    lease expires); everything else is forwarded. ``answered`` keeps (method, path, status) of each request."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.rstrip("/")
+        self.drop_heartbeats = False
+        self.answered: list[tuple[str, str, int]] = []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = Starlette(routes=[Route("/{path:path}", self._relay, methods=["GET", "POST"])])
+        self._http = BackgroundServer(app, "127.0.0.1", self.port, name="ServerRelay").start()
+
+    def stop(self) -> None:
+        self._http.stop()
+
+    async def _relay(self, request: Request) -> Response:
+        path = request.url.path
+        if self.drop_heartbeats and path.endswith("/heartbeat"):
+            answer = Response(b'{"detail": "injected: heartbeat lost"}', 503, media_type="application/json")
+        else:
+            headers = {k: v for k, v in request.headers.items() if k in ("authorization", "content-type")}
+            async with httpx.AsyncClient(timeout=120) as client:
+                upstream = await client.request(
+                    request.method,
+                    f"{self.target}{path}",
+                    params=request.query_params,
+                    content=await request.body(),
+                    headers=headers,
+                )
+            answer = Response(upstream.content, upstream.status_code, media_type=upstream.headers.get("content-type"))
+        self.answered.append((request.method, path, answer.status_code))
+        return answer

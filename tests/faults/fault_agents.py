@@ -8,7 +8,12 @@
 - "segfault": logs a line, then dereferences a null pointer (SIGSEGV);
 - "gil": logs a line, then runs a regular expression that backtracks for hours while holding the GIL;
 - "hold": waits until the file ``task["release"]`` exists;
-- "surrogate": logs and prints a line holding a lone UTF-16 surrogate, then returns as "ok" does.
+- "surrogate": logs and prints a line holding a lone UTF-16 surrogate, then returns as "ok" does;
+- "script": runs the steps ``task["script"][str(attempt)]`` of its attempt in order instead of the calls: "call" (an
+  LLM call whose message names the attempt and step, ``"<question> attempt <n> step <i>"``) or "wait:<path>" (until
+  that file exists), then returns as "ok" does.
+
+``ratio_agent`` is scored by a reward function and returns a ratio in its output (NaN for ``denominator`` 0).
 """
 
 from __future__ import annotations
@@ -28,22 +33,31 @@ logger = logging.getLogger("fault_agents")
 
 
 @agl.rollout
-def fault_agent(task: dict, llm: agl.LLM) -> float:
+def fault_agent(task: dict, llm: agl.LLM, rollout: agl.Rollout) -> float:
     """See the module docstring."""
     while task.get("wait_before") and not Path(task["wait_before"]).exists():
         time.sleep(0.02)
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0, timeout=300)
+    mode = task.get("mode", "ok")
+    if mode == "script":
+        steps = task["script"][str(rollout.attempt)]
+    else:
+        steps = ["call"] * task.get("calls", 1)
     content = ""
-    for index in range(task.get("calls", 1)):
+    for index, step in enumerate(steps):
+        if step.startswith("wait:"):
+            while not Path(step.removeprefix("wait:")).exists():
+                time.sleep(0.02)
+            continue
+        message = f"{task['question']} attempt {rollout.attempt} step {index}" if mode == "script" else None
         reply = client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": f"{task['question']} #{index}"}]
+            model=llm.model, messages=[{"role": "user", "content": message or f"{task['question']} #{index}"}]
         )
         content = reply.choices[0].message.content or ""
-    mode = task.get("mode", "ok")
     if mode == "surrogate":
         logger.warning("agent line with a lone surrogate \ud83d on %s", task["question"])
         print("printed \ud83d", flush=True)
-    elif mode != "ok":
+    elif mode not in ("ok", "script"):
         logger.warning("agent line before %s on %s", mode, task["question"])
         print(f"printed before {mode}", flush=True)
     if mode == "exit":
@@ -56,3 +70,18 @@ def fault_agent(task: dict, llm: agl.LLM) -> float:
         while not Path(task["release"]).exists():
             time.sleep(0.02)
     return 1.0 if task["question"] in content else 0.0
+
+
+def _scored(task: dict, output: dict) -> float:
+    return 1.0 if task["question"] in output["answer"] else 0.0
+
+
+@agl.rollout(reward=_scored)
+def ratio_agent(task: dict, llm: agl.LLM) -> dict:
+    """Answers, and returns with its answer a ratio that is NaN when the task's ``denominator`` is 0 (as ``0 / 0`` in
+    numpy is): a scored agent whose output holds a number JSON cannot carry."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0, timeout=60)
+    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}])
+    answer = reply.choices[0].message.content or ""
+    denominator = task.get("denominator", 1)
+    return {"answer": answer, "ratio": len(answer) / denominator if denominator else float("nan")}

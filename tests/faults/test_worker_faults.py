@@ -3,18 +3,15 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import fault_agents
 import pytest
-from _harness import agl
+from _harness import fault_client
 from polling import wait_for
 
 from agentlightning.client import start_workers
@@ -33,7 +30,7 @@ def test_crashing_tasks_at_the_head_of_the_queue_do_not_stop_the_client(tmp_path
             tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model", settings=settings
         ) as server,
     ):
-        with _fault_client(crashing + healthy, tmp_path, server, nworkers=2) as (client, dataset_id):
+        with fault_client(crashing + healthy, tmp_path, server, nworkers=2) as (client, dataset_id):
             ids = server.enqueue(dataset_id)
             rollouts = server.wait(ids, timeout=120)
             assert client.poll() is None, "the client stopped: " + client.stdout.read().decode()[-3000:]
@@ -91,7 +88,7 @@ def test_an_agent_that_logs_a_lone_surrogate_keeps_its_worker_and_its_result(tmp
         MockLLMServer() as mock,
         LightningServer(tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model") as server,
     ):
-        with _fault_client(tasks, tmp_path, server, nworkers=1) as (client, dataset_id):
+        with fault_client(tasks, tmp_path, server, nworkers=1) as (client, dataset_id):
             rollouts = server.wait(server.enqueue(dataset_id), timeout=60)
             server.request_stop()
             assert client.wait(30) == 0
@@ -112,7 +109,7 @@ def test_sigterm_to_agl_client_drains_like_ctrl_c(tmp_path: Path, to_group: bool
         MockLLMServer() as mock,
         LightningServer(tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model") as server,
     ):
-        with _fault_client(tasks, tmp_path, server, nworkers=2) as (client, dataset_id):
+        with fault_client(tasks, tmp_path, server, nworkers=2) as (client, dataset_id):
             ids = server.enqueue(dataset_id)
             wait_for(lambda: server.store.counts().get("running") == 2, 60, "both workers to lease a rollout")
             if to_group:  # as a process manager stopping a service does
@@ -135,37 +132,3 @@ def _group_survivors(pgid: int) -> list[str]:
     """The processes of group ``pgid`` that still run (zombies, exited but not reaped, left out)."""
     group = subprocess.run(["ps", "-o", "stat=,pid=,args=", "-g", str(pgid)], capture_output=True, text=True)
     return [line for line in group.stdout.splitlines() if not line.lstrip().startswith("Z")]
-
-
-@contextlib.contextmanager
-def _fault_client(
-    tasks: list[dict], tmp_path: Path, server: LightningServer, nworkers: int
-) -> Iterator[tuple[subprocess.Popen, str]]:
-    """A real ``agl client`` serving ``fault_agents:fault_agent`` on ``tasks`` (its dataset attached to ``server``),
-    killed with its process group on the way out if it is still running."""
-    dataset = tmp_path / "train.jsonl"
-    dataset.write_text("".join(json.dumps({**task, "question": task["id"]}) + "\n" for task in tasks))
-    client = agl(
-        "client",
-        "--agent",
-        "fault_agents:fault_agent",
-        "--dataset",
-        str(dataset),
-        "--nworkers",
-        str(nworkers),
-        "--server-url",
-        server.url,
-        "--log-level",
-        "WARNING",
-    )
-    try:
-        dataset_id = wait_for(
-            lambda: server.wait_for_dataset(timeout=0.2) or client.poll() is not None,
-            60,
-            "the client to attach its dataset",
-        )
-        assert client.poll() is None, client.stdout.read().decode()
-        yield client, dataset_id
-    finally:
-        if client.poll() is None:
-            os.killpg(client.pid, signal.SIGKILL)

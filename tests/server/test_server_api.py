@@ -90,7 +90,9 @@ def test_result_upload_takes_the_next_lease_and_a_resent_upload_gets_the_same_on
     answer = report(first_id).json()
     assert answer["accepted"] and answer["next"]["stop"] is False
     handed = answer["next"]["lease"]
-    assert handed["rollout_id"] == second_id and handed["llm"]["base_url"].endswith(f"/rollouts/{second_id}/v1")
+    assert handed["rollout_id"] == second_id and handed["llm"]["base_url"].endswith(
+        f"/rollouts/{second_id}/attempts/1/v1"
+    )
     again = report(first_id).json()  # the answer was lost and the worker re-sends: same lease, no other one taken
     assert again["duplicate"] and again["next"]["lease"]["rollout_id"] == second_id
     assert server.store.rollout_state(third_id) == ("queued", 1)
@@ -159,7 +161,7 @@ def test_auth_required_beyond_loopback_and_enforced_when_set(tmp_path: Path, moc
         ok = httpx.Client(base_url=server.url, headers={"authorization": "Bearer s3cret"})
         server.enqueue([{"q": 1}])
         lease = _lease(ok)
-        assert lease["llm"]["api_key"] == "s3cret"  # the agent's client authenticates to the proxy with it
+        assert lease["llm"]["api_key"].startswith("agl-rollout-")  # its own key, not the server's token
         agent_client = openai.OpenAI(base_url=lease["llm"]["base_url"], api_key=lease["llm"]["api_key"], max_retries=0)
         assert agent_client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a"}]).choices
         intruder = openai.OpenAI(base_url=lease["llm"]["base_url"], api_key="guess", max_retries=0)

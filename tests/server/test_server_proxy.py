@@ -8,12 +8,14 @@ import json
 import re
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from polling import wait_for
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -161,6 +163,40 @@ def test_unknown_finished_and_queued_rollouts_are_refused(server: LightningServe
         )
     response = httpx.post(f"{base_url}/embeddings", json={"input": "x"})
     assert response.status_code == 404 and "unknown endpoint" in response.json()["error"]["message"]
+
+
+def test_an_attempts_endpoint_serves_it_while_its_result_may_still_be_taken(server: LightningServer) -> None:
+    """Issue 36, defect 2: each call is recorded under the attempt its URL names, not the rollout's current one."""
+    [rid] = server.enqueue([{"q": "x"}])
+    assert server.store.dequeue("worker-1", 30.0).llm is None  # (the store's lease; the HTTP one names the attempt)
+
+    def ask(attempt: int) -> str:
+        client = openai.OpenAI(
+            base_url=f"{server.url}/rollouts/{rid}/attempts/{attempt}/v1", api_key="x", max_retries=0
+        )
+        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": f"from {attempt}"}])
+        return reply.choices[0].message.content.removeprefix("echo: ")
+
+    assert ask(1) == "from 1"
+    with pytest.raises(openai.ConflictError, match="attempt 2 of rollout .* was never leased"):
+        ask(2)
+    server.store.expire_leases(now=time.time() + 60)  # attempt 1's worker stopped heart-beating
+    with pytest.raises(openai.ConflictError, match="is queued, not running"):  # the running attempt's URL
+        openai.OpenAI(base_url=f"{server.url}/rollouts/{rid}/v1", api_key="x", max_retries=0).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "current"}]
+        )
+    assert ask(1) == "from 1"  # its lease expired, but a late success from it would still be taken
+    assert wait_for(lambda: server.store.dequeue("worker-2", 30.0), 10, "the re-lease delay").attempt == 2
+    assert (ask(2), ask(1)) == ("from 2", "from 1")
+    assert [len(server.store.proxy_calls(rid, n)) for n in (1, 2)] == [3, 1]
+    failed = Rollout(rollout_id=rid, status="failed")
+    stale = {"attempt": 1, "worker_id": "worker-1", "rollout": failed.model_dump(mode="json")}
+    assert httpx.post(f"{server.url}/rollouts/{rid}/result", json=stale).json()["accepted"] is False
+    with pytest.raises(openai.ConflictError, match=r"attempt 1 of rollout .* ended \(failed\)"):
+        ask(1)
+    for attempt in (0, 10**20):
+        answer = httpx.post(f"{server.url}/rollouts/{rid}/attempts/{attempt}/v1/chat/completions", json={})
+        assert answer.status_code == 422 and "attempt" in answer.text
 
 
 def test_upstream_errors_retried_then_reported_faithfully(

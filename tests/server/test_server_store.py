@@ -151,11 +151,14 @@ def test_complete_and_dequeue_stores_the_result_and_leases_the_next_rollout(stor
     assert outcome.accepted and lease is not None and lease.rollout_id == second_id
     assert [c.completion_token_ids for c in store.get_rollout(first_id).calls] == [[4]]
     assert store.rollout_state(second_id) == ("running", 1) and store.workers()[0]["leased"] == 2
-    again, other = store.complete_and_dequeue(first_id, 1, "w", _result(first), 10.0)  # duplicate: still leases
-    assert again.duplicate and other is not None and other.rollout_id == third_id
-    failed, retry = store.complete_and_dequeue(second_id, 1, "w", _result(lease, status="failed"), 10.0)
-    assert failed.retried and retry is not None and (retry.rollout_id, retry.attempt) == (second_id, 2)
-    assert store.complete_and_dequeue(third_id, 1, "w", _result(other), 10.0)[1] is None  # queue empty
+    again, same = store.complete_and_dequeue(first_id, 1, "w", _result(first), 10.0)  # a re-send: the same lease
+    assert again.duplicate and same is not None and (same.rollout_id, same.attempt) == (second_id, 1)
+    assert store.workers()[0]["leased"] == 2
+    failed, other = store.complete_and_dequeue(second_id, 1, "w", _result(lease, status="failed"), 10.0)
+    assert failed.retried and other is not None and other.rollout_id == third_id
+    _, retry = store.complete_and_dequeue(third_id, 1, "w", _result(other), 10.0)
+    assert retry is not None and (retry.rollout_id, retry.attempt) == (second_id, 2)
+    assert store.complete_and_dequeue(second_id, 2, "w", _result(retry), 10.0)[1] is None  # queue empty
 
 
 def test_failures_retry_with_bounded_attempts_keeping_errors_and_logs(store: SQLiteStore) -> None:

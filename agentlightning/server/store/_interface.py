@@ -52,7 +52,9 @@ class Store(Protocol):
     def complete_and_dequeue(
         self, rollout_id: str, attempt: int, worker_id: str, result: Rollout, lease_seconds: float
     ) -> tuple[ResultOutcome, Lease | None]:
-        """:meth:`complete`, then :meth:`dequeue` for ``worker_id``, in one transaction."""
+        """:meth:`complete`, then :meth:`dequeue` for ``worker_id``, in one transaction. The lease is remembered with
+        the result: re-sending that result (its answer was lost) returns the same lease while ``worker_id`` holds it,
+        across restarts."""
 
     def expire_leases(self, now: float | None = None) -> list[ResultOutcome]:
         """Retry or fail running rollouts whose lease has expired."""
@@ -62,6 +64,10 @@ class Store(Protocol):
 
     def rollout_state(self, rollout_id: str) -> tuple[str, int] | None:
         """(state, attempt) of a rollout, or None if unknown. Cheap for running rollouts."""
+
+    def attempt_state(self, rollout_id: str, attempt: int) -> tuple[str, str | None] | None:
+        """(state of the rollout, status of its attempt ``attempt`` or None if it has none), or None for an unknown
+        rollout. Cheap for a running attempt."""
 
     def record_proxy_call(self, call: dict[str, Any], attempt: int) -> None:
         """Remember a call the proxy forwarded for ``attempt`` of a rollout (JSON-ready :class:`Call` fields, validated

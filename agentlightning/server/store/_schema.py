@@ -11,7 +11,6 @@ import logging
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -42,7 +41,9 @@ CREATE INDEX IF NOT EXISTS rollouts_by_version ON rollouts(model_version, seq);
 CREATE INDEX IF NOT EXISTS rollouts_by_reward ON rollouts(final_reward, seq);
 CREATE TABLE IF NOT EXISTS attempts(
     rollout_id TEXT NOT NULL, attempt INTEGER NOT NULL, worker_id TEXT, status TEXT NOT NULL,
-    started REAL, ended REAL, error TEXT, logs TEXT, PRIMARY KEY (rollout_id, attempt));
+    started REAL, ended REAL, error TEXT, logs TEXT,
+    handed_rollout TEXT, handed_attempt INTEGER,  -- the lease answered with this attempt's result, for a re-send
+    PRIMARY KEY (rollout_id, attempt));
 CREATE TABLE IF NOT EXISTS calls(
     rollout_id TEXT NOT NULL, sequence INTEGER NOT NULL, call_id TEXT NOT NULL, kind TEXT, role TEXT,
     body TEXT NOT NULL, PRIMARY KEY (rollout_id, sequence));
@@ -63,10 +64,9 @@ CREATE TABLE IF NOT EXISTS workers(
 
 
 def open_database(path: str) -> sqlite3.Connection:
-    """The store file at ``path`` (``":memory:"`` for throwaway use), created if needed, in WAL mode, with rows
-    readable by column name. Transactions are explicit (``BEGIN IMMEDIATE``); the caller serialises access."""
-    if path != ":memory:":
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    """The store file at ``path`` (``":memory:"`` for throwaway use; its directory must exist), created if needed,
+    in WAL mode, with rows readable by column name. Transactions are explicit (``BEGIN IMMEDIATE``); the caller
+    serialises access."""
     db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
     db.row_factory = sqlite3.Row
     db.execute("PRAGMA journal_mode=WAL")
@@ -76,6 +76,10 @@ def open_database(path: str) -> sqlite3.Connection:
     if columns and "not_before" not in columns:  # a store from before re-lease delays
         db.execute("ALTER TABLE rollouts ADD COLUMN not_before REAL")
         db.execute("UPDATE rollouts SET not_before=created")
+    attempt_columns = {row[1] for row in db.execute("PRAGMA table_info(attempts)")}
+    if attempt_columns and "handed_rollout" not in attempt_columns:  # a store from before re-sends were remembered
+        db.execute("ALTER TABLE attempts ADD COLUMN handed_rollout TEXT")
+        db.execute("ALTER TABLE attempts ADD COLUMN handed_attempt INTEGER")
     db.executescript(SCHEMA)
     return db
 

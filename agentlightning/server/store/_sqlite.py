@@ -31,6 +31,7 @@ from agentlightning.protocol import (
 )
 from agentlightning.server._states import Decision, decide, event_for_status
 from agentlightning.server.store._interface import Store
+from agentlightning.server.store._lock import StoreLock
 from agentlightning.server.store._schema import (
     calls_from_json,
     check_task_ids,
@@ -53,17 +54,60 @@ _SUMMARIES = f"SELECT {', '.join(RolloutSummary.model_fields)} FROM rollouts"
 
 
 class SQLiteStore(Store):
-    """The embedded store: one SQLite file in WAL mode (``":memory:"`` works for throwaway use)."""
+    """The embedded store: one SQLite file in WAL mode (``":memory:"`` works for throwaway use). ``exclusive=True``
+    (what a server opens it with) holds the file's lock until :meth:`close`: another exclusive opening, in any
+    process, raises :class:`StoreInUse`; and it resumes the stored leases (:meth:`_resume_leases`). Readers open it
+    without.
 
-    def __init__(self, path: str | Path, *, requeue_delay: float = 2.0, requeue_delay_max: float = 60.0) -> None:
+    Its times (lease deadlines, re-lease delays, and the times it records) are read from the wall clock once, when
+    the store is opened, and advanced by the monotonic clock from then on: a wall-clock step (NTP, a VM resumed, an
+    operator) neither expires every lease at once nor keeps a dead worker's lease for the length of the step."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        requeue_delay: float = 2.0,
+        requeue_delay_max: float = 60.0,
+        exclusive: bool = False,
+        lease_seconds: float = 30.0,
+    ) -> None:
         self.path = str(path)
         self.requeue_delay, self.requeue_delay_max = requeue_delay, requeue_delay_max
-        self._db = open_database(self.path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock_file = StoreLock(self.path) if exclusive and self.path != ":memory:" else None
+        try:
+            self._db = open_database(self.path)
+        except BaseException:
+            self._release_lock()
+            raise
         self._identity = file_identity(self.path)
         self._problem: str | None = None  # why the last write failed, until one succeeds
         self._lock = threading.RLock()
         self._proxy_buffer: list[tuple[str, int, float, str]] = []  # records whose write failed
         self._running = dict(self._all("SELECT rollout_id, attempt FROM rollouts WHERE status='running'"))
+        self._wall_at_open = time.time() - time.monotonic()
+        if exclusive:
+            self._resume_leases(lease_seconds)
+
+    def _now(self) -> float:
+        """The store's clock: the wall clock as read at open, advanced by the monotonic clock since."""
+        return self._wall_at_open + time.monotonic()
+
+    def _resume_leases(self, lease_seconds: float) -> None:
+        """A server (re)starting on the store: stored deadlines were set on the last server's clock, and the wall
+        clock may have stepped while none ran. Each running lease gets ``lease_seconds`` from now (its worker may have
+        waited out the restart: its next heartbeat keeps it), and no re-lease delay ends later than
+        ``requeue_delay_max`` from now."""
+        now = self._now()
+        with self._lock, contextlib.suppress(StoreUnavailable):  # logged; the stored deadlines stay
+            with self._transaction():
+                self._db.execute("UPDATE rollouts SET lease_expires=? WHERE status='running'", (now + lease_seconds,))
+                latest = now + self.requeue_delay_max
+                self._db.execute(
+                    "UPDATE rollouts SET not_before=? WHERE status='queued' AND not_before > ?", (latest, latest)
+                )
 
     def add_dataset(
         self, records: Sequence[Any], dataset_id: str | None = None, name: str | None = None
@@ -90,7 +134,7 @@ class SQLiteStore(Store):
                         "tasks); refusing to replace it (choose another dataset_id)"
                     )
                 return existing
-            info = DatasetInfo(dataset_id=dataset_id, name=name, size=len(records), created=time.time())
+            info = DatasetInfo(dataset_id=dataset_id, name=name, size=len(records), created=self._now())
             rows = [(dataset_id, i, task_id_for(r, dataset_id, i), payloads[i]) for i, r in enumerate(records)]
             with self._transaction():
                 self._db.execute(
@@ -130,7 +174,7 @@ class SQLiteStore(Store):
         if timeout is not None and timeout <= 0:
             raise StoreError(f"timeout must be > 0 seconds, got {timeout}")
         prefix = group_id or new_id("g")
-        now = time.time()
+        now = self._now()
         payloads = [json_text_of(task.payload, f"task {index}") for index, task in enumerate(tasks)]
         check_task_ids([(task.task_id, payload) for task, payload in zip(tasks, payloads, strict=True)])
         rows = [
@@ -159,13 +203,38 @@ class SQLiteStore(Store):
 
     def dequeue(self, worker_id: str, lease_seconds: float) -> Lease | None:
         with self._lock:
-            if self._one(f"SELECT 1 FROM rollouts WHERE {_LEASABLE} LIMIT 1", time.time()) is None:
+            if self._one(f"SELECT 1 FROM rollouts WHERE {_LEASABLE} LIMIT 1", self._now()) is None:
                 return None  # an empty queue costs no write transaction
             with self._transaction():
-                lease = self._lease_oldest(worker_id, lease_seconds, time.time())
+                lease = self._lease_oldest(worker_id, lease_seconds, self._now())
             if lease is not None:
                 self._running[lease.rollout_id] = lease.attempt
         return lease
+
+    def _handed_again(
+        self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float, now: float
+    ) -> Lease | None:
+        """The lease handed with the answer to ``worker_id``'s result of ``attempt``, extended, if the worker still
+        holds it (inside the caller's transaction)."""
+        handed = self._one(
+            "SELECT handed_rollout, handed_attempt FROM attempts WHERE rollout_id=? AND attempt=? AND worker_id=?",
+            rollout_id,
+            attempt,
+            worker_id,
+        )
+        if handed is None or handed[0] is None:
+            return None
+        row = self._one(
+            "SELECT rollout_id, task_id, group_id, task, attempt, timeout FROM rollouts "
+            "WHERE rollout_id=? AND attempt=? AND status='running' AND worker_id=?",
+            handed[0],
+            handed[1],
+            worker_id,
+        )
+        if row is None:
+            return None
+        self._db.execute("UPDATE rollouts SET lease_expires=? WHERE rollout_id=?", (now + lease_seconds, handed[0]))
+        return Lease(**{**row, "task": json.loads(row["task"])}, lease_seconds=lease_seconds)
 
     def _lease_oldest(self, worker_id: str, lease_seconds: float, now: float) -> Lease | None:
         """Lease the oldest queued rollout in the caller's transaction (the caller marks it running once committed)."""
@@ -194,7 +263,7 @@ class SQLiteStore(Store):
         return Lease(**{**row, "task": json.loads(row["task"])}, lease_seconds=lease_seconds)
 
     def heartbeat(self, rollout_id: str, attempt: int, worker_id: str, lease_seconds: float) -> str:
-        now = time.time()
+        now = self._now()
         with self._lock:
             status, current, holder = self._rollout(rollout_id, "status, attempt, worker_id")
             if status != "running" or current != attempt:
@@ -217,14 +286,23 @@ class SQLiteStore(Store):
         self, rollout_id: str, attempt: int, worker_id: str | None, result: Rollout, lease_seconds: float | None
     ) -> tuple[ResultOutcome, Lease | None]:
         """Store a result; with ``lease_seconds`` (and a worker), also lease the next queued rollout to ``worker_id``
-        in the same commit."""
+        in the same commit, remembered with the result: a re-sent result (its answer was lost, perhaps with a server
+        killed before sending it) gets that same lease again while the worker holds it."""
         event = event_for_status(result.status)
         lease: Lease | None = None
         with self._lock:
             with self._transaction():
                 outcome = self._store_result(rollout_id, attempt, worker_id, result, event)
                 if lease_seconds is not None and worker_id is not None:
-                    lease = self._lease_oldest(worker_id, lease_seconds, time.time())
+                    now = self._now()
+                    if outcome.duplicate:
+                        lease = self._handed_again(rollout_id, attempt, worker_id, lease_seconds, now)
+                    lease = lease or self._lease_oldest(worker_id, lease_seconds, now)
+                    if lease is not None:
+                        self._db.execute(
+                            "UPDATE attempts SET handed_rollout=?, handed_attempt=? WHERE rollout_id=? AND attempt=?",
+                            (lease.rollout_id, lease.attempt, rollout_id, attempt),
+                        )
             if outcome.accepted:
                 self._running.pop(rollout_id, None)
             if lease is not None:
@@ -264,7 +342,7 @@ class SQLiteStore(Store):
                 f"attempt {attempt} of rollout {rollout_id} was leased to worker {ended[2]}, not "
                 f"{worker_id}; result not stored"
             )
-        now = time.time()
+        now = self._now()
         self._end_attempt(rollout_id, attempt, worker_id, result.status, result.error, result.logs, now)
         if attempt < current and event != "succeed":
             # A stale attempt failing changes nothing: its rollout already moved on. Keep its error and logs.
@@ -295,7 +373,7 @@ class SQLiteStore(Store):
             self._db.execute(
                 "UPDATE rollouts SET status='queued', attempt=?, worker_id=NULL, lease_expires=NULL, "
                 "not_before=? WHERE rollout_id=?",
-                (decision.attempt, time.time() + delay, rollout_id),
+                (decision.attempt, self._now() + delay, rollout_id),
             )
         else:
             self._write_final(rollout_id, attempt, decision.state, result, now)
@@ -355,7 +433,7 @@ class SQLiteStore(Store):
         )
 
     def expire_leases(self, now: float | None = None) -> list[ResultOutcome]:
-        now = time.time() if now is None else now
+        now = self._now() if now is None else now
         outcomes: list[ResultOutcome] = []
         with self._lock:
             rows = self._all(
@@ -405,7 +483,7 @@ class SQLiteStore(Store):
                 decision,
                 "cancelled",
                 error,
-                time.time(),
+                self._now(),
             )
         return ResultOutcome(rollout_id=rollout_id, accepted=True, status=decision.state, attempt=attempt)
 
@@ -435,6 +513,16 @@ class SQLiteStore(Store):
             return "running", attempt
         row = self._one("SELECT status, attempt FROM rollouts WHERE rollout_id=?", rollout_id)
         return None if row is None else (row[0], row[1])
+
+    def attempt_state(self, rollout_id: str, attempt: int) -> tuple[str, str | None] | None:
+        if self._running.get(rollout_id) == attempt:
+            return "running", "running"
+        with self._lock:
+            row = self._one("SELECT status FROM rollouts WHERE rollout_id=?", rollout_id)
+            if row is None:
+                return None
+            ended = self._one("SELECT status FROM attempts WHERE rollout_id=? AND attempt=?", rollout_id, attempt)
+        return row[0], None if ended is None else ended[0]
 
     def record_proxy_call(self, call: dict[str, Any], attempt: int) -> None:
         rollout_id = call["rollout_id"]
@@ -533,7 +621,7 @@ class SQLiteStore(Store):
         return {rollout_id for rollout_id, status in rows if status in FINISHED_STATUSES}
 
     def set_model_version(self, version: str, model_name: str, upstream_url: str | None) -> ModelVersion:
-        info = ModelVersion(version=version, model_name=model_name, upstream_url=upstream_url, created=time.time())
+        info = ModelVersion(version=version, model_name=model_name, upstream_url=upstream_url, created=self._now())
         with self._lock, self._transaction():
             self._db.execute(
                 "INSERT INTO model_versions(version, model_name, upstream_url, created) VALUES (?, ?, ?, ?)",
@@ -564,6 +652,11 @@ class SQLiteStore(Store):
                     "closing the store with %d proxy call records unwritten: %s", len(self._proxy_buffer), self._problem
                 )
             self._db.close()
+        self._release_lock()
+
+    def _release_lock(self) -> None:
+        if self._lock_file is not None:
+            self._lock_file.release()
 
     def _rollout(self, rollout_id: str, columns: str) -> Any:
         """``columns`` of a rollout's row; raises :class:`NotFound` for an unknown rollout."""
