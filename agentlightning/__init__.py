@@ -16,12 +16,13 @@ _EXPORTS: dict[str, str] = {
     for module, names in {
         "agentlightning.types": ("Call", "Reward", "Rollout", "Transition", "LLM", "ErrorInfo"),
         "agentlightning._decorator": ("rollout", "RolloutAgent"),
-        "agentlightning._command": ("CommandAgent", "CommandResult", "CommandError"),
+        "agentlightning._command": ("CommandAgent", "CommandResult"),
         "agentlightning.capture": ("role", "emit_reward", "instrument", "uninstrument"),
         "agentlightning._run": ("run", "arun"),
         "agentlightning.rl.transitions": ("transitions",),
         "agentlightning.trainers": ("train",),
-        "agentlightning.trainers.config": ("TrainConfig", "TrainResult", "NothingTrainedError"),
+        "agentlightning.trainers.config": ("TrainConfig", "TrainResult"),
+        "agentlightning.errors": ("AgentLightningError", "CommandError", "NothingTrainedError"),
         "agentlightning.evaluation": ("evaluate", "EvalReport"),
         "agentlightning.trainers.policies": ("Policy",),
         "agentlightning.client": ("Client", "RayWorkers"),
@@ -32,12 +33,13 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from agentlightning._command import CommandAgent, CommandError, CommandResult
+    from agentlightning._command import CommandAgent, CommandResult
     from agentlightning._decorator import RolloutAgent, rollout
     from agentlightning.capture import emit_reward, instrument, role, uninstrument
+    from agentlightning.errors import AgentLightningError, CommandError, NothingTrainedError
     from agentlightning.evaluation import EvalReport, evaluate
     from agentlightning.trainers import train
-    from agentlightning.trainers.config import NothingTrainedError, TrainConfig, TrainResult
+    from agentlightning.trainers.config import TrainConfig, TrainResult
     from agentlightning.types import LLM, Call, ErrorInfo, Reward, Rollout, Transition
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning._decorator import RolloutAgent
+from agentlightning.errors import CommandError
 from agentlightning.types import LLM, Rollout
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,6 @@ class CommandResult:
     stdout: str  # the last TAIL_BYTES of what it printed
     stderr: str
     duration: float  # seconds
-
-
-class CommandError(RuntimeError):
-    """The command exited with a non-zero status, was killed at its timeout, or printed no usable reward."""
 
 
 class CommandAgent(RolloutAgent):

@@ -14,13 +14,11 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from agentlightning.errors import AddressInUse
+
 logger = logging.getLogger(__name__)
 
 REQUEST_HEAD_TIMEOUT = 10.0  # seconds a connection may take to send a whole request line and headers
-
-
-class AddressInUse(RuntimeError):
-    """Another process already listens on the address a server was asked to bind."""
 
 
 class RequestHeadDeadline(H11Protocol):

@@ -9,6 +9,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+# The protocol's errors are defined with all others in agentlightning.errors; clients import them from here too.
+from agentlightning.errors import ProtocolError as ProtocolError
+from agentlightning.errors import ServerError as ServerError
+from agentlightning.errors import Unreachable as Unreachable
 from agentlightning.types import LLM, ErrorInfo
 
 ROLE_HEADER = "X-AGL-Role"
@@ -123,20 +127,3 @@ def task_id_for(task: Any, dataset_id: str | None = None, index: int | None = No
         return f"{dataset_id}:{index}"
     digest = hashlib.sha1(json.dumps(task, sort_keys=True, default=repr).encode()).hexdigest()
     return f"task-{digest[:12]}"
-
-
-class ProtocolError(RuntimeError):
-    """A request of the server protocol failed."""
-
-
-class ServerError(ProtocolError):
-    """The server refused a request (an error answer that retrying will not fix), with its ``detail`` message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"server answered {status}: {message}")
-        self.status = status
-        self.message = message
-
-
-class Unreachable(ProtocolError):
-    """The server could not be reached before the retry deadline (or the caller asked to stop)."""

@@ -1,11 +1,15 @@
 """The records every part of Agent Lightning exchanges: pydantic models that round-trip through JSON and carry a
-``schema_version`` so stored data can be migrated."""
+``schema_version`` so stored data can be migrated; and the two rules on them that every layer applies alike (which
+roles a list of names or globs selects: :func:`role_matches`; how two records of one LLM response become one:
+:func:`merge_records`)."""
 
 from __future__ import annotations
 
 import math
 import secrets
 import time
+from collections.abc import Iterable, Sequence
+from fnmatch import fnmatchcase
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
@@ -19,6 +23,9 @@ RewardSource = Literal["final", "emitted", "air"]
 RolloutStatus = Literal["queued", "running", "succeeded", "failed", "timeout", "cancelled"]
 
 FINISHED_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "timeout", "cancelled"})
+
+# Preference when the same response was recorded twice (proxy and client): lower is better.
+SOURCE_RANK: dict[str | None, int] = {"server": 0, "response": 1, "retokenized": 2, None: 3}
 
 
 def new_id(prefix: str) -> str:
@@ -175,3 +182,42 @@ class Transition(Record):
     advantage: float | None = Field(default=None, description="Advantage, once an estimator has run.")
     weight: float = Field(default=1.0, description="Loss weight (per-rollout normalisation).")
     model_version: str | None = Field(default=None, description="Model version that produced the completion.")
+
+
+def role_matches(role: str | None, patterns: Sequence[str] | None) -> bool:
+    """Whether ``role`` is selected by ``patterns``, role names or globs (None selects every role, including unnamed
+    calls)."""
+    if patterns is None:
+        return True
+    if role is None:
+        return False
+    return any(role == pattern or fnmatchcase(role, pattern) for pattern in patterns)
+
+
+def unmatched_patterns(patterns: Sequence[str], roles_seen: Iterable[str | None]) -> list[str]:
+    """The patterns that select none of ``roles_seen``."""
+    seen = [role for role in roles_seen if role is not None]
+    return [pattern for pattern in patterns if not any(role_matches(role, [pattern]) for role in seen)]
+
+
+def _rank(call: Call) -> tuple[bool, int]:
+    """Sort key of a record's token ids: both prompt and completion ids first, then by source (lower is better)."""
+    return call.prompt_token_ids is None or call.completion_token_ids is None, SOURCE_RANK.get(call.token_source, 3)
+
+
+def merge_records(call: Call, other: Call) -> None:
+    """Complete ``call`` with ``other``, another record of the same LLM response (the client's capture and the
+    proxy's, say): ``call`` takes the token ids, logprobs and model version of ``other`` when their source ranks
+    better (:data:`SOURCE_RANK`), and its role and response id when it has none."""
+    if _rank(other) < _rank(call):
+        call.prompt_token_ids = other.prompt_token_ids
+        call.completion_token_ids = other.completion_token_ids
+        call.completion_logprobs = other.completion_logprobs
+        call.token_source = other.token_source
+        for key in ("model_version", "policy"):  # the version (and policy) that produced these ids
+            if key in other.metadata:
+                call.metadata[key] = other.metadata[key]
+    if call.role is None:
+        call.role = other.role
+    if call.response_id is None:
+        call.response_id = other.response_id

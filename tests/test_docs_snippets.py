@@ -1,6 +1,6 @@
-"""The python snippets of the README and of the capture, testing and framework docs run as written, in order, and
-print what the pages say they print (the ``# ...`` lines closing a block; wrapped or elided ones, with ``...``, are
-not compared).
+"""The python snippets of the README and of the capture, testing, framework, evaluation and errors docs run as
+written, in order, and print what the pages say they print (the ``# ...`` lines closing a block; wrapped or elided
+ones, with ``...``, are not compared).
 
 Each page runs in a fresh interpreter: pages set process-wide state (an OpenTelemetry provider, installed adapters)
 and one page's leftovers must not make another pass.
@@ -29,6 +29,7 @@ PAGES = [
     "frameworks/smolagents.md",
     "frameworks/google_adk.md",
     "evaluation.md",
+    "errors.md",
 ]
 # CrewAI and LlamaIndex need openai<3: their pages run in .venv-frameworks (`make frameworks-venv`).
 FRAMEWORKS_VENV_PAGES = ["frameworks/crewai.md", "frameworks/llama_index.md"]

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 import agentlightning as agl
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
-from agentlightning.types import SCHEMA_VERSION, ErrorInfo, Record
+from agentlightning.types import SCHEMA_VERSION, ErrorInfo, Record, merge_records, role_matches, unmatched_patterns
 
 RECORDS: list[type[BaseModel]] = [agl.Call, agl.Reward, agl.Rollout, agl.Transition, agl.LLM, ErrorInfo]
 
@@ -87,3 +87,29 @@ def test_reward_must_be_finite_number(value: object) -> None:
 def test_unknown_fields_from_newer_versions_are_ignored() -> None:
     call = agl.Call.model_validate({"schema_version": 2, "kind": "llm", "future_field": 1})
     assert call.kind == "llm" and not hasattr(call, "future_field")
+
+
+def test_merge_records_keeps_the_best_token_ids_and_the_named_role() -> None:
+    client = agl.Call(role="writer", prompt_token_ids=[5], completion_token_ids=[6], token_source="response")
+    proxy = agl.Call(
+        prompt_token_ids=[1, 2],
+        completion_token_ids=[3],
+        completion_logprobs=[-0.5],
+        token_source="server",
+        response_id="resp-1",
+        metadata={"model_version": "v7", "policy": "p"},
+    )
+    merge_records(client, proxy)
+    assert (client.prompt_token_ids, client.completion_token_ids, client.completion_logprobs) == ([1, 2], [3], [-0.5])
+    assert (client.token_source, client.role, client.response_id) == ("server", "writer", "resp-1")
+    assert client.metadata == {"model_version": "v7", "policy": "p"}
+    without_ids = agl.Call(role="critic", token_source=None)
+    merge_records(proxy, without_ids)  # a record without ids completes the role only
+    assert (proxy.prompt_token_ids, proxy.token_source, proxy.role) == ([1, 2], "server", "critic")
+
+
+def test_role_matches_names_and_globs() -> None:
+    assert role_matches("writer", None) and role_matches(None, None)
+    assert role_matches("writer", ["writer"]) and role_matches("sql-writer", ["sql-*"])
+    assert not role_matches(None, ["*"]) and not role_matches("critic", ["writer", "w*"])
+    assert unmatched_patterns(["w*", "critic"], ["writer", None]) == ["critic"]

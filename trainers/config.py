@@ -16,6 +16,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypedDict
 
+from agentlightning.errors import ConfigError
+
+# Defined with all errors in agentlightning.errors; the loop and the CLI import it from here with the config.
+from agentlightning.errors import NothingTrainedError as NothingTrainedError
 from agentlightning.rl.advantages import ESTIMATORS
 from agentlightning.types import Rollout
 
@@ -57,7 +61,7 @@ class VLLMOptions:
     def __post_init__(self) -> None:
         every = self.check_logprobs_every
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"agl.train(vllm.check_logprobs_every={every!r}): must be a positive integer")
+            raise ConfigError(f"agl.train(vllm.check_logprobs_every={every!r}): must be a positive integer")
 
 
 @dataclass
@@ -189,12 +193,12 @@ class TrainConfig:
         if self.output_dir is not None:
             self.output_dir = Path(self.output_dir)
         if self.resume and self.overwrite:
-            raise ValueError("agl.train(resume=..., overwrite=True): continue the run or replace it, not both")
+            raise ConfigError("agl.train(resume=..., overwrite=True): continue the run or replace it, not both")
         names = (self.report_to,) if isinstance(self.report_to, str) else tuple(self.report_to)
         self.report_to = tuple(name for name in names if name != "none")
         unknown = [name for name in self.report_to if name not in REPORTERS]
         if unknown:
-            raise ValueError(f"agl.train(report_to={names!r}): unknown {unknown}; use any of {REPORTERS} or 'none'")
+            raise ConfigError(f"agl.train(report_to={names!r}): unknown {unknown}; use any of {REPORTERS} or 'none'")
         if isinstance(self.vllm, dict):
             known = {f.name for f in fields(VLLMOptions)}
             if set(self.vllm) - known:
@@ -203,52 +207,52 @@ class TrainConfig:
         if not isinstance(self.vllm, VLLMOptions):
             raise TypeError(f"agl.train(vllm={self.vllm!r}): use a VLLMOptions or a dict of its fields")
         if isinstance(self.backend, str) and self.backend not in ("hf", "vllm"):
-            raise ValueError(f"agl.train(backend={self.backend!r}): use 'hf', 'vllm' or a Backend instance")
+            raise ConfigError(f"agl.train(backend={self.backend!r}): use 'hf', 'vllm' or a Backend instance")
         if not self.use_server and self.backend != "hf":
-            raise ValueError(
+            raise ConfigError(
                 "agl.train(use_server=False) works with backend='hf' only: vLLM returns token ids and uses the "
                 "training temperature only when each request asks, which the Lightning proxy does (use_server=True)"
             )
         if self.workers not in ("local", "ray") and not _is_ray_workers(self.workers):
-            raise ValueError(f"agl.train(workers={self.workers!r}): use 'local', 'ray' or an agl.RayWorkers(...)")
+            raise ConfigError(f"agl.train(workers={self.workers!r}): use 'local', 'ray' or an agl.RayWorkers(...)")
         if not self.use_server and self.workers != "local":
-            raise ValueError(f"agl.train(use_server=False, workers={self.workers!r}): Ray workers need the server")
+            raise ConfigError(f"agl.train(use_server=False, workers={self.workers!r}): Ray workers need the server")
         if self.policies is not None:
             self._check_policies()
         if self.algorithm not in ESTIMATORS:
-            raise ValueError(f"agl.train(algorithm={self.algorithm!r}): use one of {list(ESTIMATORS)}")
+            raise ConfigError(f"agl.train(algorithm={self.algorithm!r}): use one of {list(ESTIMATORS)}")
         for name in ("group_size", "tasks_per_step", "max_steps", "micro_batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"agl.train({name}={value!r}): must be a positive integer")
+                raise ConfigError(f"agl.train({name}={value!r}): must be a positive integer")
         if self.micro_batch_size < 2:
-            raise ValueError(f"agl.train(micro_batch_size={self.micro_batch_size}): must be >= 2")
+            raise ConfigError(f"agl.train(micro_batch_size={self.micro_batch_size}): must be >= 2")
         if self.algorithm in ("grpo", "dr_grpo") and self.group_size < 2:
-            raise ValueError(f"agl.train(group_size={self.group_size}): GRPO needs at least 2 rollouts per task")
+            raise ConfigError(f"agl.train(group_size={self.group_size}): GRPO needs at least 2 rollouts per task")
         if not (self.temperature > 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"agl.train(temperature={self.temperature!r}): must be > 0 for training rollouts")
+            raise ConfigError(f"agl.train(temperature={self.temperature!r}): must be > 0 for training rollouts")
         for name in ("max_staleness", "dynamic_sampling"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-                raise ValueError(f"agl.train({name}={value!r}): must be an integer >= 0")
+                raise ConfigError(f"agl.train({name}={value!r}): must be an integer >= 0")
         if self.max_staleness is None:
-            raise ValueError("agl.train(max_staleness=None): use 0 (synchronous) or a number of steps")
+            raise ConfigError("agl.train(max_staleness=None): use 0 (synchronous) or a number of steps")
         if self.val_every < 0 or self.checkpoint_every < 0:
-            raise ValueError("agl.train(val_every=..., checkpoint_every=...) must be >= 0 (0 = only at the end)")
+            raise ConfigError("agl.train(val_every=..., checkpoint_every=...) must be >= 0 (0 = only at the end)")
 
     def _check_policies(self) -> None:
         from agentlightning.trainers.policies import PolicyMap
 
         PolicyMap.parse(self.policies)
         if self.roles is not None:
-            raise ValueError("agl.train: give roles= (one shared policy) or policies= (one per role), not both")
+            raise ConfigError("agl.train: give roles= (one shared policy) or policies= (one per role), not both")
         if not isinstance(self.backend, str) and not hasattr(self.backend, "served"):
-            raise ValueError(
+            raise ConfigError(
                 "agl.train(policies=...) works with backend='hf', 'vllm' or a Backend that serves "
                 "several policies (served(policy), updating(version, policy=...))"
             )
         if self.backend == "vllm" and (self.vllm.sync or "lora") != "lora":
-            raise ValueError(
+            raise ConfigError(
                 f"agl.train(policies=..., vllm.sync={self.vllm.sync!r}): several policies are served as "
                 "vLLM LoRA adapters; use vllm.sync='lora'"
             )
@@ -348,12 +352,12 @@ def config_options(
         else:
             options = json.loads(text)
         if not isinstance(options, dict):
-            raise ValueError(f"{path}: a training config is a mapping of TrainConfig fields")
+            raise ConfigError(f"{path}: a training config is a mapping of TrainConfig fields")
     options.update(flags or {})
     for item in sets:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set {item!r}: use FIELD=VALUE (e.g. group_size=8, vllm.sync=disk)")
+            raise ConfigError(f"--set {item!r}: use FIELD=VALUE (e.g. group_size=8, vllm.sync=disk)")
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
@@ -434,16 +438,3 @@ def _is_ray_workers(value: Any) -> bool:
     from agentlightning.client import RayWorkers  # here: a run with local workers imports no client module
 
     return isinstance(value, RayWorkers)
-
-
-class NothingTrainedError(RuntimeError):
-    """A training run ended without one update of the model (``TrainConfig.allow_no_update`` accepts that).
-    ``result`` is the run's :class:`TrainResult`: its metrics, curve and checkpoint were written."""
-
-    def __init__(self, result: TrainResult) -> None:
-        self.result = result
-        reasons = "; ".join(result.warnings()) or "every step had nothing to train on"
-        super().__init__(
-            f"no step updated the model ({result.steps} steps ran; it is still {result.model_version}): {reasons}. "
-            "Pass --allow-no-update (agl.train(allow_no_update=True)) to accept a run that trained nothing"
-        )

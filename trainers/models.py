@@ -22,15 +22,13 @@ from typing import Any
 import httpx
 from agentlightning.trainers.chat_template import CHATML_TOOLS_TEMPLATE, renders_tools
 
+from agentlightning.errors import ModelLoadError
+
 logger = logging.getLogger(__name__)
 
 SMOLLM2_NAMES = frozenset({"smollm2", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct", "smollm2-135m"})
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be found or loaded; the message says what was tried."""
 
 
 def cache_dir() -> Path:

@@ -22,11 +22,11 @@ import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
 
+from agentlightning.errors import ConfigError
 from agentlightning.rl.credit import CreditFunction, assign_credit, resolve_credit
-from agentlightning.types import Call, Rollout
+from agentlightning.types import Call, Rollout, role_matches
 
 BASE_VERSION = "base"
 """The model version recorded on calls served by the frozen base model."""
@@ -53,9 +53,9 @@ class Policy:
     def __post_init__(self) -> None:
         rate = self.learning_rate
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0):
-            raise ValueError(f"agl.Policy(learning_rate={self.learning_rate!r}): must be a number > 0")
+            raise ConfigError(f"agl.Policy(learning_rate={self.learning_rate!r}): must be a number > 0")
         if self.name is not None and not (isinstance(self.name, str) and _NAME.match(self.name)):
-            raise ValueError(f"agl.Policy(name={self.name!r}): use letters, digits, '_' or '-' (it names an adapter)")
+            raise ConfigError(f"agl.Policy(name={self.name!r}): use letters, digits, '_' or '-' (it names an adapter)")
         if self.credit is not None:
             resolve_credit(self.credit)
 
@@ -74,13 +74,13 @@ class PolicyMap:
         """Check ``policies`` (see the module docstring); ``declared_roles`` (the agent's ``roles``) must each be
         matched by at most one policy."""
         if not isinstance(policies, Mapping) or not policies:
-            raise ValueError(f"agl.train(policies={policies!r}): use a non-empty dict of role (glob) -> Policy / None")
+            raise ConfigError(f"agl.train(policies={policies!r}): use a non-empty dict of role (glob) -> Policy / None")
         routes: list[tuple[str, str | None]] = []
         named: dict[str, Policy] = {}
         shared: dict[int, str] = {}
         for key, value in policies.items():
             if not isinstance(key, str) or not key:
-                raise ValueError(f"agl.train(policies=...): keys are role names or globs, got {key!r}")
+                raise ConfigError(f"agl.train(policies=...): keys are role names or globs, got {key!r}")
             if value is None:
                 routes.append((key, None))
                 continue
@@ -88,17 +88,17 @@ class PolicyMap:
             name = policy.name or shared.get(id(policy)) or key
             shared.setdefault(id(policy), name)  # one Policy object under several keys: one policy
             if name == key and not _NAME.match(key):
-                raise ValueError(
+                raise ConfigError(
                     f"agl.train(policies={{{key!r}: ...}}): a glob key (or one with characters an adapter name cannot "
                     "have) needs a policy name, e.g. "
                     f"agl.Policy(name='{re.sub(r'[^A-Za-z0-9_]+', '_', key).strip('_') or 'policy'}')"
                 )
             if name in named and named[name] is not policy:
-                raise ValueError(f"agl.train(policies=...): two different policies are named {name!r}")
+                raise ConfigError(f"agl.train(policies=...): two different policies are named {name!r}")
             named[name] = policy
             routes.append((key, name))
         if not named:
-            raise ValueError("agl.train(policies=...): every role maps to None; at least one policy must be trained")
+            raise ConfigError("agl.train(policies=...): every role maps to None; at least one policy must be trained")
         mapping = cls(routes, named)
         for role in list(declared_roles or []) + [key for key, _ in routes]:
             if not _GLOB.search(role):
@@ -119,13 +119,11 @@ class PolicyMap:
         two different policies match it."""
         if role in self._cache:
             return self._cache[role]
-        matches = [
-            (key, name) for key, name in self.routes if role is not None and (role == key or fnmatchcase(role, key))
-        ]
+        matches = [(key, name) for key, name in self.routes if role_matches(role, [key])]
         chosen = {name for _, name in matches}
         if len(chosen) > 1:
             found = ", ".join(f"{key!r} ({name or 'frozen base'})" for key, name in matches)
-            raise ValueError(
+            raise ConfigError(
                 f"agl.train(policies=...): role {role!r} matches {found}; each role must map to one "
                 "policy (make the keys disjoint)"
             )

@@ -27,6 +27,7 @@ from typing import Any
 from agentlightning.trainers.loop import _lora_config
 from agentlightning.trainers.models import load_model, prepare_tokenizer
 
+from agentlightning.errors import NoSFTRowsError
 from agentlightning.rl.transitions import transitions
 from agentlightning.types import Rollout
 
@@ -34,10 +35,6 @@ logger = logging.getLogger(__name__)
 
 HELD_OUT_GROUP_PREFIX = "val-"
 """Group ids of a training run's validation rollouts (held-out tasks: never trained on)."""
-
-
-class NoSFTRowsError(ValueError):
-    """Nothing passed the filters: the message says how many rollouts were read and why each set was dropped."""
 
 
 @dataclass

@@ -19,8 +19,9 @@ from agentlightning.capture._context import (
 )
 from agentlightning.capture._diagnostics import explain_rollout
 from agentlightning.capture._instrument import enable_auto_instrumentation, installed_adapters, instrument, uninstrument
-from agentlightning.capture._role import role, role_matches, unmatched_patterns
+from agentlightning.capture._role import role
 from agentlightning.capture._telemetry import emit_call_span
+from agentlightning.types import role_matches, unmatched_patterns
 
 __all__ = [
     "LLMCall",

@@ -8,8 +8,7 @@ import sys
 
 from agentlightning.capture._context import RolloutRecorder, stray_calls_since
 from agentlightning.capture._instrument import installed_adapters
-from agentlightning.capture._role import role_matches, unmatched_patterns
-from agentlightning.types import Rollout
+from agentlightning.types import Rollout, role_matches, unmatched_patterns
 
 logger = logging.getLogger(__name__)
 

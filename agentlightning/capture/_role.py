@@ -1,12 +1,12 @@
-"""Roles: ``agl.role`` names the component that is speaking; ``role_matches`` selects roles by name or glob."""
+"""Roles: ``agl.role`` names the component that is speaking (selecting roles by name or glob is
+:func:`agentlightning.types.role_matches`)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from contextvars import ContextVar, Token
-from fnmatch import fnmatchcase
 from typing import Any, TypeVar
 
 from agentlightning.capture._context import reset_role, set_role
@@ -72,18 +72,3 @@ class role:  # noqa: N801 - used like a function: `with agl.role("writer"):`
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
-
-
-def role_matches(role: str | None, patterns: Sequence[str] | None) -> bool:
-    """Whether ``role`` is selected by ``patterns`` (None selects every role, including unnamed calls)."""
-    if patterns is None:
-        return True
-    if role is None:
-        return False
-    return any(role == pattern or fnmatchcase(role, pattern) for pattern in patterns)
-
-
-def unmatched_patterns(patterns: Sequence[str], roles_seen: Iterable[str | None]) -> list[str]:
-    """The patterns that select none of ``roles_seen``."""
-    seen = [role for role in roles_seen if role is not None]
-    return [pattern for pattern in patterns if not any(role_matches(role, [pattern]) for role in seen)]

@@ -13,8 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from agentlightning.capture import role_matches
-from agentlightning.types import Call, Reward, Rollout, check_finite
+from agentlightning.types import Call, Reward, Rollout, check_finite, role_matches
 
 logger = logging.getLogger(__name__)
 

@@ -9,62 +9,16 @@ the transition is marked ``token_source='retokenized'``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from typing import Any, Protocol
 
+from agentlightning.errors import RetokenizeError
 from agentlightning.types import Call
-
-# Preference when the same response was recorded twice (proxy and client): lower is better.
-SOURCE_RANK: dict[str | None, int] = {"server": 0, "response": 1, "retokenized": 2, None: 3}
 
 
 class Tokenizer(Protocol):
     """What re-tokenization needs: ``encode(text)``; ``apply_chat_template`` is used for chat messages."""
 
     def encode(self, text: str, *args: Any, **kwargs: Any) -> list[int]: ...
-
-
-class RetokenizeError(ValueError):
-    """The call's text cannot be turned back into the tokens the model saw."""
-
-
-def _rank(call: Call) -> tuple[bool, int]:
-    """Sort key of a record's token ids: both prompt and completion ids first, then by source (lower is better)."""
-    return call.prompt_token_ids is None or call.completion_token_ids is None, SOURCE_RANK.get(call.token_source, 3)
-
-
-def merge_records(call: Call, other: Call) -> None:
-    """Complete ``call`` with ``other``, another record of the same LLM response (the client's capture and the
-    proxy's, say): ``call`` takes the token ids, logprobs and model version of ``other`` when their source ranks
-    better (:data:`SOURCE_RANK`), and its role and response id when it has none."""
-    if _rank(other) < _rank(call):
-        call.prompt_token_ids, call.completion_token_ids = other.prompt_token_ids, other.completion_token_ids
-        call.completion_logprobs, call.token_source = other.completion_logprobs, other.token_source
-        for key in ("model_version", "policy"):  # the version (and policy) that produced these ids
-            if key in other.metadata:
-                call.metadata[key] = other.metadata[key]
-    if call.role is None:
-        call.role = other.role
-    if call.response_id is None:
-        call.response_id = other.response_id
-
-
-def merge_duplicates(llm_calls: Sequence[Call]) -> tuple[list[Call], int]:
-    """Collapse LLM calls recorded twice for one response (same ``response_id``) into the record with the best token
-    ids, completed by :func:`merge_records` (a copy: the input is not modified), in the place of the first record.
-    Returns the calls in order and how many merged."""
-    groups: dict[object, list[Call]] = {}
-    for call in llm_calls:
-        groups.setdefault(call.response_id or id(call), []).append(call)
-    merged: list[Call] = []
-    for group in groups.values():
-        best = min(group, key=_rank)
-        kept = best if len(group) == 1 else best.model_copy(update={"metadata": dict(best.metadata)})
-        for other in group:
-            if other is not best:
-                merge_records(kept, other)
-        merged.append(kept)
-    return merged, len(llm_calls) - len(merged)
 
 
 def _encode(tokenizer: Tokenizer, text: str) -> list[int]:

@@ -14,17 +14,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from agentlightning.capture import role_matches, unmatched_patterns
 from agentlightning.rl.air import AIR, AirRule, CallRewardFunction, as_air
 from agentlightning.rl.credit import CreditFunction, assign_credit, resolve_credit
 from agentlightning.rl.tokens import (
     RetokenizeError,
     Tokenizer,
-    merge_duplicates,
     retokenize_completion,
     retokenize_prompt,
 )
-from agentlightning.types import Call, Rollout, Transition, check_finite
+from agentlightning.types import Call, Rollout, Transition, check_finite, role_matches, unmatched_patterns
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +44,6 @@ class ExtractionStats:
     calls_not_selected: int = 0  # LLM calls whose role was not selected (context only)
     calls_retokenized: int = 0
     logprobs_dropped: int = 0  # calls whose logprobs did not match their completion length
-    duplicates_merged: int = 0  # records of one response merged (proxy + client)
     rewards_unassigned: int = 0  # call-level rewards on calls that produced no transition
     roles_seen: Counter[str | None] = field(default_factory=Counter)
     unmatched_roles: list[str] = field(default_factory=list)  # requested patterns matching no role seen
@@ -273,11 +270,9 @@ def _rollout_transitions(
     include_emitted: bool,
     stats: ExtractionStats,
 ) -> list[Transition]:
-    llm_calls, merged = merge_duplicates(rollout.llm_calls)
-    stats.duplicates_merged += merged
     calls: list[Call] = []
     tokens: list[tuple[list[int], list[int], str | None]] = []
-    for call in llm_calls:
+    for call in rollout.llm_calls:
         stats.roles_seen[call.role] += 1
         if not role_matches(call.role, patterns):
             stats.calls_not_selected += 1

@@ -14,14 +14,11 @@ from collections.abc import Callable
 
 from fastapi import Request
 
+from agentlightning.errors import AuthError
 from agentlightning.server._errors import OpenAIError
 
 ROLLOUT_KEY_PREFIX = "agl-rollout-"
 _CHALLENGE = {"www-authenticate": "Bearer"}
-
-
-class AuthError(RuntimeError):
-    """The server was asked to listen publicly without a token."""
 
 
 def check_bind(host: str, token: str | None) -> None:

@@ -16,8 +16,7 @@ from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentlightning import _json
-from agentlightning.server._states import InvalidTransition
-from agentlightning.server.store import Conflict, NotFound, StoreError, StoreUnavailable
+from agentlightning.errors import Conflict, InvalidTransition, NotFound, StoreError, StoreUnavailable
 
 
 def openai_error(

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentlightning.capture import role_matches
 from agentlightning.protocol import Task, task_id_for
 from agentlightning.server._metrics import Metrics
 from agentlightning.server.store import Store
+from agentlightning.types import role_matches
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentlightning.errors import InvalidTransition
+
 # (state, event) -> state the event leads to, before retries are considered.
 NEXT_STATE: dict[tuple[str, str], str] = {
     ("queued", "dequeue"): "running",
@@ -23,10 +25,6 @@ RETRYABLE_EVENTS: frozenset[str] = frozenset({"fail", "timeout", "lease_expired"
 
 # What a worker-reported final rollout status (types.FINISHED_STATUSES) means as an event.
 STATUS_EVENTS: dict[str, str] = {"succeeded": "succeed", "failed": "fail", "timeout": "timeout", "cancelled": "cancel"}
-
-
-class InvalidTransition(ValueError):
-    """An event that the rollout's current state does not allow."""
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import pytest
 from rl_records import ChatTokenizer, llm, rollout, tool
 
 import agentlightning as agl
 from agentlightning.rl import extract_transitions, transitions
+from agentlightning.server.store import SQLiteStore
 from agentlightning.types import Reward, Transition
 
 
@@ -152,17 +154,30 @@ def test_retokenization_needs_a_chat_template_for_messages() -> None:
     ]
 
 
-def test_duplicate_records_of_one_response_are_merged_preferring_server_ids() -> None:
-    client_side = llm("client", role="writer", prompt=None, completion=None, response_id="resp-1")
-    from_response = llm("resp", role=None, prompt=[5], completion=[6], source="response", response_id="resp-1")
-    from_proxy = llm("proxy", role=None, prompt=[1, 2], completion=[3], source="server", response_id="resp-1")
-    other = llm("other", role="writer", response_id="resp-2")
-    extraction = extract_transitions([rollout("r1", 1.0, [client_side, from_response, from_proxy, other])])
+def test_a_response_recorded_by_client_and_proxy_is_merged_once_by_the_store(tmp_path: Path) -> None:
+    """The store joins the proxy's record into the client's when the result arrives; transitions read the calls as
+    stored: one transition per response, with the proxy's ids and the client's role."""
+    store = SQLiteStore(tmp_path / "store.db")
+    try:
+        info = store.add_dataset([{"id": "t"}])
+        [rid] = store.enqueue(store.dataset_tasks(info.dataset_id))
+        lease = store.dequeue("w", 10.0)
+        assert lease is not None
+        proxy = llm("proxy", None, [1, 2], [3], rollout_id=rid, response_id="resp-1", metadata={"model_version": "v7"})
+        store.record_proxy_call(proxy.model_dump(mode="json"), attempt=1)
+        client = llm("client", role="writer", prompt=[5], completion=[6], source="response", response_id="resp-1")
+        other = llm("other", role="writer", prompt=[7], completion=[8], source="response", response_id="resp-2")
+        result = rollout(rid, 1.0, [client, other], task_id=lease.task_id)
+        assert store.complete(rid, 1, "w", result).accepted
+        stored = store.get_rollout(rid)
+    finally:
+        store.close()
+    assert stored is not None and [call.call_id for call in stored.llm_calls] == ["client", "other"]
+    extraction = extract_transitions([stored])
     first, second = extraction.transitions
-    assert (first.call_id, first.role, first.token_source) == ("proxy", "writer", "server")
-    assert first.prompt_token_ids == [1, 2]
-    assert second.call_id == "other"
-    assert extraction.stats.duplicates_merged == 2
+    assert (first.call_id, first.role, first.token_source, first.model_version) == ("client", "writer", "server", "v7")
+    assert (first.prompt_token_ids, first.completion_token_ids) == ([1, 2], [3])
+    assert (second.call_id, second.token_source, second.prompt_token_ids) == ("other", "response", [7])
 
 
 def test_failed_rollout_policy() -> None:
@@ -208,7 +223,6 @@ def test_unfinished_and_unrewarded_rollouts_are_skipped_with_reasons() -> None:
         "calls_not_selected": 0,
         "calls_retokenized": 0,
         "logprobs_dropped": 0,
-        "duplicates_merged": 0,
         "rewards_unassigned": 0,
         "transitions": 0,
     }

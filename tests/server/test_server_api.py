@@ -12,8 +12,8 @@ import pytest
 
 from agentlightning._cli import main as agl_main
 from agentlightning.client import Client
+from agentlightning.errors import AuthError
 from agentlightning.server import LightningServer, Settings
-from agentlightning.server._auth import AuthError
 from agentlightning.testing import MockLLMServer
 from agentlightning.types import Call, Reward, Rollout
 

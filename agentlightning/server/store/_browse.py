@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from agentlightning.server.store._interface import NotFound
+from agentlightning.errors import NotFound
 from agentlightning.types import FINISHED_STATUSES
 
 FAILED = "('failed', 'timeout', 'cancelled')"  # the finished states that are not a success, as SQL

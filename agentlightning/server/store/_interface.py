@@ -1,4 +1,4 @@
-"""What the server needs from a store (:class:`Store`), and the store's errors."""
+"""What the server needs from a store (:class:`Store`); its errors are in :mod:`agentlightning.errors`."""
 
 from __future__ import annotations
 
@@ -7,22 +7,6 @@ from typing import Any, Protocol
 
 from agentlightning.protocol import AttemptInfo, DatasetInfo, Lease, ModelVersion, ResultOutcome, RolloutSummary, Task
 from agentlightning.types import Call, Rollout
-
-
-class StoreError(Exception):
-    """Base of the store's errors (each maps to a 4xx answer of the server)."""
-
-
-class NotFound(StoreError):
-    """An id that the store does not know."""
-
-
-class Conflict(StoreError):
-    """A request that contradicts the stored state (e.g. a result for a rollout finished by another attempt)."""
-
-
-class StoreUnavailable(StoreError):
-    """The store cannot take writes now (file deleted, read-only or full disk): retryable, answered with a 503."""
 
 
 class Store(Protocol):

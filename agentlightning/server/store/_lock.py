@@ -8,9 +8,7 @@ import fcntl
 import os
 import socket
 
-
-class StoreInUse(RuntimeError):
-    """Another server (another process, or another store object of this one) holds the store file."""
+from agentlightning.errors import StoreInUse
 
 
 class StoreLock:

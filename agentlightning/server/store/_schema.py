@@ -15,9 +15,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from agentlightning.rl.tokens import merge_records
-from agentlightning.server.store._interface import StoreError, StoreUnavailable
-from agentlightning.types import Call
+from agentlightning.errors import StoreError, StoreUnavailable
+from agentlightning.types import Call, merge_records
 
 logger = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from agentlightning._wire.read import json_text
+from agentlightning.errors import Conflict, NotFound, StoreError, StoreUnavailable
 from agentlightning.protocol import (
     AttemptInfo,
     DatasetInfo,
@@ -29,7 +30,7 @@ from agentlightning.protocol import (
     task_id_for,
 )
 from agentlightning.server._states import Decision, decide, event_for_status
-from agentlightning.server.store._interface import Conflict, NotFound, Store, StoreError, StoreUnavailable
+from agentlightning.server.store._interface import Store
 from agentlightning.server.store._lock import StoreLock
 from agentlightning.server.store._schema import (
     calls_from_json,

@@ -50,6 +50,8 @@ from typing import Any, Literal
 import httpx
 from agentlightning.trainers.policies import BASE_VERSION, combined_version
 
+from agentlightning.errors import VLLMUnavailable
+
 logger = logging.getLogger(__name__)
 
 SyncMode = Literal["lora", "disk", "nccl", "ipc"]
@@ -69,10 +71,6 @@ WORKER_EXTENSION = "agl_vllm_worker.WeightReloader"
 """``--worker-extension-cls`` of a server started here (a copy of ``_vllm_worker.py`` put on its ``PYTHONPATH``).
 A server started by hand in an environment with Agent Lightning uses
 ``agentlightning.trainers.backends.vllm._worker.WeightReloader``."""
-
-
-class VLLMUnavailable(RuntimeError):
-    """vLLM cannot be started or a sync mode cannot run here; the message says what to install or use instead."""
 
 
 def default_python() -> str:

@@ -17,7 +17,7 @@ from agentlightning.evaluation import EvalReport, compare, wilson_interval
 from agentlightning.evaluation._intervals import bootstrap_mean_interval, newcombe_difference
 from agentlightning.testing import MockLLMServer, MockReply, MockToolCall
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_wilson_interval_hand_checked() -> None:
