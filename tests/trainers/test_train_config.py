@@ -106,7 +106,7 @@ def test_agl_train_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
                 "tasks_per_step": 2,
                 "max_steps": 1,
                 "micro_batch_size": 2,
-                "max_completion_length": 6,
+                "max_completion_length": 8,  # what the agent asks: a shorter cap would tie its rewards
                 "use_server": False,
                 "progress": False,
             }
