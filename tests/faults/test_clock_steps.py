@@ -92,9 +92,9 @@ def test_a_restart_gives_running_leases_a_full_lease_whatever_the_clock_did_mean
         http.close()
     time.sleep(2.5)  # the server is down longer than the lease: the stored deadlines pass
 
+    started = time.monotonic()  # the store grants the lease as it opens, before the server listens
     with LightningServer(path, upstream_url=mock.base_url, settings=SETTINGS) as second:
         http = httpx.Client(base_url=second.url)
-        started = time.monotonic()
         time.sleep(1.0)
         assert _heartbeat(http, live, "live"), "a worker that waited out the restart lost its lease"
         wait_for(lambda: second.store.rollout_state(dead["rollout_id"])[1] == 2, 8, "the dead worker's lease")
@@ -102,7 +102,7 @@ def test_a_restart_gives_running_leases_a_full_lease_whatever_the_clock_did_mean
         http.close()
 
     clock.step(-600)  # while no server runs
+    started = time.monotonic()
     with LightningServer(path, upstream_url=mock.base_url, settings=SETTINGS) as third:
-        started = time.monotonic()
         wait_for(lambda: third.store.rollout_state(live["rollout_id"])[1] == 2, 8, "the unattended lease to expire")
         assert 1.9 <= time.monotonic() - started < 4.0  # one lease from the restart, not 600 s more

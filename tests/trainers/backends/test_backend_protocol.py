@@ -10,7 +10,7 @@ from agentlightning.trainers.backends.base import Backend
 from agentlightning.trainers.backends.hf.server import HFBackendServer
 from agentlightning.trainers.config import TrainConfig
 from agentlightning.trainers.models import tiny_model
-from train_agents import echo_length_agent
+from train_agents import reply_length_agent
 
 import agentlightning as agl
 
@@ -52,7 +52,7 @@ def test_the_protocol_lists_what_the_loop_calls_and_the_given_backend_is_not_wri
     tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(2)]
 
     result = agl.train(
-        echo_length_agent,
+        reply_length_agent,
         tasks,
         model=model,
         tokenizer=tokenizer,
