@@ -13,6 +13,7 @@ Skipped when the agents are not installed, unless AGL_REQUIRE_CLI_AGENTS=1 (CI) 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -153,6 +154,43 @@ def test_codex_on_a_chat_only_backend(tmp_path: Path, offline: Sink) -> None:
     _check_tool_loop("codex", rollouts, forwarded, offline)
     assert {request.path for request in forwarded} == {"/v1/chat/completions"}
     assert all(call.metadata["stream"] for rollout in rollouts for call in rollout.llm_calls)  # it streams
+
+
+def thinking_model(request: MockRequest) -> MockReply:
+    """:func:`coding_model` that thinks first, as a reasoning model behind vLLM's reasoning parser answers (its
+    reasoning names the turn, so that the test can tell which answer the agent sent back)."""
+    reply = coding_model(request)
+    turn = sum(message.get("role") == "tool" for message in request.messages)
+    return dataclasses.replace(reply, reasoning=f"Thinking about turn {turn}.")
+
+
+def test_claude_code_sends_its_thinking_back(tmp_path: Path, offline: Sink) -> None:
+    """Claude Code keeps the thinking blocks of the turns it continues (interleaved thinking with tools): the proxy
+    gives them to the upstream as the assistant's reasoning_content, and they are in the recorded calls."""
+    if not (command_agents.CLI_AGENTS / "claude").exists():
+        _missing("claude")
+    with MockLLMServer(handler=thinking_model) as mock:
+        rollouts = _serve(command_agents.claude_agent, tmp_path, mock, TASKS)
+        forwarded = mock.requests
+    _check_tool_loop("claude", rollouts, forwarded, offline)
+    for rollout in rollouts:
+        first, second, last = sorted(rollout.llm_calls, key=lambda call: call.start_time)
+        assert [message.get("reasoning_content") for message in second.input if message["role"] == "assistant"] == [
+            "Thinking about turn 0."
+        ]
+        sent_back = [message for message in last.input if message["role"] == "assistant"]
+        assert [message.get("reasoning_content") for message in sent_back] == [
+            "Thinking about turn 0.",
+            "Thinking about turn 1.",
+        ]
+        for message in sent_back:
+            [block] = message["thinking_blocks"]
+            assert block["type"] == "thinking" and block["thinking"] == message["reasoning_content"]
+            assert "signature" in block
+        assert first.output["reasoning_content"] == "Thinking about turn 0."
+        assert first.completion_token_ids[: len("Thinking")] == list(mock.tokenizer.encode("Thinking"))
+    upstream_assistants = [m for r in forwarded for m in r.body["messages"] if m["role"] == "assistant"]
+    assert upstream_assistants and all(m.get("reasoning_content") for m in upstream_assistants)
 
 
 def _check_tool_loop(cli: str, rollouts: list[agl.Rollout], forwarded: list[MockRequest], offline: Sink) -> None:
