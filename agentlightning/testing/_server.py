@@ -231,6 +231,7 @@ class MockLLMServer:
             token_ids=ids,
             logprobs=logprobs,
             pieces=[(piece, len(tokenizer.encode(piece))) for piece in payloads.text_pieces(content or "")],
+            reasoning=reply.reasoning if chat else None,
         )
         answer = Reply(
             model=request.model or self.models[0],
