@@ -140,20 +140,26 @@ vllm-pins: .venv-vllm/.installed
 	grep -v '^mcp==' constraints.txt > .venv-vllm/constraints-without-mcp.txt
 	.venv-vllm/bin/pip install --quiet --dry-run -c .venv-vllm/constraints-without-mcp.txt '.[train,vllm]'
 
-# Two real command-line coding agents from npm, for tests/command/test_cli_agents.py (~760 MB, ~20 s): Claude Code
-# (Anthropic Messages) and Codex (the Responses API), both run as agl.CommandAgent rollouts through the proxy.
-# Their native binaries come as npm optional dependencies (no install script needed); Claude Code's package asks for
-# node >= 22 but its binary does not use the node that installs it.
+# Real command-line coding agents, for tests/command/test_cli_agents.py, all run as agl.CommandAgent rollouts through
+# the proxy. From npm (~760 MB, ~20 s): Claude Code (Anthropic Messages) and Codex (the Responses API); their native
+# binaries come as npm optional dependencies (no install script needed); Claude Code's package asks for node >= 22 but
+# its binary does not use the node that installs it. From PyPI, in its own venv as a CLI is installed (~600 MB,
+# ~45 s): mini-swe-agent (chat completions through LiteLLM), with the versions of constraints-mini-swe-agent.txt.
 CLAUDE_CODE := 2.1.328
 CODEX := 0.169.0
+MINI_SWE_AGENT := .cli-agents/mini-swe-agent
 .PHONY: cli-agents
 cli-agents: .cli-agents/.installed
 
-.cli-agents/.installed: Makefile
+.cli-agents/.installed: Makefile constraints-mini-swe-agent.txt
 	npm install --prefix .cli-agents --no-fund --no-audit --no-save \
 		@anthropic-ai/claude-code@$(CLAUDE_CODE) @openai/codex@$(CODEX)
 	.cli-agents/node_modules/.bin/claude --version
 	.cli-agents/node_modules/.bin/codex --version
+	$(PYTHON) -m venv $(MINI_SWE_AGENT)
+	$(MINI_SWE_AGENT)/bin/pip install --quiet --upgrade pip==25.3
+	$(MINI_SWE_AGENT)/bin/pip install --quiet -c constraints-mini-swe-agent.txt mini-swe-agent
+	MSWEA_CONFIGURED=true $(MINI_SWE_AGENT)/bin/mini --help > /dev/null
 	touch $@
 
 clean:

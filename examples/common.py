@@ -379,9 +379,16 @@ def run_recipe(
 
 
 def cli(main: Callable[[], int]) -> int:
-    """Run a script's ``main``; a missing data file is a one-line error (exit status 2), not a traceback."""
+    """Run a script's ``main``; a missing data file (exit status 2) and a run that trained nothing (exit status 1, as
+    ``agl train``) are one-line errors, not tracebacks."""
+    from agentlightning.errors import NothingTrainedError
+
     try:
         return main()
     except DataNotFoundError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except NothingTrainedError as exc:
+        print(exc.result.summary(), flush=True)
+        print(f"error: {exc}", file=sys.stderr)
+        return 1

@@ -1,4 +1,5 @@
-"""vLLM's CPU build for the tests that start a real vLLM server (tests/ is on sys.path).
+"""vLLM's CPU build for the tests that start a real vLLM server (tests/ is on sys.path), and the check that what it
+served came from given weights.
 
 It lives in the repository's ``.venv-vllm`` (``make vllm-venv``). Without it those tests skip, unless
 ``AGL_REQUIRE_VLLM=1`` (set by ``.ci/run``) makes them fail.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,3 +23,18 @@ def require_vllm() -> None:
         if os.environ.get("AGL_REQUIRE_VLLM") == "1":
             pytest.fail(f"AGL_REQUIRE_VLLM=1 but {reason}")
         pytest.skip(reason)
+
+
+def largest_logprob_gap(model: Any, calls: list[Any]) -> float:
+    """The largest |recorded - ``model``'s| logprob over the completion tokens of ``calls`` (sampled by vLLM at
+    temperature 1, the runs' training temperature): near 0 when ``model`` holds the weights vLLM served them from."""
+    import torch
+
+    gaps = []
+    with torch.no_grad():
+        for call in calls:
+            prompt, completion = call.prompt_token_ids, call.completion_token_ids
+            logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].double()
+            ours = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+            gaps.append(float((ours - torch.tensor(call.completion_logprobs, dtype=torch.float64)).abs().max()))
+    return max(gaps)

@@ -11,7 +11,7 @@ import json
 import logging
 from typing import Any
 
-from agentlightning._wire.messages import anthropic_to_messages
+from agentlightning._wire.messages import anthropic_to_messages, reasoning_text
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +60,15 @@ def _function(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def message_from_chat(chat: dict[str, Any], model: Any) -> dict[str, Any]:
-    """The Anthropic ``message`` a chat completion (first choice) answers: its reasoning (``reasoning_content``) as
-    a thinking block, its text as a text block, its tool calls
+    """The Anthropic ``message`` a chat completion (first choice) answers: its reasoning (``reasoning`` or
+    ``reasoning_content``) as a thinking block, its text as a text block, its tool calls
     as ``tool_use`` blocks, its finish reason as ``stop_reason``, its token counts as ``usage``."""
     choices = chat.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     message = choice.get("message") or {}
     content: list[dict[str, Any]] = []
-    if message.get("reasoning_content"):  # vLLM's reasoning parsers
-        content.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
+    if reasoning_text(message):
+        content.append({"type": "thinking", "thinking": reasoning_text(message), "signature": ""})
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     for call in message.get("tool_calls") or []:
@@ -116,8 +116,9 @@ def count_tokens(chat: dict[str, Any]) -> int:
 
 class MessageStream:
     """Anthropic stream events for a chat completion's stream, as its chunks arrive (:meth:`feed` each parsed chunk,
-    then :meth:`close`): reasoning text (``reasoning_content``, as vLLM's reasoning parsers send it) as a thinking
-    block, text as a text block, each tool call as a ``tool_use`` block with its arguments as ``input_json_delta``."""
+    then :meth:`close`): reasoning text (``reasoning``, as vLLM's reasoning parsers send it, or
+    ``reasoning_content``) as a thinking block, text as a text block, each tool call as a ``tool_use`` block with its
+    arguments as ``input_json_delta``."""
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -152,9 +153,9 @@ class MessageStream:
             return events
         self.finish = choice.get("finish_reason") or self.finish
         delta = choice.get("delta") or {}
-        if delta.get("reasoning_content"):
+        if reasoning_text(delta):
             events += self._into(("thinking", None), {"type": "thinking", "thinking": "", "signature": ""})
-            events.append(self._delta({"type": "thinking_delta", "thinking": delta["reasoning_content"]}))
+            events.append(self._delta({"type": "thinking_delta", "thinking": reasoning_text(delta)}))
         if delta.get("content"):
             events += self._into(("text", None), {"type": "text", "text": ""})
             events.append(self._delta({"type": "text_delta", "text": delta["content"]}))

@@ -57,6 +57,12 @@ def message_text(content: Any) -> str:
     return str(content)
 
 
+def reasoning_text(message: dict[str, Any]) -> str:
+    """The reasoning text of a chat message or stream delta: ``reasoning`` (vLLM 0.31's reasoning parsers) or
+    ``reasoning_content`` (older vLLM, SGLang, DeepSeek's API); '' when there is none."""
+    return str(message.get("reasoning") or message.get("reasoning_content") or "")
+
+
 def responses_input_to_messages(input_: Any, instructions: Any = None) -> list[dict[str, Any]]:
     """A Responses API ``input`` (string or item list) and ``instructions`` as chat messages.
 
@@ -85,9 +91,18 @@ def responses_input_to_messages(input_: Any, instructions: Any = None) -> list[d
     return messages
 
 
+# Assistant blocks that carry the model's reasoning; several thinking blocks (interleaved thinking) join with a blank
+# line into one reasoning text, as chat messages have one.
+_THINKING_BLOCKS = ("thinking", "redacted_thinking")
+_THINKING_SEPARATOR = "\n\n"
+
+
 def anthropic_to_messages(messages: Any, system: Any = None) -> list[dict[str, Any]]:
     """Anthropic Messages API ``messages`` and ``system`` as chat messages: ``tool_use`` blocks become assistant
-    ``tool_calls``, ``tool_result`` blocks ``tool`` messages; other blocks (images, thinking, ...) are skipped."""
+    ``tool_calls``, ``tool_result`` blocks ``tool`` messages, ``thinking`` blocks the assistant's
+    ``reasoning_content`` (the field OpenAI-compatible reasoning servers read; vLLM renames it ``reasoning``) with the
+    blocks as sent, signatures and ``redacted_thinking`` included, under ``thinking_blocks`` (LiteLLM's name for
+    them); other blocks (images, documents, ...) are skipped."""
     chat: list[dict[str, Any]] = [{"role": "system", "content": message_text(as_plain(system))}] if system else []
     for message in as_plain(messages) or []:
         if not isinstance(message, dict):
@@ -108,8 +123,13 @@ def anthropic_to_messages(messages: Any, system: Any = None) -> list[dict[str, A
             for block in blocks
             if block.get("type") == "tool_use"
         ]
-        if texts or calls:
+        thinking = [block for block in blocks if block.get("type") in _THINKING_BLOCKS] if role == "assistant" else []
+        if texts or calls or thinking:
             chat.append({"role": role, "content": "".join(texts) if texts else None})
+            if thinking:
+                reasoning = [str(block.get("thinking") or "") for block in thinking if block.get("type") == "thinking"]
+                chat[-1]["reasoning_content"] = _THINKING_SEPARATOR.join(reasoning)
+                chat[-1]["thinking_blocks"] = thinking
             if calls:
                 chat[-1]["tool_calls"] = calls
     return chat

@@ -24,6 +24,7 @@ class Choice:
     logprobs: list[dict[str, Any]] | None = None  # one entry per token id (see token_logprobs); None: not asked
     # How a stream splits ``content``: (text, number of token ids it carries); the ids left go on the last chunk.
     pieces: list[tuple[str, int]] | None = None
+    reasoning: str | None = None  # the reasoning text, sent as vLLM's reasoning parsers send it (``reasoning``)
 
 
 @dataclass
@@ -91,6 +92,8 @@ def chat_completion(reply: Reply) -> dict[str, Any]:
     choices = []
     for index, choice in enumerate(reply.choices):
         message: dict[str, Any] = {"role": "assistant", "content": choice.content, "refusal": None}
+        if choice.reasoning:
+            message["reasoning"] = choice.reasoning
         if choice.tool_calls:
             message["tool_calls"] = choice.tool_calls
         logprobs = None if choice.logprobs is None else {"content": choice.logprobs, "refusal": None}
@@ -116,6 +119,8 @@ def chat_chunks(reply: Reply, include_usage: bool = False) -> Iterator[dict[str,
         first = chunk({"role": "assistant", "content": ""})
         yield {**first, "prompt_token_ids": reply.prompt_token_ids} if reply.token_ids and not index else first
         *pieces, (_, rest) = _spans(choice, [(choice.content or "", len(choice.token_ids))])
+        if choice.reasoning:
+            yield chunk({"reasoning": choice.reasoning})
         for text, ids in pieces:
             yield chunk({"content": text}, ids)
         for position, tool_call in enumerate(choice.tool_calls):

@@ -14,7 +14,13 @@ from typing import Any
 import pydantic
 import pydantic_core
 
-from agentlightning._wire.messages import anthropic_to_messages, as_plain, responses_input_to_messages, tool_call
+from agentlightning._wire.messages import (
+    anthropic_to_messages,
+    as_plain,
+    reasoning_text,
+    responses_input_to_messages,
+    tool_call,
+)
 from agentlightning.types import Call, TokenSource
 
 logger = logging.getLogger(__name__)
@@ -157,8 +163,8 @@ def _answer(
 
 def read_response(api: str, response: Any) -> dict[str, Any]:
     """What a finished response (parsed object or JSON dict) answered: ``output`` (content, tool calls, finish
-    reason of the first choice), ``response_id``, token ids and logprobs as the backend sent them, ``usage``,
-    ``model`` and the number of ``choices``."""
+    reason of the first choice, with its ``reasoning_content`` when the server sent reasoning), ``response_id``,
+    token ids and logprobs as the backend sent them, ``usage``, ``model`` and the number of ``choices``."""
     body = _view(response)
     if api.startswith("responses"):
         return _read_responses(body)
@@ -178,6 +184,8 @@ def read_response(api: str, response: Any) -> dict[str, Any]:
         }
         if message.get("refusal"):
             output["refusal"] = message["refusal"]
+        if reasoning_text(message):
+            output["reasoning_content"] = reasoning_text(message)
     return _answer(
         output,
         body,
@@ -234,6 +242,7 @@ class StreamFold:
     def __init__(self, api: str) -> None:
         self.api = api
         self.texts: list[str] = []
+        self.reasoning: list[str] = []
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.finish_reason: str | None = None
         self.response_id: str | None = None
@@ -293,6 +302,8 @@ class StreamFold:
             self.texts.append(choice.get("text") or "")
             return
         delta = _view(choice.get("delta"))
+        if reasoning_text(delta):
+            self.reasoning.append(reasoning_text(delta))
         if delta.get("content"):
             self.texts.append(delta["content"])
         for entry in map(_view, delta.get("tool_calls") or []):
@@ -335,6 +346,8 @@ class StreamFold:
             "tool_calls": [self.tool_calls[index] for index in sorted(self.tool_calls)],
             "finish_reason": self.finish_reason or (None if complete else "incomplete_stream"),
         }
+        if self.reasoning:
+            output["reasoning_content"] = "".join(self.reasoning)
         return _answer(
             output,
             {"id": self.response_id, "model": self.model, "usage": self.usage},

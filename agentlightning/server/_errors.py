@@ -5,6 +5,7 @@ agents' OpenAI clients read (the proxy, auth, the body-size limit) in the OpenAI
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
@@ -13,10 +14,13 @@ from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentlightning import _json
 from agentlightning.errors import Conflict, InvalidTransition, NotFound, StoreError, StoreUnavailable
+
+logger = logging.getLogger(__name__)
 
 
 def openai_error(
@@ -42,7 +46,7 @@ class OpenAIError(HTTPException):
 def add_error_handlers(app: FastAPI) -> None:
     """Answer :class:`OpenAIError` in the OpenAI format, store refusals as 404 (unknown), 409 (conflict) or 400, a
     store that cannot be written as 503 (retryable), and validation errors as one ``detail`` line naming the body's
-    model."""
+    model. A client that left before its body was sent (killed mid-upload) is one log line, not a traceback."""
 
     async def openai_format(_request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, OpenAIError)
@@ -64,7 +68,17 @@ def add_error_handlers(app: FastAPI) -> None:
         )
         return JSONResponse({"detail": f"invalid {model} for {request.url.path}: {problems}"}, 422)
 
+    async def left(request: Request, _exc: Exception) -> Response:
+        logger.warning(
+            "%s %s: the client disconnected before its request body was sent (%s bytes announced); nothing was read",
+            request.method,
+            request.url.path,
+            request.headers.get("content-length", "?"),
+        )
+        return Response(status_code=400)  # nobody reads it
+
     app.add_exception_handler(OpenAIError, openai_format)
+    app.add_exception_handler(ClientDisconnect, left)
     for refusal in (StoreError, sqlite3.Error, InvalidTransition):
         app.add_exception_handler(refusal, refused)
     app.add_exception_handler(RequestValidationError, invalid)

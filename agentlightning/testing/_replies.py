@@ -42,14 +42,18 @@ class MockReply:
     """How the mock server answers one request.
 
     - ``content`` / ``tool_calls``: the assistant message (both may be given);
+    - ``reasoning``: reasoning text before them, sent as vLLM's reasoning parsers send it (the chat message's and
+      stream deltas' ``reasoning``); its tokens come first in the completion's token ids;
     - ``finish_reason``: defaults to 'tool_calls' when there are tool calls, else 'stop';
     - ``latency``: seconds to wait before answering (streams wait before the first chunk);
     - ``status`` / ``error_message``: a status >= 400 answers with an OpenAI-style error body instead;
-    - ``hang``: never answer (until the server stops), to exercise client timeouts.
+    - ``hang``: never answer (until the client closes its connection or the server stops), to exercise client
+      timeouts; :attr:`MockLLMServer.hanging` counts the requests hanging now.
     """
 
     content: str | None = None
     tool_calls: list[MockToolCall] = field(default_factory=list)
+    reasoning: str | None = None
     finish_reason: str | None = None
     latency: float = 0.0
     status: int = 200
@@ -65,8 +69,8 @@ class MockReply:
         return [tool_call(call.call_id(), call.name, call.arguments_json()) for call in self.tool_calls]
 
     def completion_text(self) -> str:
-        """The text the completion's token ids stand for: content, then the rendered tool calls."""
-        return (self.content or "") + render_tool_calls(self.openai_tool_calls())
+        """The text the completion's token ids stand for: reasoning, content, then the rendered tool calls."""
+        return (self.reasoning or "") + (self.content or "") + render_tool_calls(self.openai_tool_calls())
 
 
 @dataclass

@@ -103,3 +103,34 @@ claude_hung_agent = agl.CommandAgent(
     CLAUDE_ARGV, env={**CLAUDE_OFFLINE, "AGL_CLI_TEST": "claude-hung"}, timeout=8, name="claude_hung"
 )
 codex_hung_agent = agl.CommandAgent(CODEX_ARGV, env={"AGL_CLI_TEST": "codex-hung"}, timeout=8, name="codex_hung")
+
+# mini-swe-agent from PyPI in its own venv (`make cli-agents`): its `mini` CLI, the model through LiteLLM's OpenAI
+# provider at the rollout's address, no confirmations (-y, --exit-immediately). Given -c, it reads only the configs
+# named, so its default mini.yaml comes first. MSWEA_CONFIGURED skips its first-run set-up prompt,
+# MSWEA_COST_TRACKING=ignore_errors its refusal of a model it has no price for, and LITELLM_LOCAL_MODEL_COST_MAP keeps
+# LiteLLM from fetching its price list at import.
+MINI_SWE_AGENT = Path(__file__).resolve().parents[2] / ".cli-agents" / "mini-swe-agent" / "bin" / "mini"
+MINI_OFFLINE = {
+    "MSWEA_CONFIGURED": "true",
+    "MSWEA_COST_TRACKING": "ignore_errors",
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+}
+MINI_ARGV = [
+    str(MINI_SWE_AGENT),
+    "-y",
+    "--exit-immediately",
+    "-m",
+    "openai/{model}",
+    "-c",
+    "mini.yaml",
+    "-c",
+    "model.model_kwargs.api_base={base_url}",
+    "-o",
+    "{workdir}/trajectory.json",
+    "-t",
+    "{task[prompt]}",
+]
+mini_agent = agl.CommandAgent(MINI_ARGV, env=MINI_OFFLINE, reward=answer_reward, timeout=120, name="mini")
+mini_hung_agent = agl.CommandAgent(
+    MINI_ARGV, env={**MINI_OFFLINE, "AGL_CLI_TEST": "mini-hung"}, timeout=8, name="mini_hung"
+)

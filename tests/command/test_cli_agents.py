@@ -1,18 +1,21 @@
-"""Real command-line coding agents, as shipped on npm (`make cli-agents`), as ``agl.CommandAgent`` rollouts in client
-worker processes through the server's per-rollout proxy in front of ``MockLLMServer``: Claude Code (``claude -p``,
-Anthropic Messages, streamed) and Codex (``codex exec``, the Responses API, streamed).
+"""Real command-line coding agents, as shipped on npm and PyPI (`make cli-agents`), as ``agl.CommandAgent`` rollouts
+in client worker processes through the server's per-rollout proxy in front of ``MockLLMServer``: Claude Code
+(``claude -p``, Anthropic Messages, streamed), Codex (``codex exec``, the Responses API, streamed) and mini-swe-agent
+(``mini``, chat completions through LiteLLM).
 
-The scripted model runs a shell command that writes the answer to answer.txt, a second that reads it back, then says
-it is done: every request is one recorded call with token ids, the tool calls and their results are in the calls, the
-reward comes from the working directory. A model that never answers leaves the agent hanging until its timeout kills
-the whole process group. The agents' HTTP(S) proxy variables point at a sink that refuses (403) and records any
-connection, so an agent that tries to reach anything but the rollout's proxy fails the test instead of hanging.
+The scripted model runs a shell command that writes the answer to answer.txt, a second that reads it back, then says it
+is done (mini-swe-agent: submits, with the command its prompt names): every request is one recorded call with token ids,
+the tool calls and their results are in the calls, the reward comes from the working directory. A model that never
+answers leaves the agent hanging until its timeout kills the whole process group. The agents' HTTP(S) proxy variables
+point at a sink that refuses (403) and records any connection, so an agent that tries to reach anything but the
+rollout's proxy fails the test instead of hanging.
 
 Skipped when the agents are not installed, unless AGL_REQUIRE_CLI_AGENTS=1 (CI) makes that a failure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -32,22 +35,30 @@ from agentlightning.testing import MockLLMServer, MockReply, MockRequest, MockTo
 
 REQUIRED = os.environ.get("AGL_REQUIRE_CLI_AGENTS") == "1"
 # What each agent calls its shell tool, and how its arguments are spelled.
-SHELL_TOOLS = {"Bash": "command", "exec_command": "cmd"}
+SHELL_TOOLS = {"Bash": "command", "exec_command": "cmd", "bash": "command"}
+# Where each agent is installed.
+EXECUTABLES = {
+    "claude": command_agents.CLI_AGENTS / "claude",
+    "codex": command_agents.CLI_AGENTS / "codex",
+    "mini": command_agents.MINI_SWE_AGENT,
+}
+# mini-swe-agent ends its loop on a command whose output starts with this line (its mini.yaml tells the model so).
+MINI_SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 TASKS = [
     {"prompt": "Write 1234 to answer.txt, then check it.", "expect": "1234"},
     {"prompt": "Write 4321 to answer.txt, then check it.", "expect": "4322"},  # the file will not hold it: reward 0
 ]
 
 
-@pytest.fixture(params=["claude", "codex"])
+@pytest.fixture(params=sorted(EXECUTABLES))
 def cli(request: pytest.FixtureRequest) -> str:
-    if not (command_agents.CLI_AGENTS / request.param).exists():
+    if not EXECUTABLES[request.param].exists():
         _missing(request.param)
     return str(request.param)
 
 
 def _missing(name: str) -> None:
-    message = f"{command_agents.CLI_AGENTS / name} is not installed (make cli-agents)"
+    message = f"{EXECUTABLES[name]} is not installed (make cli-agents)"
     if REQUIRED:
         pytest.fail(f"AGL_REQUIRE_CLI_AGENTS=1 but {message}")
     pytest.skip(message)
@@ -98,6 +109,9 @@ def coding_model(request: MockRequest) -> MockReply:
     if shell is None:
         return MockReply(status=400, error_message=f"no shell tool among {sorted(map(str, tools))}")
     results = [message for message in request.messages if message.get("role") == "tool"]
+    if len(results) >= 2 and shell == "bash":  # mini-swe-agent answers only with tool calls
+        submit = MockToolCall(name=shell, arguments={"command": MINI_SUBMIT})
+        return MockReply(content="Done: the answer is in answer.txt.", tool_calls=[submit])
     if len(results) >= 2:
         return MockReply(content="Done: the answer is in answer.txt.")
     if results:
@@ -139,13 +153,13 @@ def test_cli_agent_tool_loop_through_the_proxy(cli: str, tmp_path: Path, offline
         rollouts = _serve(getattr(command_agents, f"{cli}_agent"), tmp_path, mock, TASKS)
         forwarded = mock.requests
     _check_tool_loop(cli, rollouts, forwarded, offline)
-    expected = "/v1/chat/completions" if cli == "claude" else "/v1/responses"  # Messages: always as chat
+    expected = "/v1/responses" if cli == "codex" else "/v1/chat/completions"  # Messages: always as chat
     assert {request.path for request in forwarded} == {expected}
 
 
 def test_codex_on_a_chat_only_backend(tmp_path: Path, offline: Sink) -> None:
     """Codex speaks only the Responses API; the training backends serve chat completions: the proxy translates."""
-    if not (command_agents.CLI_AGENTS / "codex").exists():
+    if not EXECUTABLES["codex"].exists():
         _missing("codex")
     with MockLLMServer(handler=coding_model) as mock:
         rollouts = _serve(command_agents.codex_agent, tmp_path, mock, TASKS, chat_only=True)
@@ -155,6 +169,43 @@ def test_codex_on_a_chat_only_backend(tmp_path: Path, offline: Sink) -> None:
     assert all(call.metadata["stream"] for rollout in rollouts for call in rollout.llm_calls)  # it streams
 
 
+def thinking_model(request: MockRequest) -> MockReply:
+    """:func:`coding_model` that thinks first, as a reasoning model behind vLLM's reasoning parser answers (its
+    reasoning names the turn, so that the test can tell which answer the agent sent back)."""
+    reply = coding_model(request)
+    turn = sum(message.get("role") == "tool" for message in request.messages)
+    return dataclasses.replace(reply, reasoning=f"Thinking about turn {turn}.")
+
+
+def test_claude_code_sends_its_thinking_back(tmp_path: Path, offline: Sink) -> None:
+    """Claude Code keeps the thinking blocks of the turns it continues (interleaved thinking with tools): the proxy
+    gives them to the upstream as the assistant's reasoning_content, and they are in the recorded calls."""
+    if not EXECUTABLES["claude"].exists():
+        _missing("claude")
+    with MockLLMServer(handler=thinking_model) as mock:
+        rollouts = _serve(command_agents.claude_agent, tmp_path, mock, TASKS)
+        forwarded = mock.requests
+    _check_tool_loop("claude", rollouts, forwarded, offline)
+    for rollout in rollouts:
+        first, second, last = sorted(rollout.llm_calls, key=lambda call: call.start_time)
+        assert [message.get("reasoning_content") for message in second.input if message["role"] == "assistant"] == [
+            "Thinking about turn 0."
+        ]
+        sent_back = [message for message in last.input if message["role"] == "assistant"]
+        assert [message.get("reasoning_content") for message in sent_back] == [
+            "Thinking about turn 0.",
+            "Thinking about turn 1.",
+        ]
+        for message in sent_back:
+            [block] = message["thinking_blocks"]
+            assert block["type"] == "thinking" and block["thinking"] == message["reasoning_content"]
+            assert "signature" in block
+        assert first.output["reasoning_content"] == "Thinking about turn 0."
+        assert first.completion_token_ids[: len("Thinking")] == list(mock.tokenizer.encode("Thinking"))
+    upstream_assistants = [m for r in forwarded for m in r.body["messages"] if m["role"] == "assistant"]
+    assert upstream_assistants and all(m.get("reasoning_content") for m in upstream_assistants)
+
+
 def _check_tool_loop(cli: str, rollouts: list[agl.Rollout], forwarded: list[MockRequest], offline: Sink) -> None:
     assert offline.seen == []  # nothing but the rollout's proxy was contacted
     for rollout in rollouts:
@@ -162,7 +213,7 @@ def _check_tool_loop(cli: str, rollouts: list[agl.Rollout], forwarded: list[Mock
     assert [rollout.final_reward for rollout in rollouts] == [1.0, 0.0]  # from answer.txt in each working directory
     calls = [call for rollout in rollouts for call in rollout.llm_calls]
     assert len(calls) == len(forwarded) == 6  # every request the agent sent went upstream once and is one call
-    api = "messages" if cli == "claude" else "responses"
+    api = {"claude": "messages", "codex": "responses", "mini": "chat.completions"}[cli]
     for rollout in rollouts:
         first, second, last = sorted(rollout.llm_calls, key=lambda call: call.start_time)
         for call in (first, second, last):
@@ -180,6 +231,12 @@ def _check_tool_loop(cli: str, rollouts: list[agl.Rollout], forwarded: list[Mock
         results = [message for message in last.input if message.get("role") == "tool"]
         assert len(results) == 2 and number in str(results[1]["content"])
         assert last.output["content"] == "Done: the answer is in answer.txt."
+    if cli == "mini":  # the submission ended its loop: nothing ran after it, and the trajectory says so
+        assert all(not call.metadata["stream"] for call in calls)
+        for rollout in rollouts:
+            last = max(rollout.llm_calls, key=lambda call: call.start_time)
+            assert json.loads(last.output["tool_calls"][0]["function"]["arguments"]) == {"command": MINI_SUBMIT}
+            assert any("Saved trajectory to" in line for line in rollout.logs), rollout.logs
     if cli == "claude":  # Claude Code streams Messages; `--output-format json` reports what it got
         assert all(call.metadata["stream"] for call in calls)
         [result] = [json.loads(line.split(": ", 1)[1]) for line in rollouts[0].logs if line.startswith("stdout")]
@@ -233,7 +290,7 @@ def test_hung_cli_agent_is_killed_at_its_timeout(cli: str, tmp_path: Path, offli
 def test_the_sink_catches_an_agent_that_reaches_for_its_vendor(tmp_path: Path, offline: Sink) -> None:
     """What the checks above rule out: Codex with its built-in OpenAI provider goes for api.openai.com, through the
     proxy variables to the sink, which refuses it at once; the command's timeout ends its retries."""
-    if not (command_agents.CLI_AGENTS / "codex").exists():
+    if not EXECUTABLES["codex"].exists():
         _missing("codex")
     argv = [str(command_agents.CLI_AGENTS / "codex"), "exec", "--skip-git-repo-check", "{task[prompt]}"]
     agent = agl.CommandAgent(argv, env={"OPENAI_API_KEY": "unused"}, timeout=10)

@@ -1,8 +1,10 @@
-"""One training step of a command-line agent: its process's calls, recorded by the per-rollout proxy in front of
-the in-process HF backend (tiny random model), become transitions and a TRL update changes the weights."""
+"""Training a command-line agent: its process's calls, recorded by the per-rollout proxy in front of the in-process
+HF backend (tiny random model), become transitions and a TRL update changes the weights; the same on vLLM's CPU build
+(`make vllm-venv`), where the second step's calls are served by the weights of the first update."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shlex
@@ -11,6 +13,7 @@ import sys
 
 import pytest
 from command_agents import SCRIPTS, length_agent
+from vllm_venv import largest_logprob_gap, require_vllm
 
 import agentlightning as agl
 from agentlightning.server import SQLiteStore
@@ -95,3 +98,72 @@ def test_agl_train_command_from_the_shell(tmp_path):
     )
     assert neither.returncode == 2
     assert "agl train: error: give the agent as 'package.module:function' or a --command" in neither.stderr
+
+
+@pytest.mark.slow
+def test_two_steps_of_a_command_agent_on_vllm(tmp_path):
+    """agl.train(backend="vllm") starts vLLM's CPU build and reloads the full weights from disk after each update:
+    the command's calls go through the proxy to vLLM, which gives their token ids and logprobs; the second step's are
+    sampled from the step-1 weights (their logprobs are that checkpoint's, not the initial model's)."""
+    require_vllm()
+    from agentlightning.trainers.models import tiny_model
+
+    model, tokenizer = tiny_model(seed=5, hidden_size=256)  # head size 64: vLLM's CPU attention supports it
+    initial = copy.deepcopy(model)
+    tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(2)]
+    result = agl.train(
+        length_agent,
+        tasks,
+        model=model,
+        tokenizer=tokenizer,
+        backend="vllm",
+        vllm={
+            "sync": "disk",
+            "dtype": "float32",
+            "max_model_len": 512,
+            "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+            "startup_timeout": 400,
+            "check_logprobs_every": 1,
+        },
+        group_size=4,
+        tasks_per_step=2,
+        max_steps=2,
+        learning_rate=1e-2,
+        micro_batch_size=4,
+        max_completion_length=8,
+        temperature=1.0,
+        output_dir=tmp_path / "run",
+        nworkers=2,
+        progress=False,
+        save_model=False,
+        val_every=0,
+        checkpoint_every=1,
+    )
+
+    first, second = result.history
+    assert (first["model_version"], first["model_version_after"]) == ("v0", "v1")
+    assert (second["model_version"], second["model_version_after"]) == ("v1", "v2")
+    for row in (first, second):
+        assert row["llm_calls"] == 8 and row["calls_on_version"] == 8 and row["train/rows"] > 0
+        assert row["sync/logprob_gap"] < 1e-3, row  # vLLM's logprobs equal the trainer's after each reload
+    store = SQLiteStore(tmp_path / "run" / "store.db")
+    try:
+        rollouts = [store.get_rollout(info.rollout_id) for info in store.list_rollouts()]
+    finally:
+        store.close()
+    assert len(rollouts) == 16 and all(rollout.status == "succeeded" for rollout in rollouts)
+    calls = {step: [r.llm_calls[0] for r in rollouts if r.group_id.startswith(f"step{step}")] for step in (0, 1)}
+    assert [len(calls[0]), len(calls[1])] == [8, 8]
+    assert all(len(rollout.llm_calls) == 1 for rollout in rollouts)  # the script's one request, recorded once
+    assert {call.metadata.get("model_version") for call in calls[0]} == {"v0"}
+    assert {call.metadata.get("model_version") for call in calls[1]} == {"v1"}
+    for call in calls[0] + calls[1]:
+        assert call.token_source == "server" and call.prompt_token_ids and call.completion_token_ids
+        assert len(call.completion_logprobs) == len(call.completion_token_ids)
+    after_one = copy.deepcopy(initial)
+    weights = torch.load(tmp_path / "run" / "checkpoints" / "step-1" / "trainable.pt", map_location="cpu")
+    missing, unexpected = after_one.load_state_dict(weights, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+    assert largest_logprob_gap(initial, calls[0]) < 1e-3  # vLLM sampled step 0 from the initial weights
+    assert largest_logprob_gap(after_one, calls[1]) < 1e-3  # and step 1 from the step-1 weights
+    assert largest_logprob_gap(initial, calls[1]) > 1e-2, "the first update must change what vLLM serves"

@@ -210,6 +210,133 @@ def test_streamed_messages_reach_the_agent_as_the_upstream_sends_them(server: Li
         upstream.stop()
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_thinking_sent_back_reaches_the_upstream_and_the_call(
+    server: LightningServer, mock: MockLLMServer, stream: bool
+) -> None:
+    """Extended thinking as Anthropic's docs write the tool loop: the assistant's blocks go back as they came,
+    thinking (with its signature) included; the upstream gets them as the assistant's ``reasoning_content``."""
+    mock.set_replies(
+        [
+            MockReply(
+                reasoning="Paris needs a lookup.",
+                content="Checking.",
+                tool_calls=[MockToolCall("get_weather", {"city": "Paris"})],
+            ),
+            MockReply(reasoning="It said sunny.", content="It is sunny."),
+        ]
+    )
+    rid, client = _running(server)
+    first, second = _tool_round_trip(client, stream)
+    [thinking, _, _] = first.content
+    assert thinking.type == "thinking" and thinking.thinking == "Paris needs a lookup."
+    assert second.content[0].type == "thinking" and second.content[0].thinking == "It said sunny."
+
+    sent_back = mock.requests[1].body["messages"][-2]  # the assistant turn, before the tool result
+    assert sent_back["reasoning_content"] == "Paris needs a lookup."
+    assert sent_back["thinking_blocks"] == [
+        {"type": "thinking", "thinking": "Paris needs a lookup.", "signature": thinking.signature}
+    ]
+    assert sent_back["content"] == "Checking." and sent_back["tool_calls"][0]["function"]["name"] == "get_weather"
+    calls = _finish(server, rid).calls
+    assert calls[1].input[-2] == sent_back  # recorded as sent
+    assert calls[0].output["reasoning_content"] == "Paris needs a lookup."  # what the model thought, recorded
+    assert calls[1].completion_token_ids == mock.tokenizer.encode("It said sunny.It is sunny.")
+    assert all(call.token_source == "server" and call.metadata["stream"] is stream for call in calls)
+
+
+def test_thinking_blocks_of_a_signed_conversation_keep_their_signatures() -> None:
+    """Blocks from another server (Anthropic's own signatures, redacted thinking) pass as they are, so that the
+    recorded call holds everything the agent would send back to that server; several join into one reasoning."""
+    thinking = [
+        {"type": "thinking", "thinking": "First.", "signature": "EqQBCkYIARgCKkC"},
+        {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
+        {"type": "thinking", "thinking": "Second.", "signature": "EpoCCkYIBRgC"},
+    ]
+    chat = agentlightning_anthropic.chat_request(
+        {
+            "model": "claude-x",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [*thinking, {"type": "text", "text": "Hello."}]},
+                {"role": "user", "content": [{"type": "text", "text": "again"}]},
+            ],
+        }
+    )
+    assistant = chat["messages"][1]
+    assert assistant == {
+        "role": "assistant",
+        "content": "Hello.",
+        "reasoning_content": "First.\n\nSecond.",
+        "thinking_blocks": thinking,
+    }
+
+
+# The tiny model's ChatML template, with the assistant's reasoning rendered before its answer as Qwen3's template does.
+def _thinking_template() -> str:
+    from agentlightning.trainers.chat_template import CHATML_TOOLS_TEMPLATE
+
+    answer = "{{ '<|im_start|>assistant\\n' + (message['content'] or '') }}"
+    assert answer in CHATML_TOOLS_TEMPLATE
+    thinking = (
+        "{{ '<|im_start|>assistant\\n' }}"
+        "{% if message['reasoning_content'] %}{{ '<think>' + message['reasoning_content'] + '</think>' }}{% endif %}"
+        "{{ message['content'] or '' }}"
+    )
+    return CHATML_TOOLS_TEMPLATE.replace(answer, thinking)
+
+
+@pytest.mark.slow
+def test_thinking_sent_back_reaches_vllms_chat_template(tmp_path: Path) -> None:
+    """vLLM 0.31 (its CPU build, `make vllm-venv`) takes the thinking the proxy sends as ``reasoning_content`` and gives
+    it to the chat template: the prompt token ids it returns, recorded on the call, hold the rendered thinking."""
+    from vllm_venv import require_vllm
+
+    require_vllm()
+    pytest.importorskip("torch")
+    from agentlightning.trainers.backends.vllm.server import VLLMBackend
+    from agentlightning.trainers.models import tiny_model
+
+    model, tokenizer = tiny_model(seed=2, hidden_size=256)  # head size 64: vLLM's CPU attention supports it
+    tokenizer.chat_template = _thinking_template()
+    model.save_pretrained(tmp_path / "tiny")
+    tokenizer.save_pretrained(tmp_path / "tiny")
+    backend = VLLMBackend(
+        tmp_path / "tiny",
+        tokenizer=tokenizer,
+        sync="disk",
+        dtype="float32",
+        max_model_len=512,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+        startup_timeout=400,
+    ).start()
+    try:
+        with LightningServer(tmp_path / "store.db", settings=Settings()) as server:
+            server.set_upstream(backend.base_url, "policy", "v0", logprobs=True, translate_responses=True)
+            rid, client = _running(server)
+            messages = [
+                {"role": "user", "content": "Weather?"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "Look it up.", "signature": ""},
+                        {"type": "text", "text": "Sunny."},
+                    ],
+                },
+                {"role": "user", "content": "And now?"},
+            ]
+            answer = client.messages.create(model="claude-x", max_tokens=4, messages=messages)
+            assert answer.stop_reason in ("end_turn", "max_tokens")
+            [call] = _finish(server, rid).calls
+    finally:
+        backend.stop()
+    assert call.status == "ok" and call.token_source == "server" and call.metadata["model_version"] == "v0"
+    assert call.input[1]["reasoning_content"] == "Look it up."
+    prompt = tokenizer.decode(call.prompt_token_ids)
+    assert "<|im_start|>assistant\n<think>Look it up.</think>Sunny.<|im_end|>" in prompt, prompt
+    assert len(call.completion_logprobs) == len(call.completion_token_ids) > 0
+
+
 def test_whole_answer_with_reasoning_has_a_thinking_block() -> None:
     chat = {"id": "c", "choices": [{"message": {"reasoning_content": "Hmm.", "content": "4"}, "finish_reason": "stop"}]}
     message = agentlightning_anthropic.message_from_chat(chat, "claude-x")

@@ -7,6 +7,7 @@ import torch
 from agentlightning.trainers.learner.batch import pack
 from agentlightning.trainers.learner.grpo import LightningGRPOTrainer, grpo_config
 from agentlightning.trainers.models import tiny_model
+from transformers import TrainerCallback
 
 from agentlightning.types import Transition
 
@@ -180,3 +181,30 @@ def test_shared_prompt_prefix_runs_once_with_the_same_logprobs_and_gradients(tmp
     assert shared_grads.keys() == plain_grads.keys() and shared_grads
     for name, grad in plain_grads.items():
         assert torch.allclose(shared_grads[name], grad, atol=1e-5), name
+
+
+class _Logs(TrainerCallback):
+    def __init__(self) -> None:
+        self.rows: list[dict] = []
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.rows.append(dict(logs or {}))
+
+
+def test_each_update_is_logged_through_trl_to_the_callbacks(tmp_path):
+    """An update's metrics go through TRL's ``log`` as ``Trainer.train()``'s steps do: a ``TrainerCallback`` sees
+    each update's row (TRL's loss statistics with ours), and each row holds that update's figures only."""
+    model, tokenizer = tiny_model(seed=5)
+    logs = _Logs()
+    config = grpo_config(str(tmp_path / "trl"), micro_batch_size=2, learning_rate=0.5, optim="sgd", max_grad_norm=0.0)
+    trainer = LightningGRPOTrainer(model, config, tokenizer, callbacks=[logs])
+    batch = pack([_row("r1", [5, 6], [7, 8], 1.0), _row("r2", [5, 6], [9, 8], -1.0)], pad_token_id=0)
+    first = trainer.step(batch)
+    second = trainer.step(batch)
+    assert {"loss", "entropy", "clip_ratio/region_mean", "rows", "update_seconds"} <= set(first), sorted(first)
+    assert set(second) == set(first)
+    assert [row["rows"] for row in logs.rows] == [2.0, 2.0]
+    assert [row["loss"] for row in logs.rows] == [first["loss"], second["loss"]]
+    assert logs.rows[1]["entropy"] == pytest.approx(second["entropy"])
+    assert second["entropy"] != pytest.approx(first["entropy"], abs=1e-9)  # its own update's, not a running mean
+    assert [row["step"] for row in trainer.state.log_history] == [1, 2]

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 from train_agents import reply_length_agent
-from vllm_venv import require_vllm
+from vllm_venv import largest_logprob_gap, require_vllm
 
 import agentlightning as agl
 
@@ -81,26 +81,13 @@ def test_two_steps_on_vllm_serve_the_new_version_and_report_the_logprob_gap(serv
     weights = torch.load(tmp_path / "run" / "checkpoints" / "step-1" / "trainable.pt", map_location="cpu")
     assert not policy.load_state_dict(weights, strict=False).unexpected_keys
     calls = [rollout.llm_calls[0] for rollout in step_two]
-    after_one = _largest_logprob_gap(policy, calls)
+    after_one = largest_logprob_gap(policy, calls)
     with policy.disable_adapter():
-        base = _largest_logprob_gap(policy, calls)
+        base = largest_logprob_gap(policy, calls)
     logger.warning("largest logprob gaps of step 2's answers (nats): step-1 adapter %.2e, base %.2e", after_one, base)
     assert after_one < 1e-3 and base > 1e-2, (after_one, base)
     served_models = {entry["id"] for entry in httpx.get(backend.base_url + "/models").json()["data"]}
     assert served_models == {"policy"}, "the run unloads its adapters when it ends"
-
-
-def _largest_logprob_gap(model, calls) -> float:
-    """The largest |recorded - ``model``'s| logprob over the completion tokens of ``calls`` (sampled by vLLM at
-    temperature 1, the runs' training temperature)."""
-    gaps = []
-    with torch.no_grad():
-        for call in calls:
-            prompt, completion = call.prompt_token_ids, call.completion_token_ids
-            logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].double()
-            ours = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(completion)[:, None])[:, 0]
-            gaps.append(float((ours - torch.tensor(call.completion_logprobs, dtype=torch.float64)).abs().max()))
-    return max(gaps)
 
 
 def _vllm_servers() -> set[str]:
@@ -174,9 +161,9 @@ def test_agl_train_starts_its_own_vllm_and_syncs_full_weights_from_disk(tmp_path
     missing, unexpected = after_one.load_state_dict(weights, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
     gaps = {
-        "step 0 vs initial": _largest_logprob_gap(initial, calls[0]),
-        "step 1 vs step-1 weights": _largest_logprob_gap(after_one, calls[1]),
-        "step 1 vs initial": _largest_logprob_gap(initial, calls[1]),
+        "step 0 vs initial": largest_logprob_gap(initial, calls[0]),
+        "step 1 vs step-1 weights": largest_logprob_gap(after_one, calls[1]),
+        "step 1 vs initial": largest_logprob_gap(initial, calls[1]),
     }
     logger.warning("largest logprob gaps (nats): %s", gaps)
     assert gaps["step 0 vs initial"] < 1e-3 and gaps["step 1 vs step-1 weights"] < 1e-3

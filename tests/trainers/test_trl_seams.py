@@ -1,9 +1,10 @@
 """The TRL and accelerate behaviour that LightningGRPOTrainer relies on beyond their documented API.
 
 ``LightningGRPOTrainer.step`` runs one optimizer update per packed batch itself (the rows come from agents, not from
-TRL's generation loop), so it reaches three things TRL does not document as public. Each test here names one and
-fails, with that name, when a TRL or accelerate upgrade changes it; ``trainers/learner/grpo.py`` says where each is
-used.
+TRL's generation loop), so it relies on two behaviours TRL and accelerate do not document for this use. Each test
+here names one and fails, with that name, when a TRL or accelerate upgrade changes it; ``trainers/learner/grpo.py``
+says where each is used. (The update's metrics go through TRL's public ``log`` and the callbacks' ``on_log``:
+tests/trainers/test_train_grpo.py.)
 """
 
 from __future__ import annotations
@@ -64,22 +65,12 @@ def test_trl_applies_the_sampler_ratio_when_use_vllm_is_set(tmp_path):
     assert corrected.use_vllm is False  # reset after the update: TRL's own generation paths never see it set
 
 
-def test_trl_collects_the_loss_metrics_of_an_update_in_metrics_train(tmp_path):
-    """``GRPOTrainer._metrics["train"]``: TRL appends each micro-batch's loss statistics there (its ``log`` would
-    average and clear them). ``step`` reads and clears them itself, so each update reports its own figures."""
-    trainer = _trainer(tmp_path)
-    first = trainer.step(pack([_row(1.0), _row(-0.5)], pad_token_id=0))
-    assert {"entropy", "clip_ratio/region_mean"} <= set(first), sorted(first)
-    assert not any(trainer._metrics["train"].values())  # cleared for the next update
-    second = trainer.step(pack([_row(1.0), _row(-0.5)], pad_token_id=0))
-    assert set(second) == set(first)
-
-
 def test_accelerate_sync_gradients_follows_the_flag_step_sets_per_micro_batch(tmp_path):
-    """``accelerator.gradient_state._set_sync_gradients``: ``step`` marks only the last micro-batch of an update as a
-    gradient-sync boundary, which is what ``Accelerator.backward`` hands DeepSpeed's engine (it steps at a boundary,
-    so ZeRO updates once per batch; tests/trainers/test_distributed.py checks the result equals one process) and
-    what TRL reads as ``accelerator.sync_gradients``."""
+    """``Accelerator.sync_gradients`` (its public setter, outside ``accumulate()``): ``step`` marks only the last
+    micro-batch of an update as a gradient-sync boundary, which is what ``Accelerator.backward`` hands DeepSpeed's
+    engine (it steps at a boundary, so ZeRO updates once per batch; tests/trainers/test_distributed.py checks the
+    result equals one process) and what TRL reads during the micro-batch. accelerate documents the flag for
+    ``accumulate()``, whose fixed count of micro-batches an update of any number of rows does not have."""
     trainer = _trainer(tmp_path, micro_batch_size=2)
     seen: list[bool] = []
     original = trainer.training_step

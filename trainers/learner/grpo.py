@@ -81,6 +81,9 @@ def grpo_config(output_dir: str, micro_batch_size: int = 8, **overrides: Any) ->
         "report_to": [],
         "logging_steps": 1,
         "save_strategy": "no",
+        # Each update is logged through Trainer.log (see LightningGRPOTrainer._logged): TRL's ProgressCallback stays
+        # silent outside train(), where the PrinterCallback it is swapped for when logging is quiet would print rows.
+        "disable_tqdm": False,
         "bf16": False,
         "use_cpu": not cuda and not deepspeed_launch(),
         "max_steps": 1000,
@@ -298,10 +301,10 @@ class LightningGRPOTrainer(GRPOTrainer):
         for _ in range(self.num_iterations):
             for index, micro in enumerate(micro_batches):
                 last = index == len(micro_batches) - 1
-                # accelerate's private setter, since the number of micro-batches changes per update (accelerate's
-                # public accumulate() needs a fixed count): only the last one is a sync boundary, where DeepSpeed's
-                # engine steps. Pinned by tests/trainers/test_trl_seams.py.
-                self.accelerator.gradient_state._set_sync_gradients(last)
+                # The number of micro-batches changes per update (accelerate's accumulate() needs a fixed count), so
+                # the boundary is set through Accelerator's public sync_gradients setter: only the last micro-batch
+                # is one, where DeepSpeed's engine steps. Pinned by tests/trainers/test_trl_seams.py.
+                self.accelerator.sync_gradients = last
                 self._pending_ratio = micro if deferred else None
                 # DeepSpeed's engine takes the optimizer step (clipping included) in the last micro-batch's backward.
                 engine_steps = last and self.is_deepspeed_enabled
@@ -329,9 +332,7 @@ class LightningGRPOTrainer(GRPOTrainer):
             self._sampler_ratio(
                 inputs["old_per_token_logps"], inputs["sampling_per_token_logps"], inputs["completion_mask"]
             )
-        # TRL's loss statistics of this update (what its log() would average and clear; pinned by test_trl_seams.py)
-        metrics = {name: float(sum(values) / len(values)) for name, values in self._metrics["train"].items() if values}
-        self._metrics["train"].clear()
+        metrics: dict[str, float] = {}
         metrics["loss"] = mean_over_ranks(float(sum(losses)), self)
         metrics["learning_rate"] = float(self.lr_scheduler.get_last_lr()[0])
         if grad_norm is not None:
@@ -346,7 +347,19 @@ class LightningGRPOTrainer(GRPOTrainer):
         metrics["rows"] = float(totals.rows)
         metrics["micro_batches"] = float(len(micro_batches))
         metrics["update_seconds"] = time.perf_counter() - started
-        return metrics
+        return self._logged(metrics)
+
+    def _logged(self, metrics: dict[str, float]) -> dict[str, float]:
+        """``metrics`` with TRL's loss statistics of the update (entropy, clip ratios, KL...), logged the way
+        ``Trainer.train()`` logs a step: ``GRPOTrainer.log`` averages and clears what the micro-batches collected
+        and hands the row to the callbacks' ``on_log`` (and ``args.report_to``); the row is read back from the
+        public ``state.log_history``. Where a key is both, this update's figure (``metrics``) is kept."""
+        self.log(dict(metrics))
+        logged = dict(self.state.log_history[-1])
+        for key in ("step", "epoch"):
+            logged.pop(key, None)
+        logged.update(metrics)
+        return {key: float(value) for key, value in logged.items() if isinstance(value, (int, float))}
 
     def _micro_batches(self, inputs: dict[str, Any], totals: BatchTotals) -> list[dict[str, Any]]:
         """Split the (rank's share of the) batch into micro-batches with weight-scaled advantages (see the module
