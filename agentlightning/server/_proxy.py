@@ -212,9 +212,6 @@ class Proxy:
             deadline += time.monotonic() - held  # a pause does not use up the window
             tries += 1
             try:
-                gone = await self._gone(agent, call["rollout_id"], attempt) if tries > 1 else None
-                if gone is not None:  # not re-sent for an agent that left
-                    raise gone
                 response = await self._while_wanted(agent, call, attempt, self._answer(client, request, stream))
             except _Abandoned as exc:
                 message = f"upstream answer given up: {exc} ({tries} tries)"
