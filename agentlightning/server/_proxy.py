@@ -6,9 +6,7 @@ stored rollout only if its attempt's result is the one taken. Each request is fo
 ``httpx.AsyncClient`` (retried with backoff and jitter on 5xx/429 and connection errors for
 ``Settings.upstream_retry_window`` seconds until its first byte reached the agent, held while the upstream is paused;
 streams passed through) and recorded as a ``Call`` of the rollout with the upstream's token ids and the model version
-served, committed before the answer's end reaches the agent. An answer nobody waits for any more (the agent closed
-its connection, or its attempt ended: a timed-out rollout) is given up within :data:`WATCH_SECONDS`, its upstream
-connection closed and the call recorded as given up. A call's role (its base URL ``.../v1/roles/<role>``, the
+served, committed before the answer's end reaches the agent. A call's role (its base URL ``.../v1/roles/<role>``, the
 ``X-AGL-Role`` header, a ``model`` naming a role) picks its policy's route. Anthropic Messages requests (``messages``,
 ``messages/count_tokens``) are translated to chat completions for the upstream and back (``_wire/anthropic.py``), and
 so are Responses requests when the upstream says so (``Upstream.translate_responses``, ``_wire/responses.py``;
@@ -23,7 +21,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import httpx
@@ -45,7 +43,6 @@ CallRecord = dict[str, Any]  # the Call fields of a proxied call, filled in as i
 AttemptNumber = Annotated[int, Path(ge=1, le=1000)]  # as max_attempts
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
-WATCH_SECONDS = 1.0  # how often a call waiting on the upstream checks that its agent still waits for it
 LARGE = 1 << 20  # bytes of an answer recorded on a thread: its SQLite write leaves the loop free
 
 
@@ -165,7 +162,7 @@ class Proxy:
             content=json.dumps(_upstream_body(body, endpoint, upstream, route)).encode(),
         )
         stream = bool(body.get("stream"))
-        response, tries = await self._send(client, sent, stream, call, attempt, request)
+        response, tries = await self._send(client, sent, stream, call, attempt)
         if isinstance(response, JSONResponse):  # the upstream could not be reached
             return response
         call["metadata"]["upstream_tries"] = tries
@@ -189,19 +186,11 @@ class Proxy:
         return Response(response.content, response.status_code, media_type=media_type or "application/json")
 
     async def _send(
-        self,
-        client: httpx.AsyncClient,
-        request: httpx.Request,
-        stream: bool,
-        call: CallRecord,
-        attempt: int,
-        agent: Request,
+        self, client: httpx.AsyncClient, request: httpx.Request, stream: bool, call: CallRecord, attempt: int
     ) -> tuple[httpx.Response | JSONResponse, int]:
         """Send ``request``, retrying connection failures and retryable statuses with backoff and jitter for the retry
         window (held while the upstream is paused). Returns the answer to pass on (read whole unless it is a stream) or
-        the error to answer with, and the number of tries. Given up as soon as the ``agent``'s connection closes or
-        its attempt ends (a timed-out rollout): nothing waits for the answer, nor is a request re-sent, for an agent
-        that left."""
+        the error to answer with, and the number of tries."""
         settings = self.runtime.settings
         endpoint = call["metadata"]["endpoint"]
         tries, deadline = 0, time.monotonic() + settings.upstream_retry_window
@@ -212,10 +201,9 @@ class Proxy:
             deadline += time.monotonic() - held  # a pause does not use up the window
             tries += 1
             try:
-                response = await self._while_wanted(agent, call, attempt, self._answer(client, request, stream))
-            except _Abandoned as exc:
-                message = f"upstream answer given up: {exc} ({tries} tries)"
-                return self._failed(call, attempt, exc.status, message, "answer_abandoned"), tries
+                response = await client.send(request, stream=True)
+                if not stream or response.status_code >= 400:
+                    await response.aread()
             except httpx.TimeoutException as exc:
                 if not isinstance(exc, httpx.ConnectTimeout):
                     message = (
@@ -243,45 +231,6 @@ class Proxy:
                     f"tries): {type(failure).__name__}: {failure}"
                 )
                 return self._failed(call, attempt, 502, message, "upstream_unreachable"), tries
-
-    @staticmethod
-    async def _answer(client: httpx.AsyncClient, request: httpx.Request, stream: bool) -> httpx.Response:
-        """The upstream's answer to ``request``: read whole, unless it is a stream that succeeded."""
-        response = await client.send(request, stream=True)
-        if stream and response.status_code < 400:
-            return response
-        try:
-            await response.aread()
-        finally:
-            await response.aclose()  # given up while reading (cancelled): the upstream connection closes now
-        return response
-
-    async def _while_wanted(
-        self, agent: Request, call: CallRecord, attempt: int, work: Coroutine[Any, Any, httpx.Response]
-    ) -> httpx.Response:
-        """``work``'s result, checking every :data:`WATCH_SECONDS` that someone still waits for it; once the agent's
-        connection closed or its attempt ended, ``work`` is cancelled (closing its upstream connection: vLLM then
-        aborts the generation and frees its slot) and :class:`_Abandoned` says why."""
-        task = asyncio.ensure_future(work)
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=WATCH_SECONDS)
-            if done:
-                return task.result()
-            gone = await self._gone(agent, call["rollout_id"], attempt)
-            if gone is not None:
-                task.cancel()
-                await asyncio.wait({task})
-                raise gone
-
-    async def _gone(self, agent: Request, rollout_id: str, attempt: int) -> _Abandoned | None:
-        """Why nobody waits for this attempt's answer any more, or None while the agent does."""
-        if await agent.is_disconnected():
-            return _Abandoned("the agent closed its connection", 499)
-        state = self.runtime.store.attempt_state(rollout_id, attempt)
-        if _not_serving_attempt(rollout_id, attempt, state) is not None:
-            ended = state[1] if state is not None else "unknown rollout"
-            return _Abandoned(f"attempt {attempt} of rollout {rollout_id!r} ended ({ended})", 409)
-        return None
 
     async def _pass_through(
         self,
@@ -393,14 +342,6 @@ class Proxy:
             self.runtime.store.record_proxy_call(built.model_dump(mode="json"), attempt)
         except Exception:  # recording must never break the agent's call
             logger.exception("could not record proxy call of rollout %s", call["rollout_id"])
-
-
-class _Abandoned(Exception):
-    """Nobody waits for an upstream answer any more (the message says why; ``status`` is answered)."""
-
-    def __init__(self, reason: str, status: int) -> None:
-        super().__init__(reason)
-        self.status = status
 
 
 def router(runtime: Runtime) -> APIRouter:
