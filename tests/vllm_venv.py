@@ -15,6 +15,17 @@ import pytest
 
 VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 
+DISK_SYNC_ON_CPU = {
+    "sync": "disk",
+    "dtype": "float32",
+    "max_model_len": 512,
+    "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+    "startup_timeout": 400,
+    "check_logprobs_every": 1,
+}
+"""``agl.train(vllm=...)`` for vLLM's CPU build on the tiny model: full weights reloaded from disk after each update,
+logprobs checked against the trainer's after every reload."""
+
 
 def require_vllm() -> None:
     """Skip the calling test when ``.venv-vllm`` is absent (fail instead under ``AGL_REQUIRE_VLLM=1``)."""

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 from command_agents import SCRIPTS, length_agent
-from vllm_venv import largest_logprob_gap, require_vllm
+from vllm_venv import DISK_SYNC_ON_CPU, largest_logprob_gap, require_vllm
 
 import agentlightning as agl
 from agentlightning.server import SQLiteStore
@@ -117,14 +117,7 @@ def test_two_steps_of_a_command_agent_on_vllm(tmp_path):
         model=model,
         tokenizer=tokenizer,
         backend="vllm",
-        vllm={
-            "sync": "disk",
-            "dtype": "float32",
-            "max_model_len": 512,
-            "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
-            "startup_timeout": 400,
-            "check_logprobs_every": 1,
-        },
+        vllm=DISK_SYNC_ON_CPU,
         group_size=4,
         tasks_per_step=2,
         max_steps=2,

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 from train_agents import reply_length_agent
-from vllm_venv import largest_logprob_gap, require_vllm
+from vllm_venv import DISK_SYNC_ON_CPU, largest_logprob_gap, require_vllm
 
 import agentlightning as agl
 
@@ -116,14 +116,7 @@ def test_agl_train_starts_its_own_vllm_and_syncs_full_weights_from_disk(tmp_path
         model=model,
         tokenizer=tokenizer,
         backend="vllm",
-        vllm={
-            "sync": "disk",
-            "dtype": "float32",
-            "max_model_len": 512,
-            "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
-            "startup_timeout": 400,
-            "check_logprobs_every": 1,
-        },
+        vllm=DISK_SYNC_ON_CPU,
         group_size=4,
         tasks_per_step=2,
         max_steps=2,
