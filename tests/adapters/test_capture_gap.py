@@ -65,3 +65,35 @@ def test_a_fully_captured_agent_is_not_reported(tmp_path: Path, caplog: pytest.L
         assert all("proxy_call_id" in call.metadata for call in rollout.llm_calls)
         assert not any(GAP in note for note in rollout.diagnostics), rollout.diagnostics
     assert rollout_metrics(rollouts, "v0", lambda r: True)["calls/proxy_only"] == 0.0
+
+
+def test_agl_train_counts_the_missed_calls_per_step(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One real training step (tiny model, HF backend behind the proxy, worker processes): the warning once for the
+    run, and the step's ``calls/proxy_only`` counts one missed call per rollout."""
+    pytest.importorskip("torch")
+    from agentlightning.trainers.models import tiny_model
+
+    model, tokenizer = tiny_model(seed=1)
+    tasks = [{"id": f"t{i}", "question": f"What is {i} + {i}?"} for i in range(2)]
+    result = agl.train(
+        raw_http_agents.half_captured_agent,
+        tasks,
+        model=model,
+        tokenizer=tokenizer,
+        group_size=2,
+        tasks_per_step=2,
+        max_steps=1,
+        micro_batch_size=4,
+        max_completion_length=8,
+        output_dir=tmp_path / "run",
+        nworkers=2,
+        progress=False,
+        save_model=False,
+        allow_no_update=True,  # the tiny model's rewards may not differ within a group; the metrics are the point
+    )
+    [step] = result.history
+    assert step["rollouts"] == 4 and step["llm_calls"] == 8
+    assert step["calls/proxy_only"] == 4
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and GAP in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "the proxy served 2 LLM calls but in-process capture recorded only 1" in warnings[0].getMessage()
