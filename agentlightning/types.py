@@ -27,6 +27,11 @@ FINISHED_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "timeout",
 # Preference when the same response was recorded twice (proxy and client): lower is better.
 SOURCE_RANK: dict[str | None, int] = {"server": 0, "response": 1, "retokenized": 2, None: 3}
 
+MISSED_BY_CAPTURE = "missed_by_capture"
+"""Metadata key set on a proxy call that in-process capture did not record although it recorded other calls of the
+same attempt through the proxy (an uninstrumented framework or a client that bypasses the patched path). Rollouts
+that capture nothing in-process on purpose (``agl.CommandAgent``, agents calling over curl) are not marked."""
+
 
 def new_id(prefix: str) -> str:
     """A short unique id such as ``ro-3f2a9c1b7d4e``."""

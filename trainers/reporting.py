@@ -13,7 +13,7 @@ from typing import Any
 
 from agentlightning.trainers.config import REPORTERS
 
-from agentlightning.types import Rollout, Transition
+from agentlightning.types import MISSED_BY_CAPTURE, Rollout, Transition
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ def rollout_metrics(
         "llm_calls": float(len(calls)),
         "completion_tokens_mean": statistics.fmean(completion_tokens) if completion_tokens else 0.0,
         "calls_on_version": float(sum(1 for call in calls if on_version(call))),
+        "calls/proxy_only": float(sum(1 for call in calls if call.metadata.get(MISSED_BY_CAPTURE))),
     }
 
 

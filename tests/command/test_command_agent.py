@@ -63,7 +63,7 @@ def test_openai_script_under_agl_run(tmp_path: Path) -> None:
     assert list((tmp_path / "runs").iterdir()) == []  # removed after the reward
 
 
-def test_anthropic_script_in_workers_through_the_proxy(tmp_path: Path) -> None:
+def test_anthropic_script_in_workers_through_the_proxy(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     replies = [
         MockReply(tool_calls=[MockToolCall(name="get_weather", arguments={"city": "Paris"})]),
         MockReply(content="It is sunny in Paris."),
@@ -95,6 +95,10 @@ def test_anthropic_script_in_workers_through_the_proxy(tmp_path: Path) -> None:
     assert calls[0].output["tool_calls"][0]["function"]["name"] == "get_weather"
     assert any(message.get("role") == "tool" for message in calls[1].input)  # the tool result went back
     assert "What is the weather in Paris?" in str(calls[0].input)  # city.txt came from the template
+    # Nothing is captured in-process on purpose: the proxy-only calls are not reported as missed by capture.
+    assert not any(call.metadata.get("missed_by_capture") for call in calls)
+    assert not [r for r in caplog.records if "in-process capture recorded" in r.getMessage()]
+    assert not any("capture recorded" in note for note in rollout.diagnostics), rollout.diagnostics
 
 
 def test_agl_client_runs_a_command_agent_by_reference(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ def test_one_training_step_of_a_command_agent(tmp_path):
 
     [step] = result.history
     assert step["llm_calls"] == 8 and step["train/rows"] > 0
+    assert step["calls/proxy_only"] == 0  # every call is the proxy's on purpose: none counts as missed by capture
     assert step["model_version"] == "v0" and step["model_version_after"] == "v1"
     changed = [name for name, value in result.model.state_dict().items() if not torch.equal(value, before[name])]
     assert changed, "the update must change the weights"

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agentlightning.errors import StoreError, StoreUnavailable
-from agentlightning.types import Call, merge_records
+from agentlightning.types import MISSED_BY_CAPTURE, Call, merge_records
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +160,9 @@ def join_calls(rollout_id: str, client_calls: list[Call], proxy_calls: list[Call
         if proxy is not None:
             remaining.remove(proxy)
             _merge(call, proxy)
+    if remaining and len(remaining) < len(proxy_calls):  # capture saw some of the proxy's calls, not all
+        for proxy in remaining:
+            proxy.metadata[MISSED_BY_CAPTURE] = True
     merged = list(calls)
     for proxy in sorted(remaining, key=lambda call: call.start_time):  # calls of their own, placed by start time
         position = next((i for i, call in enumerate(merged) if call.start_time > proxy.start_time), len(merged))
@@ -168,6 +171,24 @@ def join_calls(rollout_id: str, client_calls: list[Call], proxy_calls: list[Call
         call.sequence = sequence
         call.rollout_id = rollout_id
     return merged
+
+
+def capture_gap_note(calls: Sequence[Call]) -> str | None:
+    """What to tell the user when the proxy served LLM calls of a rollout that in-process capture missed while it
+    recorded others (the calls :func:`join_calls` marked :data:`MISSED_BY_CAPTURE`); None when there were none."""
+    missed = [call for call in calls if call.metadata.get(MISSED_BY_CAPTURE)]
+    if not missed:
+        return None
+    captured = sum(1 for call in calls if call.kind == "llm" and "proxy_call_id" in call.metadata)
+    endpoints = sorted({str(call.metadata.get("endpoint") or call.name or "?") for call in missed})
+    return (
+        f"the proxy served {captured + len(missed)} LLM calls but in-process capture recorded only {captured}; "
+        f"the {len(missed)} missed ({', '.join(endpoints)}) are kept from the proxy's records, without roles or tool "
+        "calls. Likely cause: a framework or client that Agent Lightning does not instrument, or one that sends "
+        "requests around the patched openai/httpx path (its own HTTP client, a raw POST). Enable or install the "
+        "adapter for that framework (agl.instrument('<name>'), pip install 'agentlightning[<name>]'), or name the "
+        "calls' roles yourself; see docs/capture.md."
+    )
 
 
 def join_late_call(rollout_id: str, stored_calls: list[Call], proxy: Call) -> list[Call]:

@@ -34,6 +34,7 @@ from agentlightning.server.store._interface import Store
 from agentlightning.server.store._lock import StoreLock
 from agentlightning.server.store._schema import (
     calls_from_json,
+    capture_gap_note,
     check_task_ids,
     check_writable,
     file_identity,
@@ -86,6 +87,7 @@ class SQLiteStore(Store):
         self._problem: str | None = None  # why the last write failed, until one succeeds
         self._lock = threading.RLock()
         self._proxy_buffer: list[tuple[str, int, float, str]] = []  # records whose write failed
+        self._capture_gaps = 0  # rollouts stored with proxy calls that in-process capture missed
         self._running = dict(self._all("SELECT rollout_id, attempt FROM rollouts WHERE status='running'"))
         self._wall_at_open = time.time() - time.monotonic()
         if exclusive:
@@ -383,10 +385,15 @@ class SQLiteStore(Store):
         version are the stored ones (the version was recorded when the attempt was leased)."""
         calls = join_calls(rollout_id, list(result.calls), self.proxy_calls(rollout_id, attempt))
         row = self._rollout(rollout_id, "task_id, group_id, task, model_version")
+        diagnostics = list(result.diagnostics)
+        if gap := capture_gap_note(calls):
+            diagnostics.append(f"not every LLM call was captured in-process: {gap}")
+            self._report_capture_gap(rollout_id, gap)
         record = result.model_copy(
             update={
                 "calls": [],
                 "rewards": [],
+                "diagnostics": diagnostics,
                 "status": state,
                 "attempt": attempt,
                 "rollout_id": rollout_id,
@@ -405,6 +412,20 @@ class SQLiteStore(Store):
             "final_reward=?, record=? WHERE rollout_id=?",
             (state, attempt, now, result.final_reward, record.model_dump_json(), rollout_id),
         )
+
+    def _report_capture_gap(self, rollout_id: str, note: str) -> None:
+        """Warn about the first rollout whose calls capture missed (once per store: once per server run); log the
+        later ones at INFO, each with the count of rollouts affected so far."""
+        self._capture_gaps += 1
+        if self._capture_gaps == 1:
+            logger.warning(
+                "rollout %s: %s This warning is shown once per run; later rollouts with missed calls are listed in "
+                "their diagnostics and counted in the calls/proxy_only metric of agl.train.",
+                rollout_id,
+                note,
+            )
+        else:
+            logger.info("rollout %s (%d rollouts with missed calls so far): %s", rollout_id, self._capture_gaps, note)
 
     def _replace_calls(self, rollout_id: str, calls: Sequence[Call]) -> None:
         self._db.execute("DELETE FROM calls WHERE rollout_id=?", (rollout_id,))
