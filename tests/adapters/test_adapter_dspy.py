@@ -239,3 +239,29 @@ def test_engine_litellm_is_captured_once(serve) -> None:
     rollout = agent.execute({"question": "What is the capital of France?"}, server.llm())
     assert timeline(rollout) == [("llm", "generate_query", "ok"), ("llm", "generate_answer", "ok")]
     assert_served_exactly(rollout, server, model)
+
+
+def test_streamify_with_a_listener_is_captured_with_the_streamed_tokens(serve) -> None:
+    """DSPy's streaming guide: ``dspy.streamify`` with a ``StreamListener`` on the output field, read to the end."""
+    server, model = serve(qa_rule)
+
+    @agl.rollout(reward=lambda task, out: float(out == "Paris"))
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        listener = dspy.streaming.StreamListener(signature_field_name="answer")
+        program = dspy.streamify(MultiHop(), stream_listeners=[listener])
+        chunks, prediction = [], None
+        with configured(llm):
+            async for chunk in program(question=task["question"]):
+                if isinstance(chunk, dspy.streaming.StreamResponse):
+                    chunks.append(chunk.chunk)
+                elif isinstance(chunk, dspy.Prediction):
+                    prediction = chunk
+        assert "".join(chunks).strip() == "Paris"
+        return prediction.answer
+
+    rollout = asyncio.run(agent.aexecute({"question": "What is the capital of France?"}, server.llm()))
+    assert timeline(rollout) == [("llm", "generate_query", "ok"), ("llm", "generate_answer", "ok")]
+    # only the predictor whose field the listener reads is streamed
+    assert [bool(request.stream) for request in server.requests] == [False, True]
+    assert [call.metadata["stream"] for call in rollout.llm_calls] == [False, True]
+    assert_served_exactly(rollout, server, model)
