@@ -5,6 +5,7 @@ answer (a streamed body when it is read through or closed); inside ``agl.role`` 
 proxy (``X-AGL-Role``). The requests the openai and anthropic resource methods (``create``, ``parse``, ...) send are
 left to those adapters, which record them already; the clients' other requests (``client.post("/chat/completions",
 ...)``, ``client.request(...)``, as LiteLLM sends them) are recorded here, so each HTTP call is recorded once.
+:func:`start_call` and :class:`Answer` also record the requests of DSPy's own HTTP transport (``_lm15``).
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ logger = logging.getLogger(__name__)
 _ENDPOINT = re.compile(r"^(.*?)/(chat/completions|completions|responses)/?$")
 
 
-class _Answer:
-    """Reads a response body as it passes and records the call: complete when read through, else incomplete."""
+class Answer:
+    """Reads a response body as it passes and records the call: complete when read through, else incomplete; a
+    response that is not a success is recorded as the error ``failure(body_text)`` makes."""
 
-    def __init__(self, http: ModuleType, call: LLMCall, response: Any) -> None:
-        self.http, self.call, self.response, self.body = http, call, response, bytearray()
-        self.fold = StreamFold(call.api) if call.fields["metadata"]["stream"] and response.is_success else None
+    def __init__(self, call: LLMCall, success: bool, failure: Callable[[str], BaseException]) -> None:
+        self.call, self.success, self.failure, self.body = call, success, failure, bytearray()
+        self.fold = StreamFold(call.api) if call.fields["metadata"]["stream"] and success else None
 
     def add(self, data: bytes) -> bytes:
         if self.fold is None:
@@ -43,13 +45,8 @@ class _Answer:
         return data
 
     def finish(self, complete: bool = True) -> None:
-        response = self.response
-        if not response.is_success:
-            text = bytes(self.body).decode(errors="replace")[:500]
-            error = self.http.HTTPStatusError(
-                f"HTTP {response.status_code}: {text}", request=response.request, response=response
-            )
-            self.call.finish(None, error=error)
+        if not self.success:
+            self.call.finish(None, error=self.failure(bytes(self.body).decode(errors="replace")[:500]))
         elif self.fold is not None:
             self.call.finish(self.fold.answer(complete=complete))
         else:
@@ -59,7 +56,7 @@ class _Answer:
 class _Tee:
     """The body of a streamed response, passed on to the agent as it is read."""
 
-    def __init__(self, stream: Any, answer: _Answer) -> None:
+    def __init__(self, stream: Any, answer: Answer) -> None:
         self.stream, self.answer = stream, answer
 
 
@@ -97,7 +94,7 @@ class _Capture:
 
     def observe(self, call: LLMCall, response: Any, *, streamed: bool) -> Any:
         try:
-            answer = _Answer(self.http, call, response)
+            answer = Answer(call, response.is_success, functools.partial(self.failure, response))
             if streamed:  # recorded as the agent reads the body
                 tee = self.astream if isinstance(response.stream, self.http.AsyncByteStream) else self.stream
                 response.stream = tee(response.stream, answer)
@@ -107,6 +104,10 @@ class _Capture:
         except Exception:  # noqa: BLE001 - a capture bug must not break the agent
             logger.warning("%s capture failed to record a call to %s", self.http.__name__, response.url, exc_info=True)
         return response
+
+    def failure(self, response: Any, text: str) -> BaseException:
+        message = f"HTTP {response.status_code}: {text}"
+        return self.http.HTTPStatusError(message, request=response.request, response=response)
 
     def send(self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call = _start(args[0] if args else kwargs["request"])
@@ -118,18 +119,25 @@ class _Capture:
         return recorded(call, wrapped, args, kwargs, observe)
 
 
-def _start(request: Any) -> LLMCall | None:
+def start_call(method: str, url: str, content: bytes) -> LLMCall | None:
+    """The recording of an HTTP request starting now (``url`` without its query), or None: outside a rollout, when it
+    is not a POST to an OpenAI-compatible endpoint, or when a client's resource method records it already. The caller
+    sends the call's role, if any, in the ``X-AGL-Role`` header: the proxy serves the call by the role's policy."""
     recorder = current_recorder()
-    if recorder is None or request.method != "POST" or resource_call_running():
+    if recorder is None or method != "POST" or resource_call_running():
         return None
-    if (match := _ENDPOINT.match(str(request.url.copy_with(query=None)))) is None:
+    if (match := _ENDPOINT.match(url)) is None:
         return None
     try:
-        call = LLMCall(ENDPOINTS[match[2]], recorder, match[1], json.loads(request.content))
+        return LLMCall(ENDPOINTS[match[2]], recorder, match[1], json.loads(content))
     except Exception:  # noqa: BLE001 - a capture bug must not break the agent
-        logger.warning("HTTP capture could not read a request to %s; it is not recorded", request.url, exc_info=True)
+        logger.warning("HTTP capture could not read a request to %s; it is not recorded", url, exc_info=True)
         return None
-    if (role := call.fields["role"]) is not None:  # the proxy serves the call by the role's policy
+
+
+def _start(request: Any) -> LLMCall | None:
+    call = start_call(request.method, str(request.url.copy_with(query=None)), request.content)
+    if call is not None and (role := call.fields["role"]) is not None:
         request.headers[ROLE_HEADER] = role
     return call
 

@@ -106,6 +106,7 @@ def run_page(page: str) -> tuple[dict[int, dict], str]:
     results = workdir / "results.jsonl"
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT), CREWAI_STORAGE_DIR=str(workdir / "crewai"))
+    env.update(LITELLM_LOCAL_MODEL_COST_MAP="True")  # DSPy and LiteLLM would fetch their price list at import
     try:
         run = subprocess.run(
             [python, "-c", RUNNER, str(ROOT / page), str(results)],

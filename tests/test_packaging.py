@@ -110,6 +110,7 @@ def test_public_api_imports_no_torch_and_no_framework() -> None:
         "crewai",
         "llama_index",
         "smolagents",
+        "dspy",
         "litellm",
         "ray",
     )

@@ -39,6 +39,7 @@ ADAPTERS: dict[str, str] = {
     "llama_index": "llama_index.core",
     "smolagents": "smolagents",
     "google_adk": "google.adk",
+    "dspy": "dspy",
 }
 
 _lock = threading.RLock()
@@ -54,7 +55,8 @@ def _trigger(name: str) -> str:
 
 def instrument(name: str) -> None:
     """Install the adapter ``name`` ('openai', 'httpx', 'httpx2', 'anthropic', 'langchain', 'openai_agents',
-    'autogen', 'pydantic_ai', 'litellm', 'agent_framework', 'crewai', 'llama_index', 'smolagents', 'google_adk') now.
+    'autogen', 'pydantic_ai', 'litellm', 'agent_framework', 'crewai', 'llama_index', 'smolagents', 'google_adk',
+    'dspy') now.
 
     Raises ``ImportError`` with the extra to install when its framework is missing. Installing twice is harmless.
     """

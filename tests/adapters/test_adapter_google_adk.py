@@ -1,6 +1,7 @@
 """Google ADK adapter: real ``LlmAgent`` objects on ``LiteLlm(model="openai/...")`` (a coordinator with sub-agents
 it transfers to and an ``AgentTool``, a tool that raises with and without ``ReflectAndRetryToolPlugin``, the sync
-``Runner.run`` with SSE streaming) against the mock server, through ``@agl.rollout``."""
+``Runner.run`` with SSE streaming, the ``SequentialAgent`` / ``ParallelAgent`` / ``LoopAgent`` workflows of ADK's docs)
+against the mock server, through ``@agl.rollout``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # LiteLLM would f
 
 import pytest  # noqa: E402
 from adapter_support import RecordingModel, timeline  # noqa: E402
-from google.adk.agents import LlmAgent  # noqa: E402
+from google.adk.agents import LlmAgent, LoopAgent, ParallelAgent, SequentialAgent  # noqa: E402
 from google.adk.agents.run_config import RunConfig, StreamingMode  # noqa: E402
 from google.adk.apps import App  # noqa: E402
 from google.adk.models.lite_llm import LiteLlm  # noqa: E402
@@ -18,6 +19,7 @@ from google.adk.plugins import ReflectAndRetryToolPlugin  # noqa: E402
 from google.adk.runners import InMemoryRunner, Runner  # noqa: E402
 from google.adk.sessions import InMemorySessionService  # noqa: E402
 from google.adk.tools.agent_tool import AgentTool  # noqa: E402
+from google.adk.tools.tool_context import ToolContext  # noqa: E402
 from google.genai import types  # noqa: E402
 
 import agentlightning as agl  # noqa: E402
@@ -310,5 +312,148 @@ async def test_parallel_function_calls_of_one_model_call(serve) -> None:
     ]
     assert all(call.parent_call_id == first.call_id for call in tools)
     assert (first.role, second.role) == ("forecaster", "forecaster")
+    assert_served_exactly(rollout, server, model)
+    assert_parents_by_tool_call_id(rollout)
+
+
+def workflow_rule(request: MockRequest) -> MockReply:
+    """Each workflow agent answers by its instruction; the critic ends the loop (``exit_loop``) on its second look."""
+    system, last = text_of(request.messages[0]), text_of(request.messages[-1])
+    if system.startswith("You write"):
+        return MockReply(content="def add(a, b): return a + b")
+    if system.startswith("You review"):
+        return MockReply(content="Add a docstring.")
+    if system.startswith("You refactor"):
+        return MockReply(content='def add(a, b):\n    """Adds."""\n    return a + b')
+    if system.startswith("You research"):
+        topic = system.split("You research ", 1)[1].split(".", 1)[0]
+        return MockReply(content=f"Findings on {topic}.")
+    if system.startswith("You merge"):
+        return MockReply(content="Report: " + " ".join(sorted(s for s in system.split() if s.startswith("Findings"))))
+    if system.startswith("You critique"):
+        if "exit_loop" in last or request.messages[-1]["role"] == "tool":
+            return MockReply(content="Done.")
+        if "Draft 2" in system:
+            return MockReply(tool_calls=[MockToolCall(name="exit_loop", arguments={})])
+        return MockReply(content="Make it shorter.")
+    if system.startswith("You draft"):
+        drafts = "Draft 2" if "Make it shorter" in system else "Draft 1"
+        return MockReply(content=drafts)
+    raise AssertionError(f"unexpected request: {system[:80]!r}")
+
+
+def code_pipeline(llm: agl.LLM) -> SequentialAgent:
+    """ADK's sequential pipeline: write, review, refactor, each reading the state the one before wrote."""
+    model = model_for(llm)
+    writer = LlmAgent(name="code_writer", model=model, instruction="You write Python code.", output_key="code")
+    reviewer = LlmAgent(
+        name="code_reviewer", model=model, instruction="You review this code: {code}", output_key="review"
+    )
+    refactorer = LlmAgent(
+        name="code_refactorer", model=model, instruction="You refactor {code} following {review}", output_key="final"
+    )
+    return SequentialAgent(name="code_pipeline", sub_agents=[writer, reviewer, refactorer])
+
+
+async def test_sequential_agent_names_each_step(serve) -> None:
+    server, model = serve(workflow_rule)
+
+    @agl.rollout(reward=lambda task, out: float("Adds" in out))
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        return await final_text(InMemoryRunner(agent=code_pipeline(llm), app_name="code"), task["request"])
+
+    rollout = await agent.aexecute({"request": "A function that adds two numbers."}, server.llm())
+    assert timeline(rollout) == [
+        ("llm", "code_writer", "ok"),
+        ("llm", "code_reviewer", "ok"),
+        ("llm", "code_refactorer", "ok"),
+    ]
+    assert rollout.final_reward == 1.0
+    assert_served_exactly(rollout, server, model)
+
+
+def research_team(llm: agl.LLM) -> SequentialAgent:
+    """ADK's parallel research pattern: researchers run concurrently, then one agent merges what they wrote."""
+    model = model_for(llm)
+    topics = ["energy", "transport", "farming"]
+    researchers = [
+        LlmAgent(
+            name=f"{topic}_researcher",
+            model=model,
+            instruction=f"You research {topic}. Answer in one sentence.",
+            output_key=f"{topic}_findings",
+        )
+        for topic in topics
+    ]
+    merger = LlmAgent(
+        name="merger",
+        model=model,
+        instruction="You merge these findings: " + " ".join(f"{{{topic}_findings}}" for topic in topics),
+    )
+    parallel = ParallelAgent(name="research", sub_agents=researchers)
+    return SequentialAgent(name="research_pipeline", sub_agents=[parallel, merger])
+
+
+async def test_parallel_agent_names_each_branch(serve) -> None:
+    server, model = serve(workflow_rule)
+
+    @agl.rollout(reward=lambda task, out: float(out.count("Findings") == 3))
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        return await final_text(InMemoryRunner(agent=research_team(llm), app_name="research"), task["request"])
+
+    rollout = await agent.aexecute({"request": "Research sustainable technology."}, server.llm())
+    roles = [call.role for call in rollout.llm_calls]
+    assert sorted(roles[:3]) == ["energy_researcher", "farming_researcher", "transport_researcher"]
+    assert roles[3:] == ["merger"] and rollout.status == "succeeded"
+    assert rollout.final_reward == 1.0
+    assert len(rollout.llm_calls) == len(server.requests) == 4
+    # each branch's request went out under its own name (the branches run concurrently, in any order)
+    assert sorted(str(request.headers.get(ROLE_HEADER.lower())) for request in server.requests) == sorted(roles)
+    for call in rollout.llm_calls:
+        model.assert_server_token_ids(call)
+
+
+def exit_loop(tool_context: ToolContext) -> dict:
+    """Call this function only when the critique says no further changes are needed."""
+    tool_context.actions.escalate = True
+    return {}
+
+
+def refinement_loop(llm: agl.LLM) -> LoopAgent:
+    """ADK's iterative refinement: a drafter and a critic in a loop the critic ends with a tool. (ADK 2.13 marks
+    LoopAgent deprecated in favour of its Workflow, which cannot yet be an LlmAgent's sub-agent; its docs still
+    teach this one.)"""
+    model = model_for(llm)
+    drafter = LlmAgent(
+        name="drafter", model=model, instruction="You draft a slogan. Critique so far: {critique?}", output_key="draft"
+    )
+    critic = LlmAgent(
+        name="critic",
+        model=model,
+        instruction="You critique this draft: {draft}. Call exit_loop if it needs no change.",
+        tools=[exit_loop],
+        output_key="critique",
+    )
+    return LoopAgent(name="refinement", sub_agents=[drafter, critic], max_iterations=4)
+
+
+@pytest.mark.filterwarnings("ignore:LoopAgent is deprecated:DeprecationWarning")
+async def test_loop_agent_names_each_iteration_and_the_tool_that_ends_it(serve) -> None:
+    server, model = serve(workflow_rule)
+
+    @agl.rollout(reward=lambda task, out: 1.0)
+    async def agent(task: dict, llm: agl.LLM) -> str:
+        return await final_text(InMemoryRunner(agent=refinement_loop(llm), app_name="slogan"), task["request"])
+
+    rollout = await agent.aexecute({"request": "A slogan for a bakery."}, server.llm())
+    assert timeline(rollout) == [
+        ("llm", "drafter", "ok"),
+        ("llm", "critic", "ok"),
+        ("llm", "drafter", "ok"),
+        ("llm", "critic", "ok"),
+        ("tool", "critic:exit_loop", "ok"),
+        ("llm", "critic", "ok"),  # ADK gives the tool's response to the critic, then ends the loop (escalate)
+    ]
+    assert rollout.calls[4].parent_call_id == rollout.calls[3].call_id
     assert_served_exactly(rollout, server, model)
     assert_parents_by_tool_call_id(rollout)
