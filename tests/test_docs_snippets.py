@@ -1,5 +1,5 @@
 """Every python snippet of the README and of docs/ runs as written and prints what the page says it prints (the
-``# ...`` lines closing a block; wrapped or elided ones, with ``...``, are not compared).
+``# ...`` lines closing a block, indented or not; wrapped or elided ones, with ``...``, are not compared).
 
 Each page runs in a fresh interpreter (pages set process-wide state: an OpenTelemetry provider, installed adapters),
 its blocks in order, each block in a fresh namespace, so a block that uses a name it does not define fails as it
@@ -89,8 +89,8 @@ def expected_output(block: str) -> list[str]:
     """The comment lines closing ``block`` (its documented output), unless one of them elides with '...'."""
     lines = block.rstrip("\n").split("\n")
     tail: list[str] = []
-    while lines and lines[-1].startswith("# "):
-        tail.insert(0, lines.pop()[2:])
+    while lines and lines[-1].lstrip().startswith("# "):  # indented: printed under `if __name__ == "__main__":`
+        tail.insert(0, lines.pop().lstrip()[2:])
     return [] if any("..." in line for line in tail) else tail
 
 
