@@ -1,20 +1,20 @@
 """Every python snippet of the README and of docs/ runs as written and prints what the page says it prints (the
-``# ...`` lines closing a block; wrapped or elided ones, with ``...``, are not compared).
+``# ...`` lines closing a block, indented or not; wrapped or elided ones, with ``...``, are not compared).
 
 Each page runs in a fresh interpreter (pages set process-wide state: an OpenTelemetry provider, installed adapters),
 its blocks in order, each block in a fresh namespace, so a block that uses a name it does not define fails as it
-would for a reader who copies only that block. The info string after ``python`` says otherwise, visibly in the page:
+would for a reader who copies only that block (code several blocks share is a ``# name.py`` file they import, see
+below). The info string after ``python`` says otherwise, visibly in the page:
 
-- ``python continued``: the block continues the one above (the page says to run them in order); it runs in the
-  namespace the earlier blocks left.
 - ``python fragment``: an excerpt (a signature, a line of a larger program the page describes); it must parse, it
   is not run.
 - ``python heavy: <reason>``: it needs what a test machine lacks (a GPU, vLLM, a cluster, a long training run); it
   is reported as skipped with that reason.
 
-A block whose first line is ``# <name>.py`` is a script the page says to save: it is written to that file in a
-fresh directory and run with ``python <name>.py``. Every block runs with the working directory a fresh temporary
-directory, the repository on ``PYTHONPATH`` (the examples import as they do from a clone) and ``HF_HUB_OFFLINE=1``.
+A block whose first line is ``# <name>.py`` is a script or module the page says to save: it is written to that file
+in the page's working directory and run with ``python <name>.py``; later blocks of the page can import it. The
+blocks of a page run with the working directory a fresh temporary directory, the repository on ``PYTHONPATH`` (the
+examples import as they do from a clone) and ``HF_HUB_OFFLINE=1``.
 """
 
 from __future__ import annotations
@@ -48,17 +48,11 @@ RUNNER = """
 import contextlib, io, json, linecache, re, subprocess, sys, traceback
 page, results = sys.argv[1], sys.argv[2]
 blocks = re.findall(r"```python([^\\n]*)\\n(.*?)```", open(page).read(), flags=re.S)
-namespace, failed = {}, None
 with open(results, "w") as out:
     for number, (info, block) in enumerate(blocks):
-        info = info.strip()
-        if info.startswith(("fragment", "heavy")):
+        if info.strip():
             continue
-        if not info.startswith("continued"):
-            namespace, failed = {"__name__": "__main__"}, None
-        elif failed is not None:
-            out.write(json.dumps({"index": number, "error": f"the block it continues ({failed}) failed"}) + "\\n")
-            continue
+        namespace = {"__name__": "__main__"}
         name = f"{page}[python block {number}]"
         linecache.cache[name] = (len(block), None, block.splitlines(keepends=True), name)
         printed, error = io.StringIO(), None
@@ -74,7 +68,7 @@ with open(results, "w") as out:
                 else:
                     exec(compile(block, name, "exec"), namespace)
         except BaseException:
-            error, failed = traceback.format_exc()[-4000:], number
+            error = traceback.format_exc()[-4000:]
         out.write(json.dumps({"index": number, "printed": printed.getvalue(), "error": error}) + "\\n")
         out.flush()
 """
@@ -89,8 +83,8 @@ def expected_output(block: str) -> list[str]:
     """The comment lines closing ``block`` (its documented output), unless one of them elides with '...'."""
     lines = block.rstrip("\n").split("\n")
     tail: list[str] = []
-    while lines and lines[-1].startswith("# "):
-        tail.insert(0, lines.pop()[2:])
+    while lines and lines[-1].lstrip().startswith("# "):  # indented: printed under `if __name__ == "__main__":`
+        tail.insert(0, lines.pop().lstrip()[2:])
     return [] if any("..." in line for line in tail) else tail
 
 
@@ -138,7 +132,10 @@ def test_doc_snippet_runs_and_prints_what_it_says(page: str, number: int) -> Non
         reason = info.partition(":")[2].strip()
         assert reason, f"{where}: 'python heavy' needs a reason ('python heavy: needs a GPU')"
         pytest.skip(f"{where} is marked heavy: {reason}")
-    assert info in ("", "continued"), f"{where}: unknown info string {info!r} (continued, fragment, heavy: <reason>)"
+    assert info == "", (
+        f"{where}: unknown info string {info!r} (fragment, heavy: <reason>; a block runs on its own: code it shares "
+        "with other blocks goes in a '# name.py' block they import)"
+    )
     results, stderr = run_page(page)
     assert number in results, f"{where} did not run (the page's interpreter died before it):\n{stderr[-3000:]}"
     result = results[number]
