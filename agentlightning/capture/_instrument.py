@@ -8,12 +8,15 @@ LLM calls land in that rollout (Python gives pool threads a fresh context otherw
 from __future__ import annotations
 
 import contextvars
+import functools
 import importlib
+import importlib.metadata
 import logging
 import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -99,8 +102,36 @@ def installed_adapters() -> list[str]:
     return sorted(name for name in ADAPTERS if (adapter := _adapter(name)) and adapter.is_installed())
 
 
+@functools.cache
+def _distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
+def _shadows_framework(module: ModuleType) -> bool:
+    """Whether ``module`` is a file of the user's own that has a framework's name (an ``agents.py`` beside their
+    script is not the OpenAI Agents SDK). Modules under site-packages are installed ones; elsewhere, the module is the
+    framework when a distribution that provides its name holds this file, or holds no such file (an editable install).
+    """
+    origin = getattr(module, "__file__", None)
+    if origin is None or {"site-packages", "dist-packages"} & set(Path(origin).parts):
+        return False  # installed, or a namespace package (only distributions make those)
+    parts = module.__name__.split(".")
+    candidates = ["/".join(parts) + ".py", "/".join([*parts, "__init__.py"])]
+    held_elsewhere = False
+    for distribution in _distributions().get(parts[0], []):
+        for candidate in candidates:
+            path = Path(str(importlib.metadata.distribution(distribution).locate_file(candidate)))
+            if path.resolve() == Path(origin).resolve():
+                return False
+            held_elsewhere = held_elsewhere or path.exists()
+    return held_elsewhere or parts[0] not in _distributions()
+
+
 def _install_on_import(name: str) -> None:
-    def hook(_module: ModuleType) -> None:
+    def hook(module: ModuleType) -> None:
+        if _shadows_framework(module):
+            logger.debug("%s (%s) is not the framework of the %s adapter", module.__name__, module.__file__, name)
+            return
         try:
             instrument(name)
         except Exception:  # capture must never break the user's import
