@@ -1,10 +1,14 @@
-"""The agent the dashboard tests run through real worker processes (importable by reference): a LangChain tool
-loop whose tools succeed, fail softly and crash, against the mock model's ``tool_rule``."""
+"""The agents the dashboard tests run through real worker processes (importable by reference): a LangChain tool
+loop whose tools succeed, fail softly and crash, against the mock model's ``tool_rule``; and one some of whose calls
+in-process capture misses."""
 
 from __future__ import annotations
 
+import json
 import logging
+import urllib.request
 
+import openai
 from langchain_core.messages import HumanMessage, ToolMessage
 from langchain_core.tools import ToolException, tool
 from langchain_openai import ChatOpenAI
@@ -60,3 +64,24 @@ def tool_agent(task: dict, llm: agl.LLM, rollout: agl.Rollout) -> float:
     if task["mode"] == "crash" or (task["mode"] == "flaky" and rollout.attempt == 1):
         raise ValueError(f"agent bug on {task['question']}")
     return float(task["score"])
+
+
+@agl.rollout
+def gap_agent(task: dict, llm: agl.LLM) -> float:
+    """A first call through the openai client (captured in-process), then a second one through it or, with
+    ``task["client"] == "urllib"``, through the standard library's urllib, which nothing instruments: only the
+    proxy sees that one (as ``tests/adapters/raw_http_agents.half_captured_agent``)."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    plan = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}])
+    messages = [{"role": "user", "content": plan.choices[0].message.content}]
+    if task["client"] != "urllib":
+        client.chat.completions.create(model=llm.model, messages=messages)
+        return 1.0
+    request = urllib.request.Request(
+        f"{llm.base_url}/chat/completions",
+        data=json.dumps({"model": llm.model, "messages": messages}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {llm.api_key}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        json.loads(response.read())
+    return 1.0

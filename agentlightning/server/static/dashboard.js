@@ -365,8 +365,10 @@ function renderRollouts(data, state, load, sent) {
   const rows = data.rows.map((r) => `<tr class="link" data-href="#/rollout/${encodeURIComponent(r.rollout_id)}"
     data-rollout="${esc(r.rollout_id)}"><td>${esc(r.rollout_id)}</td><td>${badge(r.status)}</td><td>${esc(r.task_id)}</td>
     <td>${esc(r.group_id)}</td><td class="num">${r.attempt}/${r.max_attempts}</td><td class="num">${num(r.final_reward)}</td>
-    <td class="num">${r.n_calls ?? ""}</td><td>${esc(r.model_version)}</td><td class="num">${seconds(r.started, r.ended)}</td>
-    <td>${time(r.ended)}</td><td>${esc(r.error_type ? `${r.error_type}: ${r.error}` : "")}</td></tr>`);
+    <td class="num">${r.n_calls ?? ""}${r.missed_by_capture ?
+    ` ${missedBadge(`${r.missed_by_capture} missed by capture`)}` : ""}</td><td>${esc(r.model_version)}</td>
+    <td class="num">${seconds(r.started, r.ended)}</td><td>${time(r.ended)}</td>
+    <td>${esc(r.error_type ? `${r.error_type}: ${r.error}` : "")}</td></tr>`);
   const [pagerHtml, wirePager] = pager(data, state, load);
   const table = document.getElementById("table");
   table.innerHTML = `${pagerHtml}<table id="rollouts" data-query="${esc(sent)}"><thead><tr>${sortHeader("rollout", "created", state)}<th>status</th>
@@ -377,6 +379,10 @@ function renderRollouts(data, state, load, sent) {
   wirePager(table);
   wireSorting(table, state, load);
 }
+
+// Calls the proxy served that in-process capture missed: kept from the proxy's record, without role or tool calls.
+const missedBadge = (label) => `<span class="badge missed"
+  title="served by the proxy, not captured in-process: kept without role or tool calls">${esc(label)}</span>`;
 
 function message(m) {
   const role = m.role || m.type || "message";
@@ -390,6 +396,7 @@ function callCard(call, rewards, shown) {
   const own = rewards.filter((r) => r.call_id === call.call_id);
   const parts = [`#${call.sequence}`, `<b>${esc(call.kind)}</b>`, `role ${esc(call.role ?? "—")}`, esc(call.name), badge(call.status),
     `latency ${seconds(call.start_time, call.end_time)}`];
+  if (meta.missed_by_capture) parts.push(missedBadge("missed by capture"));
   if (call.kind === "llm") {
     parts.push(`tokens ${call.prompt_tokens ?? "?"} + ${call.completion_tokens ?? "?"} (${esc(call.token_source ?? "none")})`,
       `model ${esc(meta.model_version ?? "?")}`);
@@ -407,7 +414,7 @@ function callCard(call, rewards, shown) {
   }
   if (call.error) body += `<p class="error-box call-error">${esc(call.error)}</p>`;
   const marks = own.map((r) => `<span class="reward">${esc(r.source)}${r.name ? " " + esc(r.name) : ""}: ${num(r.value)}</span>`).join("");
-  return `<div class="card ${esc(call.kind)} status-${esc(call.status)}" data-call="${call.sequence}">
+  return `<div class="card ${esc(call.kind)} status-${esc(call.status)}${meta.missed_by_capture ? " missed" : ""}" data-call="${call.sequence}">
     <div class="meta">${parts.join("<span>·</span>")}</div>${marks ? `<div>${marks}</div>` : ""}${body}</div>`;
 }
 
@@ -420,6 +427,14 @@ function conversation(calls, rewards) {
   }).join("") || '<p class="empty">no calls recorded</p>';
 }
 
+// The proxy served LLM calls that in-process capture missed: the counts, then the note with the cause and the fix.
+function captureGapBlock(gap) {
+  if (!gap) return "";
+  return `<div class="warning-box" id="capture-gap"><b>In-process capture missed ${gap.missed} of the
+    ${plural(gap.served, "LLM call")} the proxy served</b> (recorded ${gap.captured}; the missed ones are marked
+    "missed by capture" below)<p>${esc(gap.note)}</p></div>`;
+}
+
 function errorBlock(error) {
   if (!error) return "";
   return `<div class="error-box"><b>${esc(error.type)}</b>: ${esc(error.message)}
@@ -430,6 +445,8 @@ async function rolloutPage([id]) {
   const r = await api(`/rollouts/${encodeURIComponent(id)}`);
   const live = r.status === "queued" || r.status === "running";  // no result yet: the current attempt's calls
   const calls = live && !r.calls.length ? (r.attempts.at(-1) || {calls: []}).calls : r.calls;
+  // The capture gap's note has its own box above: not repeated among the other diagnostics.
+  const diagnostics = (r.diagnostics || []).filter((d) => !(r.capture_gap && d.endsWith(r.capture_gap.note)));
   const episode = r.rewards.filter((x) => !x.call_id).map((x) => `<span class="reward">${esc(x.source)}${x.name ? " " + esc(x.name) : ""}: ${num(x.value)}</span>`);
   const attempts = r.attempts.map((a) => `<tr data-attempt="${a.attempt}"><td>${a.attempt}</td><td>${badge(a.status)}</td>
     <td>${esc(a.worker_id)}</td><td>${time(a.started)}</td><td>${seconds(a.started, a.ended)}</td><td>${errorBlock(a.error)}
@@ -444,8 +461,8 @@ async function rolloutPage([id]) {
     <tr><td>final reward</td><td id="final-reward">${num(r.final_reward)} ${episode.join("")}</td></tr>
     <tr><td>worker</td><td>${esc(r.worker_id || (r.attempts.at(-1) || {}).worker_id)}</td></tr><tr><td>duration</td><td>${seconds(r.started, r.ended)}</td></tr>
     <tr><td>trainable roles</td><td>${esc((r.trainable_roles || ["all"]).join(", "))}</td></tr></tbody></table>
-    ${errorBlock(r.error)}
-    ${(r.diagnostics || []).length ? `<h3>Diagnostics</h3><pre>${esc(r.diagnostics.join("\n"))}</pre>` : ""}
+    ${errorBlock(r.error)}${captureGapBlock(r.capture_gap)}
+    ${diagnostics.length ? `<h3>Diagnostics</h3><pre>${esc(diagnostics.join("\n"))}</pre>` : ""}
     <h3>Task</h3><pre>${esc(json(r.task))}</pre>
     <h3>Calls${live ? " so far (as the proxy records them)" : ""}</h3><div id="calls">${conversation(calls, r.rewards)}</div>
     ${r.output !== null && r.output !== undefined ? `<h3>Output</h3><pre>${esc(json(r.output))}</pre>` : ""}

@@ -4,6 +4,7 @@ are not blocked by it (WAL), and ``agl dashboard`` cannot change the run it look
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -13,7 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from agentlightning.errors import NotFound
-from agentlightning.types import FINISHED_STATUSES
+from agentlightning.server.store._schema import capture_gap
+from agentlightning.types import FINISHED_STATUSES, MISSED_BY_CAPTURE, Call
 
 FAILED = "('failed', 'timeout', 'cancelled')"  # the finished states that are not a success, as SQL
 SORTS = {
@@ -104,11 +106,24 @@ class StoreReader:
         # cost more than the page itself. ``more`` says the count was cut.
         cap = offset + limit + COUNT_CAP if clauses else -1
         total = self._all(f"SELECT COUNT(*) AS n FROM (SELECT 1 FROM rollouts{where} LIMIT ?)", *params, cap)[0]["n"]
+        missed = self._missed_by_capture([row["rollout_id"] for row in rows])
+        for row in rows:
+            row[MISSED_BY_CAPTURE] = missed.get(row["rollout_id"], 0)
         return {"rows": rows, "total": total, "more": total == cap, "limit": limit, "offset": offset}
 
+    def _missed_by_capture(self, rollout_ids: list[str]) -> dict[str, int]:
+        """How many stored calls of each of these rollouts in-process capture missed (only those with any)."""
+        rows = self._all(
+            "SELECT rollout_id, COUNT(*) AS n FROM calls WHERE rollout_id IN (SELECT value FROM json_each(?)) "
+            f"AND json_extract(body, '$.metadata.{MISSED_BY_CAPTURE}') GROUP BY rollout_id",
+            json.dumps(rollout_ids),
+        )
+        return {row["rollout_id"]: row["n"] for row in rows}
+
     def rollout(self, rollout_id: str) -> dict[str, Any]:
-        """A rollout with its calls (token ids summarised), rewards and every attempt; a running rollout shows the
-        calls its current attempt made so far, a retried one the calls of each earlier attempt."""
+        """A rollout with its calls (token ids summarised), rewards, every attempt and its capture gap (LLM calls the
+        proxy served that in-process capture missed, or None); a running rollout shows the calls its current attempt
+        made so far, a retried one the calls of each earlier attempt."""
         found = self._all(f"SELECT {_ROW}, task, record FROM rollouts WHERE rollout_id=?", rollout_id)
         if not found:
             raise NotFound(f"unknown rollout {rollout_id!r}")
@@ -130,10 +145,13 @@ class StoreReader:
                 else [_summarised(json.loads(p["body"])) for p in proxied if p["attempt"] == attempt["attempt"]]
             )
         rewards = self._all("SELECT body FROM rewards WHERE rollout_id=? ORDER BY idx", rollout_id)
+        calls = [json.loads(b["body"]) for b in bodies]
+        gap = capture_gap([Call.model_validate(call) for call in calls])
         return {
             **record,
             **row,
-            "calls": [_summarised(json.loads(b["body"])) for b in bodies],
+            "calls": [_summarised(call) for call in calls],
+            "capture_gap": gap and {**dataclasses.asdict(gap), "served": gap.served, "note": gap.note},
             "rewards": [json.loads(r["body"]) for r in rewards],
             "attempts": attempts,
         }

@@ -11,6 +11,7 @@ import logging
 import os
 import sqlite3
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -173,21 +174,41 @@ def join_calls(rollout_id: str, client_calls: list[Call], proxy_calls: list[Call
     return merged
 
 
-def capture_gap_note(calls: Sequence[Call]) -> str | None:
-    """What to tell the user when the proxy served LLM calls of a rollout that in-process capture missed while it
-    recorded others (the calls :func:`join_calls` marked :data:`MISSED_BY_CAPTURE`); None when there were none."""
+@dataclass(frozen=True)
+class CaptureGap:
+    """LLM calls of a rollout that the proxy served and in-process capture missed while it recorded others."""
+
+    captured: int  # LLM calls both capture and the proxy recorded
+    missed: int  # calls only the proxy recorded (marked :data:`MISSED_BY_CAPTURE`)
+    endpoints: tuple[str, ...]  # the missed calls' endpoints
+
+    @property
+    def served(self) -> int:
+        return self.captured + self.missed
+
+    @property
+    def note(self) -> str:
+        """What to tell the user: the counts, the likely cause and the fix."""
+        return (
+            f"the proxy served {self.served} LLM calls but in-process capture recorded only {self.captured}; "
+            f"the {self.missed} missed ({', '.join(self.endpoints)}) are kept from the proxy's records, without roles "
+            "or tool calls. Likely cause: a framework or client that Agent Lightning does not instrument, or one that "
+            "sends requests around the patched openai/httpx path (its own HTTP client, a raw POST). Enable or install "
+            "the adapter for that framework (agl.instrument('<name>'), pip install 'agentlightning[<name>]'), or name "
+            "the calls' roles yourself; see docs/capture.md."
+        )
+
+
+def capture_gap(calls: Sequence[Call]) -> CaptureGap | None:
+    """The capture gap of a rollout's joined calls (those :func:`join_calls` marked :data:`MISSED_BY_CAPTURE`); None
+    when capture missed none."""
     missed = [call for call in calls if call.metadata.get(MISSED_BY_CAPTURE)]
     if not missed:
         return None
-    captured = sum(1 for call in calls if call.kind == "llm" and "proxy_call_id" in call.metadata)
-    endpoints = sorted({str(call.metadata.get("endpoint") or call.name or "?") for call in missed})
-    return (
-        f"the proxy served {captured + len(missed)} LLM calls but in-process capture recorded only {captured}; "
-        f"the {len(missed)} missed ({', '.join(endpoints)}) are kept from the proxy's records, without roles or tool "
-        "calls. Likely cause: a framework or client that Agent Lightning does not instrument, or one that sends "
-        "requests around the patched openai/httpx path (its own HTTP client, a raw POST). Enable or install the "
-        "adapter for that framework (agl.instrument('<name>'), pip install 'agentlightning[<name>]'), or name the "
-        "calls' roles yourself; see docs/capture.md."
+    return CaptureGap(
+        captured=sum(1 for call in calls if call.kind == "llm" and "proxy_call_id" in call.metadata),
+        missed=len(missed),
+        endpoints=tuple(sorted({str(call.metadata.get("endpoint") or call.name or "?") for call in missed})),
     )
 
 

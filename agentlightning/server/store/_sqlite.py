@@ -34,7 +34,7 @@ from agentlightning.server.store._interface import Store
 from agentlightning.server.store._lock import StoreLock
 from agentlightning.server.store._schema import (
     calls_from_json,
-    capture_gap_note,
+    capture_gap,
     check_task_ids,
     check_writable,
     file_identity,
@@ -386,9 +386,9 @@ class SQLiteStore(Store):
         calls = join_calls(rollout_id, list(result.calls), self.proxy_calls(rollout_id, attempt))
         row = self._rollout(rollout_id, "task_id, group_id, task, model_version")
         diagnostics = list(result.diagnostics)
-        if gap := capture_gap_note(calls):
-            diagnostics.append(f"not every LLM call was captured in-process: {gap}")
-            self._report_capture_gap(rollout_id, gap)
+        if gap := capture_gap(calls):
+            diagnostics.append(f"not every LLM call was captured in-process: {gap.note}")
+            self._report_capture_gap(rollout_id, gap.note)
         record = result.model_copy(
             update={
                 "calls": [],
