@@ -141,7 +141,7 @@ class TrainingRun:
             raise
         result = self._result(steps, policy, tokenizer)
         ranks.finish(result)
-        logger.info("training finished:\n%s", result.summary())
+        logger.debug("training finished:\n%s", result.summary())  # agl train prints it
         if result.steps and not result.updated_steps and not self.config.allow_no_update:
             raise NothingTrainedError(result)
         return result

@@ -124,7 +124,11 @@ def build_store(path: Path, n_rollouts: int, seed: int = 0) -> None:
         )
         db.executemany("INSERT INTO calls VALUES (?, ?, ?, ?, ?, ?)", calls)
         db.executemany("INSERT INTO rewards VALUES (?, ?, ?, ?, ?, ?)", rewards)
-        db.executemany("INSERT INTO attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?)", attempts)
+        db.executemany(
+            "INSERT INTO attempts(rollout_id, attempt, worker_id, status, started, ended, error, logs) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            attempts,
+        )
     store.close()
 
 
