@@ -257,7 +257,7 @@ class Proxy:
         """``work``'s result, checking every :data:`WATCH_SECONDS` that someone still waits for it. Once nobody does,
         it is given ``Settings.late_answer_grace`` seconds more, then cancelled (closing its upstream connection: vLLM
         then aborts the generation and frees its slot) and :class:`_GivenUp` says why."""
-        task = asyncio.ensure_future(work)
+        task = asyncio.create_task(work)
         try:
             gone = None
             while gone is None:
