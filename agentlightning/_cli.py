@@ -131,6 +131,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds the proxy retries an upstream that is down or answers 429/5xx",
     )
     parser.add_argument(
+        "--late-answer-grace",
+        type=float,
+        default=30.0,
+        help="seconds the proxy still awaits an upstream answer once its agent left or its attempt ended",
+    )
+    parser.add_argument(
         "--requeue-delay",
         type=float,
         default=2.0,
@@ -164,6 +170,7 @@ def server_from_args(args: argparse.Namespace) -> Any:
         max_attempts=args.max_attempts,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         upstream_retry_window=args.upstream_retry_window,
+        late_answer_grace=args.late_answer_grace,
         requeue_delay=args.requeue_delay,
     )
     return LightningServer(

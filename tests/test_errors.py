@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 INTERNAL = {
     ("agentlightning/server/_errors.py", "OpenAIError"),  # a Starlette HTTPException answered in the OpenAI format
     ("trainers/backends/hf/server.py", "BadRequest"),  # caught by the HF backend's handlers, answered with a 400
+    ("agentlightning/server/_proxy.py", "_GivenUp"),  # the proxy giving up an upstream answer, answered there
     # A KeyboardInterrupt, not an error: SIGTERM/SIGHUP stopping agl.train as Ctrl-C does (`except Exception` must not
     # swallow it); the CLI turns it into the signal's exit code.
     ("agentlightning/_signals.py", "Stopped"),

@@ -6,7 +6,10 @@ stored rollout only if its attempt's result is the one taken. Each request is fo
 ``httpx.AsyncClient`` (retried with backoff and jitter on 5xx/429 and connection errors for
 ``Settings.upstream_retry_window`` seconds until its first byte reached the agent, held while the upstream is paused;
 streams passed through) and recorded as a ``Call`` of the rollout with the upstream's token ids and the model version
-served, committed before the answer's end reaches the agent. A call's role (its base URL ``.../v1/roles/<role>``, the
+served, committed before the answer's end reaches the agent. Once nobody waits for an answer (the agent closed its
+connection, or its attempt ended: a timed-out rollout) its request is never re-sent, and an answer still awaited is
+given ``Settings.late_answer_grace`` seconds more (one landing then is recorded as usual), then given up: its upstream
+connection closed and the call recorded as given up. A call's role (its base URL ``.../v1/roles/<role>``, the
 ``X-AGL-Role`` header, a ``model`` naming a role) picks its policy's route. Anthropic Messages requests (``messages``,
 ``messages/count_tokens``) are translated to chat completions for the upstream and back (``_wire/anthropic.py``), and
 so are Responses requests when the upstream says so (``Upstream.translate_responses``, ``_wire/responses.py``;
@@ -21,7 +24,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Annotated, Any
 
 import httpx
@@ -43,6 +46,7 @@ CallRecord = dict[str, Any]  # the Call fields of a proxied call, filled in as i
 AttemptNumber = Annotated[int, Path(ge=1, le=1000)]  # as max_attempts
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+WATCH_SECONDS = 1.0  # how often a request awaiting its upstream answer checks that its agent still waits for it
 LARGE = 1 << 20  # bytes of an answer recorded on a thread: its SQLite write leaves the loop free
 
 
@@ -162,7 +166,7 @@ class Proxy:
             content=json.dumps(_upstream_body(body, endpoint, upstream, route)).encode(),
         )
         stream = bool(body.get("stream"))
-        response, tries = await self._send(client, sent, stream, call, attempt)
+        response, tries = await self._send(client, sent, stream, call, attempt, request)
         if isinstance(response, JSONResponse):  # the upstream could not be reached
             return response
         call["metadata"]["upstream_tries"] = tries
@@ -186,24 +190,38 @@ class Proxy:
         return Response(response.content, response.status_code, media_type=media_type or "application/json")
 
     async def _send(
-        self, client: httpx.AsyncClient, request: httpx.Request, stream: bool, call: CallRecord, attempt: int
+        self,
+        client: httpx.AsyncClient,
+        request: httpx.Request,
+        stream: bool,
+        call: CallRecord,
+        attempt: int,
+        agent: Request,
     ) -> tuple[httpx.Response | JSONResponse, int]:
         """Send ``request``, retrying connection failures and retryable statuses with backoff and jitter for the retry
-        window (held while the upstream is paused). Returns the answer to pass on (read whole unless it is a stream) or
-        the error to answer with, and the number of tries."""
+        window (held while the upstream is paused), but never re-sent once the ``agent`` left or its attempt ended.
+        Returns the answer to pass on (read whole unless it is a stream) or the error to answer with, and the number
+        of tries."""
         settings = self.runtime.settings
         endpoint = call["metadata"]["endpoint"]
         tries, deadline = 0, time.monotonic() + settings.upstream_retry_window
+        last = ""  # what the previous try got
         while True:
             held = time.monotonic()
             while self.runtime.upstream_paused and time.monotonic() < held + settings.upstream_timeout:
                 await asyncio.sleep(0.05)
             deadline += time.monotonic() - held  # a pause does not use up the window
+            if tries and (gone := await self._gone(agent, call["rollout_id"], attempt)) is not None:
+                message = f"upstream answer given up: {gone}, not re-sent after {tries} tries (the last: {last})"
+                return self._failed(call, attempt, gone.status, message, "answer_given_up"), tries
             tries += 1
             try:
-                response = await client.send(request, stream=True)
-                if not stream or response.status_code >= 400:
-                    await response.aread()
+                response = await self._while_wanted(
+                    agent, call["rollout_id"], attempt, _answer(client, request, stream)
+                )
+            except _GivenUp as exc:
+                message = f"upstream answer given up: {exc} after {settings.late_answer_grace:g} s"
+                return self._failed(call, attempt, exc.status, message, "answer_given_up"), tries
             except httpx.TimeoutException as exc:
                 if not isinstance(exc, httpx.ConnectTimeout):
                     message = (
@@ -219,18 +237,53 @@ class Proxy:
                     return response, tries
                 await response.aclose()  # read whole already: its content stays
                 status = str(response.status_code)
-                said = f"{status} ({_error_message(response.content)[:200]})"
+                said = last = f"{status} ({_error_message(response.content)[:200]})"
                 if not await self._backoff(
                     tries, deadline, response.headers.get("retry-after"), endpoint, status, said
                 ):
                     return response, tries  # the upstream's last answer, unchanged
                 continue
+            last = f"{type(failure).__name__}: {failure}"
             if not await self._backoff(tries, deadline, None, endpoint, type(failure).__name__):
                 message = (
                     f"upstream {request.url} unreachable for {settings.upstream_retry_window:g} s ({tries} "
                     f"tries): {type(failure).__name__}: {failure}"
                 )
                 return self._failed(call, attempt, 502, message, "upstream_unreachable"), tries
+
+    async def _while_wanted(
+        self, agent: Request, rollout_id: str, attempt: int, work: Coroutine[Any, Any, httpx.Response]
+    ) -> httpx.Response:
+        """``work``'s result, checking every :data:`WATCH_SECONDS` that someone still waits for it. Once nobody does,
+        it is given ``Settings.late_answer_grace`` seconds more, then cancelled (closing its upstream connection: vLLM
+        then aborts the generation and frees its slot) and :class:`_GivenUp` says why."""
+        task = asyncio.create_task(work)
+        try:
+            gone = None
+            while gone is None:
+                done, _ = await asyncio.wait({task}, timeout=WATCH_SECONDS)
+                if done:
+                    return task.result()
+                gone = await self._gone(agent, rollout_id, attempt)
+            logger.info("proxy for rollout %s: %s; awaiting its upstream answer a while longer", rollout_id, gone)
+            done, _ = await asyncio.wait({task}, timeout=self.runtime.settings.late_answer_grace)
+            if done:
+                return task.result()
+            raise gone
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task})
+
+    async def _gone(self, agent: Request, rollout_id: str, attempt: int) -> _GivenUp | None:
+        """Why nobody waits for this attempt's answer any more, or None while someone may."""
+        if await agent.is_disconnected():
+            return _GivenUp("the agent closed its connection", 499)
+        state = self.runtime.store.attempt_state(rollout_id, attempt)
+        if _not_serving_attempt(rollout_id, attempt, state) is not None:
+            ended = "unknown rollout" if state is None else state[1] or state[0]
+            return _GivenUp(f"attempt {attempt} of rollout {rollout_id!r} ended ({ended})", 409)
+        return None
 
     async def _pass_through(
         self,
@@ -342,6 +395,27 @@ class Proxy:
             self.runtime.store.record_proxy_call(built.model_dump(mode="json"), attempt)
         except Exception:  # recording must never break the agent's call
             logger.exception("could not record proxy call of rollout %s", call["rollout_id"])
+
+
+class _GivenUp(Exception):
+    """Nobody waits for an upstream answer any more: the message says why, ``status`` is answered (if anyone is
+    there to read it)."""
+
+    def __init__(self, reason: str, status: int) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+async def _answer(client: httpx.AsyncClient, request: httpx.Request, stream: bool) -> httpx.Response:
+    """The upstream's answer to ``request``: read whole, unless it is a stream that succeeded."""
+    response = await client.send(request, stream=True)
+    if stream and response.status_code < 400:
+        return response
+    try:
+        await response.aread()
+    finally:
+        await response.aclose()  # cancelled while reading (given up): the upstream connection closes now
+    return response
 
 
 def router(runtime: Runtime) -> APIRouter:

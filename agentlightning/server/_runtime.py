@@ -51,8 +51,9 @@ class Upstream:
 class Settings:
     """Server behaviour. Seconds unless named otherwise. The proxy retries a failing upstream for
     ``upstream_retry_window``, waiting ``retry_backoff`` doubling to ``retry_backoff_max`` (jittered) or what
-    ``Retry-After`` asks; a failed attempt is leased again after ``requeue_delay``, doubling up to
-    ``requeue_delay_max``."""
+    ``Retry-After`` asks, and re-sends nothing once its agent left or its attempt ended; an upstream answer nobody
+    waits for any more is awaited ``late_answer_grace`` more (recorded if it lands), then given up; a failed attempt
+    is leased again after ``requeue_delay``, doubling up to ``requeue_delay_max``."""
 
     lease_seconds: float = 30.0
     rollout_timeout: float | None = 600.0
@@ -60,6 +61,7 @@ class Settings:
     max_body_bytes: int = 64 * 1024 * 1024
     upstream_timeout: float = 600.0
     upstream_retry_window: float = 120.0
+    late_answer_grace: float = 30.0
     retry_backoff: float = 0.25
     retry_backoff_max: float = 10.0
     requeue_delay: float = 2.0

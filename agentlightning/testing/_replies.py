@@ -47,7 +47,8 @@ class MockReply:
     - ``finish_reason``: defaults to 'tool_calls' when there are tool calls, else 'stop';
     - ``latency``: seconds to wait before answering (streams wait before the first chunk);
     - ``status`` / ``error_message``: a status >= 400 answers with an OpenAI-style error body instead;
-    - ``hang``: never answer (until the server stops), to exercise client timeouts.
+    - ``hang``: never answer (until the client closes its connection or the server stops), to exercise client
+      timeouts; :attr:`MockLLMServer.hanging` counts the requests hanging now.
     """
 
     content: str | None = None

@@ -84,6 +84,7 @@ class MockLLMServer:
         self._handler: Handler = echo_handler
         self._script: list[MockReply] | None = None
         self._script_position = 0
+        self._hanging = 0
         if handler is not None:
             self.set_handler(handler)
         elif replies is not None:
@@ -109,6 +110,12 @@ class MockLLMServer:
         """The requests received so far, in order (a copy)."""
         with self._lock:
             return list(self._requests)
+
+    @property
+    def hanging(self) -> int:
+        """How many requests hang now (``MockReply(hang=True)`` whose client is still connected)."""
+        with self._lock:
+            return self._hanging
 
     @property
     def url(self) -> str:
@@ -194,11 +201,25 @@ class MockLLMServer:
         if reply.latency > 0:
             await asyncio.sleep(reply.latency)
         if reply.hang:
-            await self._stopping.wait()
-            return _error(503, "MockLLMServer stopped while the request was hanging")
+            return await self._hang(http_request)
         if reply.status >= 400:
             return _error(reply.status, reply.error_message or f"mock error {reply.status}")
         return self._respond(request, reply)
+
+    async def _hang(self, http_request: Request) -> Response:
+        """Answer nothing until the client leaves (its answer goes nowhere) or the server stops (a 503)."""
+        with self._lock:
+            self._hanging += 1
+        try:
+            while not self._stopping.is_set():
+                if await http_request.is_disconnected():
+                    return _error(499, "the client closed its connection while the request was hanging")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), 0.1)
+            return _error(503, "MockLLMServer stopped while the request was hanging")
+        finally:
+            with self._lock:
+                self._hanging -= 1
 
     def _next_scripted(self, index: int) -> MockReply:
         assert self._script is not None

@@ -16,6 +16,7 @@ from polling import wait_for
 
 from agentlightning.client import start_workers
 from agentlightning.server import LightningServer, Settings
+from agentlightning.testing import MockLLMServer, MockReply
 
 
 @pytest.fixture
@@ -102,3 +103,74 @@ def test_a_paused_upstream_holds_requests_instead_of_failing_them(tmp_path: Path
             pool.wait(20)
             pool.stop()
     assert [(r.status, r.attempt) for r in rollouts] == [("succeeded", 1)] * 4
+
+
+def test_a_timed_out_rollout_leaves_no_upstream_request_open(tmp_path: Path) -> None:
+    """Issue 36, item 4: the model hangs and the rollout times out in its worker process; the proxy awaits the answer
+    for the grace, then gives the upstream request up (it used to hold it until the upstream answered, the GPU
+    generating for nobody) and records the call as given up, never re-sending it."""
+    settings = Settings(lease_seconds=5.0, max_attempts=1, late_answer_grace=1.0)
+    with MockLLMServer(handler=lambda request: MockReply(hang=True)) as mock:
+        with LightningServer(tmp_path / "s.db", upstream_url=mock.base_url, settings=settings) as server:
+            pool = start_workers(
+                fault_agents.fault_agent, server.url, nworkers=1, timeout=2.0, spool_dir=str(tmp_path / "spool")
+            )
+            try:
+                [rid] = server.enqueue([{"id": "t", "question": "q"}])
+                wait_for(lambda: mock.hanging == 1, 30, "the model to hang on the agent's call")
+                [rollout] = server.wait([rid], timeout=60)
+                wait_for(lambda: mock.hanging == 0, 10, "the proxy to give the upstream request up")
+                calls = wait_for(lambda: server.store.proxy_calls(rid, 1), 5, "the given-up call to be recorded")
+            finally:
+                server.request_stop()
+                pool.wait(20)
+                pool.stop()
+    assert rollout.status == "timeout", rollout.error
+    [call] = calls
+    assert call.status == "error" and "upstream answer given up: " in (call.error or ""), call.error
+    assert (call.error or "").endswith(" after 1 s"), call.error
+    assert len(mock.requests) == 1  # not re-sent
+
+
+def test_an_agent_that_leaves_mid_call_frees_the_upstream_request_after_the_grace(tmp_path: Path) -> None:
+    """The agent's own client times out and closes its connection: the upstream request stays open for the grace
+    (an answer landing then would still be recorded), then closes, recorded as given up because the agent left."""
+    settings = Settings(late_answer_grace=2.0)
+    with MockLLMServer(handler=lambda request: MockReply(hang=True)) as mock:
+        with LightningServer(tmp_path / "s.db", upstream_url=mock.base_url, settings=settings) as server:
+            [rid] = server.enqueue([{"question": "q"}])
+            assert server.store.dequeue("w", 30.0) is not None
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{server.url}/rollouts/{rid}/v1/chat/completions", json=body, timeout=1.0)
+            left = time.monotonic()
+            assert mock.hanging == 1  # kept for the grace
+            wait_for(lambda: mock.hanging == 0, 10, "the proxy to close the upstream request")
+            closed = time.monotonic() - left
+            [call] = wait_for(lambda: server.store.proxy_calls(rid, 1), 5, "the given-up call to be recorded")
+    assert closed > 1.5  # the grace, less the test's own lag
+    expected = "upstream answer given up: the agent closed its connection after 2 s"
+    assert call.status == "error" and call.error == expected, call.error
+
+
+def test_a_failing_upstream_is_not_retried_for_an_agent_that_left(tmp_path: Path, upstream: FaultyUpstream) -> None:
+    """The upstream answers 500s and the agent gives up after 1 s: the retries stop with it (a failing request used
+    to be re-sent upstream for the whole retry window after its agent had left)."""
+    settings = Settings(retry_backoff=0.05, retry_backoff_max=0.1, upstream_retry_window=30.0)
+    with LightningServer(
+        tmp_path / "s.db", upstream_url=upstream.base_url, model_name="mock-model", settings=settings
+    ) as server:
+        [rid] = server.enqueue([{"question": "q"}])
+        assert server.store.dequeue("w", 30.0) is not None
+        upstream.status = 500
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/rollouts/{rid}/v1/chat/completions", json=body, timeout=1.0)
+        left = time.monotonic()
+        time.sleep(1.5)
+        late = [arrived for arrived, _ in upstream.arrivals if arrived > left + 0.5]
+        assert late == [], f"{len(late)} tries after the agent left"
+        [call] = server.store.proxy_calls(rid, 1)
+    assert call.status == "error" and call.error is not None, call.error
+    assert call.error.startswith("upstream answer given up: the agent closed its connection, not re-sent after ")
+    assert call.error.endswith(" tries (the last: 500 (injected HTTP 500))"), call.error
