@@ -28,6 +28,7 @@ INTERNAL = {
     ("agentlightning/server/_errors.py", "OpenAIError"),  # a Starlette HTTPException answered in the OpenAI format
     ("trainers/backends/hf/server.py", "BadRequest"),  # caught by the HF backend's handlers, answered with a 400
     ("agentlightning/server/_proxy.py", "_GivenUp"),  # the proxy giving up an upstream answer, answered there
+    ("adapters/_lm15.py", "HTTPStatusError"),  # the error a DSPy call's record carries, never raised
     # A KeyboardInterrupt, not an error: SIGTERM/SIGHUP stopping agl.train as Ctrl-C does (`except Exception` must not
     # swallow it); the CLI turns it into the signal's exit code.
     ("agentlightning/_signals.py", "Stopped"),
