@@ -12,6 +12,10 @@ from pathlib import Path
 from examples.demo import __doc__ as DEMO_DOC
 from examples.demo.task import calculator_agent, interleave_kinds, make_problems
 
+VLLM_ON_CPU = {"dtype": "float32", "env": {"VLLM_CPU_KVCACHE_SPACE": "4"}}
+"""``--backend vllm``'s server options: float32 (vLLM's CPU build then samples what the trainer scores, to ~1e-6
+nats) and 4 GiB of KV cache; ignored by the HF backend."""
+
 
 def split_problems(train_size: int, val_size: int, seed: int) -> tuple[list[dict], list[dict]]:
     """Training problems (their kinds interleaved) and held-out problems, with no question in common."""
@@ -117,6 +121,14 @@ def main(argv: list[str] | None = None) -> int:
         help="run the agents in worker processes through a Lightning Server and its proxy "
         "(default: threads of this process calling the backend directly, cheaper on 2 cores)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=["hf", "vllm"],
+        default="hf",
+        help="what serves the model: 'hf' (in-process Hugging Face backend, default) or 'vllm' (a vLLM server "
+        "started by the run, LoRA adapters hot-loaded after each update; on CPU `make vllm-venv` first; implies "
+        "--server)",
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -153,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         val_every=args.val_every,
         output_dir=Path(args.output_dir),
         overwrite=True,  # `make demo` again replaces the last demo run
-        use_server=args.server,
+        use_server=args.server or args.backend == "vllm",
+        backend=args.backend,
+        vllm=VLLM_ON_CPU,
         nworkers=args.nworkers,
         seed=args.seed,
         save_model=False,
