@@ -192,11 +192,12 @@ def _update(model: Any, args: argparse.Namespace, report: Any, label: str, train
             for row in range(0, args.update_rows, args.micro_batch):
                 model(ids[row : row + args.micro_batch]).logits.float().log_softmax(-1)
             _sync(device)
+            seconds = time.perf_counter() - started
     report(
         f"logprob_forward/{label}",
-        seconds=time.perf_counter() - started,
+        seconds=seconds,
         tokens=tokens,
-        mfu=2 * args.params * tokens / (time.perf_counter() - started) / args.flops,
+        mfu=2 * args.params * tokens / seconds / args.flops,
     )
 
 
