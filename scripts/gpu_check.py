@@ -16,7 +16,7 @@ Measured, in bf16:
     python scripts/gpu_check.py                       # Qwen2.5-1.5B shape on cuda (time on an H200 not measured)
     python scripts/gpu_check.py --size tiny --device cpu --dtype float32   # a dry run anywhere
 
-Prints one line per measurement and, with ``--json PATH``, writes them all.
+Prints one line per measurement and, with ``--json PATH``, writes them all, rewriting the file after each one.
 """
 
 from __future__ import annotations
@@ -236,6 +236,13 @@ def _vllm(model: Any, args: argparse.Namespace, report: Any) -> None:
         del engine
 
 
+def _write_json(path: Path, results: list[dict[str, Any]]) -> None:
+    """Rewrites the file whole through a rename: a run killed at any point leaves every measurement reported so far."""
+    staged = path.with_name(path.name + ".part")
+    staged.write_text(json.dumps(results, indent=1, default=str))
+    staged.replace(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="1.5b")
@@ -249,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--vllm-memory", type=float, default=0.4, help="vLLM's GPU memory share")
     parser.add_argument("--skip-vllm", action="store_true")
-    parser.add_argument("--json", help="write every measurement to this file")
+    parser.add_argument("--json", help="write every measurement to this file (rewritten after each one)")
     args = parser.parse_args(argv)
 
     try:
@@ -268,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items() if v is not None
         )
         print(f"{label}: {shown}", flush=True)
+        if args.json:
+            _write_json(Path(args.json), results)
 
     name, sheet_flops, sheet_bytes, measured = _peaks(device, dtype)
     args.flops, args.bandwidth = sheet_flops or measured, sheet_bytes
@@ -311,8 +320,6 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.empty_cache()
         _vllm(train_model, args, report)
     report("total", seconds=time.perf_counter() - total_started)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     return 0 if all(math.isfinite(r.get("seconds", 0.0)) for r in results) else 1
 
 
