@@ -14,7 +14,7 @@ import importlib.metadata
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -103,7 +103,7 @@ def installed_adapters() -> list[str]:
 
 
 @functools.cache
-def _distributions() -> dict[str, list[str]]:
+def _distributions() -> Mapping[str, list[str]]:
     return importlib.metadata.packages_distributions()
 
 
