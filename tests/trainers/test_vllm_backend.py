@@ -147,6 +147,31 @@ def test_lora_sync_serves_the_peft_model(served) -> None:
     assert base_gap > 10 * TOLERANCE  # the adapter really changed the outputs
 
 
+def test_a_run_on_a_server_that_still_holds_its_adapter_names_loads_over_them(served) -> None:
+    """A run killed before it unloaded its adapters (or resumed) names its next adapters as the earlier run did: the
+    server used by URL serves the new weights under the old name instead of refusing it (vLLM answered 400, 'has
+    already been loaded')."""
+    backend, model, tokenizer = served
+    config = peft.LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj"])
+    killed, resumed = (VLLMBackend(url=backend.url, sync="lora", tokenizer=tokenizer) for _ in range(2))
+    try:
+        for run in (killed, resumed):  # the killed run never stops: its policy-v7 stays loaded
+            run.policy = peft.get_peft_model(copy.deepcopy(model), config)
+            run.start()
+            with run.updating("v7"):
+                with torch.no_grad():
+                    for name, parameter in run.policy.named_parameters():
+                        if "lora_" in name:
+                            parameter.normal_(std=0.3)
+            assert run.model_name == "policy-v7"
+        assert resumed.logprob_gap(QUESTION) < TOLERANCE  # the resumed run's weights, not the killed run's
+        assert killed.logprob_gap(QUESTION) > 10 * TOLERANCE
+    finally:
+        resumed.stop()  # unloads policy-v7 from the shared server
+    served_models = {m["id"] for m in httpx.get(backend.base_url + "/models").json()["data"]}
+    assert "policy-v7" not in served_models
+
+
 def _sampled_and_base(backend, model) -> tuple[list[float], list[float]]:
     response = backend.chat(QUESTION, max_tokens=8, temperature=1.0, seed=0, logprobs=True)
     choice = response["choices"][0]

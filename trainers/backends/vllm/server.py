@@ -302,7 +302,7 @@ class VLLMBackend:
         name = f"{self._base_name}-{policy}-{version}"
         self.policy.save_pretrained(self._dir / name, selected_adapters=[policy])
         path = self._dir / name / (policy if policy != "default" else "")  # PEFT's folder for a named adapter
-        self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+        self._load_adapter(name, path)
         previous = self._loaded.get(policy, (None,))[0]
         self._loaded[policy] = (name, version)
         if self._keep_previous and previous is not None:
@@ -322,7 +322,7 @@ class VLLMBackend:
         name = f"{self._base_name}-{version}"
         path = self._dir / name
         self.policy.save_pretrained(path)
-        self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)})
+        self._load_adapter(name, path)
         previous, self._adapter, self._model_name = self._adapter, name, name
         if self._keep_previous:
             previous, self._retired = self._retired, previous
@@ -548,6 +548,12 @@ class VLLMBackend:
         if self._files is None:
             raise RuntimeError("VLLMBackend.start() was not called")
         return self._files
+
+    def _load_adapter(self, name: str, path: Path) -> None:
+        """Serve the adapter saved at ``path`` as ``name``, in place of one of that name a server used by URL may
+        still hold (a run killed before it unloaded its adapters, a resumed run): vLLM refuses a name twice otherwise.
+        """
+        self._post("/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path), "load_inplace": True})
 
     def _post(self, path: str, **kwargs: Any) -> httpx.Response:
         if self._http is None:
