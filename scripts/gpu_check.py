@@ -153,18 +153,19 @@ LOGPROB_VS_UPDATE = 0.5  # two no-grad forwards against two forward + backward +
 class Budget:
     """The seconds of ``--budget-s`` left, and how long each phase that ran took (wall clock, warm-up included)."""
 
-    def __init__(self, seconds: float, report: Report, started: float) -> None:
-        self.seconds, self.report, self.started = seconds, report, started
+    def __init__(self, seconds: float, report: Report, started: float, reserves: dict[str, float] = RESERVE_S) -> None:
+        self.seconds, self.report, self.started, self.reserves = seconds, report, started, reserves
         self.took: dict[str, float] = {}
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
     def needs(self, kind: str, like: str | None = None, scale: float = 1.0) -> float:
-        """MARGIN x scale x what phase ``like`` took if it ran, else the fixed reserve for phases of this kind."""
+        """MARGIN x scale x what phase ``like`` took if it ran, else the fixed reserve for phases of this kind
+        (``reserves``: :data:`RESERVE_S` unless another script's phases are timed)."""
         if like in self.took:
             return MARGIN * scale * self.took[like]
-        return RESERVE_S[kind]
+        return self.reserves[kind]
 
     def allows(self, label: str, needs: float) -> bool:
         """Whether ``needs`` seconds are left; if not, ``label`` is reported as skipped."""
