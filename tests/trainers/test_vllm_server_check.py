@@ -21,7 +21,8 @@ pytest.importorskip("peft")
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "vllm_server_check.py"
 # Runs the script as `python scripts/vllm_server_check.py ...` would where the package is not installed (the editable
-# install's finder removed), then says where agentlightning.trainers came from.
+# install's finder removed), then says where agentlightning.trainers came from and what led sys.path (the repository
+# root, put there by the script, when it came from the repository's files).
 WITHOUT_INSTALL = """import runpy, sys
 
 sys.meta_path = [finder for finder in sys.meta_path if "__editable__" not in getattr(finder, "__module__", "")]
@@ -29,7 +30,7 @@ sys.argv = [sys.argv[1], *sys.argv[2:]]
 try:
     runpy.run_path(sys.argv[0], run_name="__main__")
 finally:
-    print("trainers from", sys.modules["agentlightning.trainers"].__file__)
+    print("trainers from", sys.modules["agentlightning.trainers"].__file__, "with sys.path[0]", sys.path[0])
 """
 SMALL = ["--size", "tiny", "--requests", "4", "--concurrency", "2", "--max-tokens", "8", "--syncs", "2"]
 
@@ -70,7 +71,7 @@ def test_vllm_server_check_skips_what_its_budget_cannot_fit(tmp_path) -> None:
     command = [sys.executable, "-c", WITHOUT_INSTALL, str(SCRIPT), *SMALL, "--budget-s", "60", "--json", str(out)]
     done = _run(command, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"trainers from {ROOT / 'trainers' / '__init__.py'}" in done.stdout
+    assert f"trainers from {ROOT / 'trainers' / '__init__.py'} with sys.path[0] {ROOT}" in done.stdout
     measured = _rows(out)
     assert measured["model"]["params"] > 0 and measured["model"]["seconds"] > 0
     for start in ("start/lora", "start/disk"):
