@@ -1,6 +1,7 @@
 """The prepared GPU check: generation tokens/s and one update's time on the HF backend, against the GPU's limits.
 
-Runs where a GPU machine has torch and transformers (peft and vllm are used when present) but no trl, no network
+Runs where a GPU machine has torch and transformers (peft and vllm are used when present; with torch alone it
+measures the device and says what else it needs) but no trl, no network
 and not this package: the model is built from a config with random weights (speed does not depend on the values),
 the prompts are random token ids, and the HF backend's batched decoder (``trainers/backends/hf/generation.py``, with
 the ``attention.py`` it imports) is loaded from the repository's files when ``agentlightning`` is not installed.
@@ -379,11 +380,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write every measurement to this file (rewritten after each one)")
     args = parser.parse_args(argv)
 
-    try:
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-    except ImportError as exc:
-        parser.error(f"the model and the HF backend's decoder need transformers ({exc}); pip install transformers")
-
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     torch.manual_seed(0)
     results: list[dict[str, Any]] = []
@@ -409,6 +405,12 @@ def main(argv: list[str] | None = None) -> int:
         datasheet_bandwidth=sheet_bytes,
         measured_matmul_flops=measured,
     )
+    try:
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+    except ImportError as exc:  # torch alone still measures the device
+        report("model", skipped=f"the model and the HF backend's decoder need transformers ({exc})")
+        report("total", elapsed_s=budget.elapsed(), budget_s=args.budget_s)
+        return 0
     config = Qwen2Config(**SIZES[args.size], max_position_embeddings=4096, tie_word_embeddings=args.size != "7b")
     model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
     args.params = sum(p.numel() for p in model.parameters())

@@ -13,27 +13,26 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[2]
-# Runs the script as `python scripts/gpu_check.py ...` would, with any import of agentlightning failing.
-WITHOUT_PACKAGE = """import runpy, sys
+# Runs the script as `python scripts/gpu_check.py ...` would, with any import of the packages in $MISSING failing.
+WITHOUT_PACKAGES = """import os, runpy, sys
 
-class NoAgentLightning:
+class Missing:
     def find_spec(self, name, path=None, target=None):
-        if name == "agentlightning" or name.startswith("agentlightning."):
+        if name.split(".")[0] in os.environ["MISSING"].split(","):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 
-sys.meta_path.insert(0, NoAgentLightning())
+sys.meta_path.insert(0, Missing())
 sys.argv = [sys.argv[1], *sys.argv[2:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
-def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1"}
-    command = [sys.executable, "-c", WITHOUT_PACKAGE, str(ROOT / "scripts" / "gpu_check.py"), *args]
+def _run(*args: str, cwd: Path, missing: str = "agentlightning") -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1", "MISSING": missing}
+    command = [sys.executable, "-c", WITHOUT_PACKAGES, str(ROOT / "scripts" / "gpu_check.py"), *args]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -41,7 +40,18 @@ SMALL = ["--size", "tiny", "--device", "cpu", "--dtype", "float32", "--batch", "
 SMALL += ["--new-tokens", "4", "--update-rows", "2", "--update-len", "16", "--micro-batch", "2", "--skip-vllm"]
 
 
+def test_gpu_check_with_torch_alone_measures_the_device_and_says_what_else_it_needs(tmp_path) -> None:
+    out = tmp_path / "gpu_check.json"
+    done = _run(*SMALL, "--json", str(out), cwd=tmp_path, missing="agentlightning,transformers,peft,vllm")
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = {row["measurement"]: row for row in json.loads(out.read_text())}
+    assert measured["device"]["measured_matmul_flops"] > 0
+    assert "need transformers (No module named 'transformers')" in measured["model"]["skipped"]
+    assert list(measured) == ["device", "model", "total"]
+
+
 def test_gpu_check_dry_run_needs_no_agentlightning(tmp_path) -> None:
+    pytest.importorskip("transformers")
     assert _run("--help", cwd=tmp_path).returncode == 0
     out = tmp_path / "gpu_check.json"
     done = _run(*SMALL, "--json", str(out), cwd=tmp_path)  # the default budget, 480 s: ample for the tiny model
@@ -60,6 +70,7 @@ def test_gpu_check_dry_run_needs_no_agentlightning(tmp_path) -> None:
 def test_gpu_check_skips_the_phases_its_budget_cannot_fit(tmp_path) -> None:
     """The first generation batch is given 60 s before one has been timed, the full update 120 s: with 100 s in all,
     generation runs and every update phase is skipped, each saying why."""
+    pytest.importorskip("transformers")
     out = tmp_path / "gpu_check.json"
     done = _run(*SMALL, "--budget-s", "100", "--json", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
