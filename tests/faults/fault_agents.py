@@ -15,10 +15,15 @@
   that file exists), then returns as "ok" does.
 
 ``ratio_agent`` is scored by a reward function and returns a ratio in its output (NaN for ``denominator`` 0).
+
+``cycle_agent`` makes one LLM call and leaves 512 KiB of garbage in a reference cycle every rollout, as the README's
+agent leaves its ``openai.OpenAI`` client (with native memory the collector does not see): each cycle is kept for
+``KEPT_ROLLOUTS`` rollouts, long enough to reach the oldest generation, then dropped.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import os
@@ -88,3 +93,18 @@ def ratio_agent(task: dict, llm: agl.LLM) -> dict:
     answer = reply.choices[0].message.content or ""
     denominator = task.get("denominator", 1)
     return {"answer": answer, "ratio": len(answer) / denominator if denominator else float("nan")}
+
+
+KEPT_ROLLOUTS = 30
+_kept: collections.deque[dict] = collections.deque(maxlen=KEPT_ROLLOUTS)
+
+
+@agl.rollout
+def cycle_agent(task: dict, llm: agl.LLM) -> float:
+    """See the module docstring."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0, timeout=60)
+    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}])
+    cycle: dict = {"payload": b"x" * 2**19}
+    cycle["self"] = cycle
+    _kept.append(cycle)  # the oldest one drops out, unreachable but alive until a collection of the oldest generation
+    return 1.0 if task["question"] in (reply.choices[0].message.content or "") else 0.0
