@@ -255,6 +255,7 @@ def run_lease(
         result = attempt.run(timeout, on_tick=heartbeat, tick=max(0.05, lease.lease_seconds / 3))
     except Exception as exc:  # noqa: BLE001 - e.g. a task the agent cannot take: fail this rollout only
         result = attempt.refuse(f"the attempt could not start: {type(exc).__name__}: {exc}", exc)
+    abandoned = attempt.abandoned  # read once: a late agent may return while the result is reported
     following: tuple[Lease | None, bool] = (None, False)
     if result.status == "cancelled" and _orphaned.is_set():
         logger.warning(
@@ -265,14 +266,14 @@ def run_lease(
     elif result.status == "cancelled":
         logger.warning("attempt %d of %s was taken away by the server; dropping it", lease.attempt, lease.rollout_id)
     else:
-        if attempt.abandoned:
+        if abandoned:
             logger.warning(
                 "rollout %s left its agent running; reporting it, then this worker is replaced", lease.rollout_id
             )
         result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
-        following = upload(api, result, lease.attempt, config, take_next=not attempt.abandoned and not drain.is_set())
+        following = upload(api, result, lease.attempt, config, take_next=not abandoned and not drain.is_set())
     slot.clear()
-    return (attempt.abandoned, *following)
+    return (abandoned, *following)
 
 
 def collect_garbage(finished: int) -> None:

@@ -10,6 +10,9 @@
 - "hold": waits until the file ``task["release"]`` exists (first creating a file in the folder ``task["holding"]``,
   when given, so a test can count the rollouts that hold);
 - "surrogate": logs and prints a line holding a lone UTF-16 surrogate, then returns as "ok" does;
+- "thread-local": keeps in a ``threading.local`` an object whose finalizer takes 0.5 s, so that the agent's thread
+  ends that long after the agent returned (as a thread-local HTTP session closing its connections would), then
+  returns as "ok" does;
 - "script": runs the steps ``task["script"][str(attempt)]`` of its attempt in order instead of the calls: "call" (an
   LLM call whose message names the attempt and step, ``"<question> attempt <n> step <i>"``) or "wait:<path>" (until
   that file exists), then returns as "ok" does.
@@ -28,6 +31,7 @@ import ctypes
 import logging
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -72,12 +76,22 @@ def fault_agent(task: dict, llm: agl.LLM, rollout: agl.Rollout) -> float:
         ctypes.string_at(0)
     if mode == "gil":
         re.match(r"(a+)+$", "a" * 64 + "b")
+    if mode == "thread-local":
+        _thread_local.session = _SlowToClose()
     if mode == "hold":
         if task.get("holding"):
             Path(task["holding"], f"{os.getpid()}-{time.monotonic_ns()}").touch()
         while not Path(task["release"]).exists():
             time.sleep(0.02)
     return 1.0 if task["question"] in content else 0.0
+
+
+class _SlowToClose:
+    def __del__(self) -> None:
+        time.sleep(0.5)
+
+
+_thread_local = threading.local()
 
 
 def _scored(task: dict, output: dict) -> float:
