@@ -75,8 +75,9 @@ class Attempt:
 
     @property
     def abandoned(self) -> bool:
-        """Whether the agent's thread was still running when :meth:`run` returned (hung, or taken away)."""
-        return self._thread is not None and self._thread.is_alive()
+        """Whether the agent had not returned when :meth:`run` returned (hung, or taken away). An agent that returned
+        is not abandoned while its thread still ends (finalizing thread-local objects: a session closing)."""
+        return self._thread is not None and not self._returned.is_set()
 
     def start(self) -> None:
         """Check the task (``ValueError`` naming the agent if it is not JSON-serialisable) and install capture."""

@@ -8,6 +8,7 @@ log lines (and a crash's traceback) also go to a file the pool reads if the proc
 from __future__ import annotations
 
 import faulthandler
+import gc
 import importlib
 import io
 import json
@@ -45,6 +46,8 @@ ORPHAN_GRACE = 30.0
 DEQUEUE_WAIT = 2.0
 DEFINITIVE = frozenset({409, 422})  # refusals of a result that re-sending cannot change (stale, not ours, invalid)
 UNKNOWN_ROLLOUT = 404  # definitive from the server that leased the rollout; another server may know it
+COLLECT_EVERY = 10
+"""Rollouts between a worker's collections of reference cycles (:func:`collect_garbage`)."""
 
 
 def agent_ref(agent: RolloutAgent | Callable[..., Any] | str) -> str:
@@ -186,6 +189,7 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> No
     enable_auto_instrumentation()  # pay adapter set-up now, not inside the first lease
     api = ServerAPI(config.server_url, config.token)
     lease, server_stop = None, False  # a lease handed with the last result runs even when draining: it is ours
+    finished = 0
     while not server_stop and (lease is not None or not drain.is_set()):
         if lease is not None:
             attempt_log.seek(0)
@@ -193,6 +197,8 @@ def worker_main(config: WorkerConfig, slot: WorkerSlot, drain: StopSignal) -> No
             abandoned, lease, server_stop = run_lease(agent, lease, api, config, slot, drain)
             if abandoned:
                 os._exit(EXIT_ABANDONED)
+            finished += 1
+            collect_garbage(finished)
             continue
         try:
             lease, server_stop = api.dequeue(
@@ -249,6 +255,7 @@ def run_lease(
         result = attempt.run(timeout, on_tick=heartbeat, tick=max(0.05, lease.lease_seconds / 3))
     except Exception as exc:  # noqa: BLE001 - e.g. a task the agent cannot take: fail this rollout only
         result = attempt.refuse(f"the attempt could not start: {type(exc).__name__}: {exc}", exc)
+    abandoned = attempt.abandoned  # read once: a late agent may return while the result is reported
     following: tuple[Lease | None, bool] = (None, False)
     if result.status == "cancelled" and _orphaned.is_set():
         logger.warning(
@@ -259,14 +266,33 @@ def run_lease(
     elif result.status == "cancelled":
         logger.warning("attempt %d of %s was taken away by the server; dropping it", lease.attempt, lease.rollout_id)
     else:
-        if attempt.abandoned:
+        if abandoned:
             logger.warning(
                 "rollout %s left its agent running; reporting it, then this worker is replaced", lease.rollout_id
             )
         result.logs.insert(0, f"worker {config.worker_id} on {socket.gethostname()} pid {os.getpid()}")
-        following = upload(api, result, lease.attempt, config, take_next=not attempt.abandoned and not drain.is_set())
+        following = upload(api, result, lease.attempt, config, take_next=not abandoned and not drain.is_set())
     slot.clear()
-    return (attempt.abandoned, *following)
+    return (abandoned, *following)
+
+
+def collect_garbage(finished: int) -> None:
+    """Collect reference cycles after every :data:`COLLECT_EVERY` rollouts run (``finished``, counting from 1).
+
+    Garbage in cycles that reached the oldest generation otherwise waits for Python's full collection, which runs
+    only once the objects promoted there since the last one number a quarter of those already there: in a worker
+    holding ~135,000 objects after its imports, once in 500-1,000 rollouts. The README's agent leaves its
+    ``openai.OpenAI`` client in a cycle every rollout, with its httpx pool and an SSL context holding the CA bundle
+    (~0.8 MB outside Python's heap, unseen by the collector's thresholds); a few in a hundred reach the oldest
+    generation, and without these collections a worker's RSS rose by ~30 MB over 2,000 rollouts (flat with them).
+
+    After the first rollout (its lazy imports done) the collected heap is frozen (``gc.freeze``: never walked or
+    collected again), so that each collection walks only what came later: ~4 ms rather than ~80 ms."""
+    if finished == 1:
+        gc.collect()
+        gc.freeze()
+    elif finished % COLLECT_EVERY == 0:
+        gc.collect()
 
 
 def upload(

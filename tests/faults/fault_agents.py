@@ -10,19 +10,28 @@
 - "hold": waits until the file ``task["release"]`` exists (first creating a file in the folder ``task["holding"]``,
   when given, so a test can count the rollouts that hold);
 - "surrogate": logs and prints a line holding a lone UTF-16 surrogate, then returns as "ok" does;
+- "thread-local": keeps in a ``threading.local`` an object whose finalizer takes 0.5 s, so that the agent's thread
+  ends that long after the agent returned (as a thread-local HTTP session closing its connections would), then
+  returns as "ok" does;
 - "script": runs the steps ``task["script"][str(attempt)]`` of its attempt in order instead of the calls: "call" (an
   LLM call whose message names the attempt and step, ``"<question> attempt <n> step <i>"``) or "wait:<path>" (until
   that file exists), then returns as "ok" does.
 
 ``ratio_agent`` is scored by a reward function and returns a ratio in its output (NaN for ``denominator`` 0).
+
+``cycle_agent`` makes one LLM call and leaves 512 KiB of garbage in a reference cycle every rollout, as the README's
+agent leaves its ``openai.OpenAI`` client (with native memory the collector does not see): each cycle is kept for
+``KEPT_ROLLOUTS`` rollouts, long enough to reach the oldest generation, then dropped.
 """
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import os
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -67,12 +76,22 @@ def fault_agent(task: dict, llm: agl.LLM, rollout: agl.Rollout) -> float:
         ctypes.string_at(0)
     if mode == "gil":
         re.match(r"(a+)+$", "a" * 64 + "b")
+    if mode == "thread-local":
+        _thread_local.session = _SlowToClose()
     if mode == "hold":
         if task.get("holding"):
             Path(task["holding"], f"{os.getpid()}-{time.monotonic_ns()}").touch()
         while not Path(task["release"]).exists():
             time.sleep(0.02)
     return 1.0 if task["question"] in content else 0.0
+
+
+class _SlowToClose:
+    def __del__(self) -> None:
+        time.sleep(0.5)
+
+
+_thread_local = threading.local()
 
 
 def _scored(task: dict, output: dict) -> float:
@@ -88,3 +107,18 @@ def ratio_agent(task: dict, llm: agl.LLM) -> dict:
     answer = reply.choices[0].message.content or ""
     denominator = task.get("denominator", 1)
     return {"answer": answer, "ratio": len(answer) / denominator if denominator else float("nan")}
+
+
+KEPT_ROLLOUTS = 30
+_kept: collections.deque[dict] = collections.deque(maxlen=KEPT_ROLLOUTS)
+
+
+@agl.rollout
+def cycle_agent(task: dict, llm: agl.LLM) -> float:
+    """See the module docstring."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0, timeout=60)
+    reply = client.chat.completions.create(model=llm.model, messages=[{"role": "user", "content": task["question"]}])
+    cycle: dict = {"payload": b"x" * 2**19}
+    cycle["self"] = cycle
+    _kept.append(cycle)  # the oldest one drops out, unreachable but alive until a collection of the oldest generation
+    return 1.0 if task["question"] in (reply.choices[0].message.content or "") else 0.0

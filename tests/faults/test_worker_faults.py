@@ -193,3 +193,25 @@ def test_workers_of_a_sigkilled_agl_client_exit_on_their_own(tmp_path: Path) -> 
             wait_for(
                 lambda: server.store.counts() == {"queued": 4}, settings.lease_seconds + 10, "the leases to expire"
             )
+
+
+def test_an_agent_whose_thread_ends_slowly_after_returning_keeps_its_worker(tmp_path: Path) -> None:
+    """An agent that returned is not a stuck agent, even while its thread still finalizes thread-local objects: the
+    worker carries on (it used to be replaced, exiting 75, after every such rollout)."""
+    with (
+        MockLLMServer() as mock,
+        LightningServer(tmp_path / "s.db", upstream_url=mock.base_url, model_name="mock-model") as server,
+    ):
+        pool = start_workers(fault_agents.fault_agent, server.url, nworkers=1, spool_dir=str(tmp_path / "spool"))
+        try:
+            first = server.wait(server.enqueue([{"id": "warm", "question": "warm"}]), timeout=60)
+            pids = pool.pids
+            tasks = [{"id": f"slow-{i}", "question": f"slow-{i}", "mode": "thread-local"} for i in range(3)]
+            rollouts = server.wait(server.enqueue(tasks), timeout=60)
+            after = pool.pids
+        finally:
+            server.request_stop()
+            pool.wait(20)
+            pool.stop()
+    assert {r.status for r in first + rollouts} == {"succeeded"}
+    assert after == pids, f"the worker was replaced: {pids} -> {after}"
