@@ -105,12 +105,24 @@ class _Capture:
             logger.warning("%s capture failed to record a call to %s", self.http.__name__, response.url, exc_info=True)
         return response
 
+    def start(self, request: Any) -> LLMCall | None:
+        """The recording of ``request`` (see :func:`start_call`); None for a body streamed from an iterator, which
+        only the transport may read (no LLM client sends one)."""
+        try:
+            content = request.content
+        except self.http.RequestNotRead:
+            return None
+        call = start_call(request.method, str(request.url.copy_with(query=None)), content)
+        if call is not None and (role := call.fields["role"]) is not None:
+            request.headers[ROLE_HEADER] = role
+        return call
+
     def failure(self, response: Any, text: str) -> BaseException:
         message = f"HTTP {response.status_code}: {text}"
         return self.http.HTTPStatusError(message, request=response.request, response=response)
 
     def send(self, wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        call = _start(args[0] if args else kwargs["request"])
+        call = self.start(args[0] if args else kwargs["request"])
         if call is None:
             return wrapped(*args, **kwargs)
         observe = functools.partial(self.observe, call, streamed=bool(kwargs.get("stream")))
@@ -133,13 +145,6 @@ def start_call(method: str, url: str, content: bytes) -> LLMCall | None:
     except Exception:  # noqa: BLE001 - a capture bug must not break the agent
         logger.warning("HTTP capture could not read a request to %s; it is not recorded", url, exc_info=True)
         return None
-
-
-def _start(request: Any) -> LLMCall | None:
-    call = start_call(request.method, str(request.url.copy_with(query=None)), request.content)
-    if call is not None and (role := call.fields["role"]) is not None:
-        request.headers[ROLE_HEADER] = role
-    return call
 
 
 def capture(http: ModuleType) -> Patch:

@@ -163,3 +163,22 @@ def test_outside_a_rollout_nothing_is_recorded(server: MockLLMServer) -> None:
     with recording(recorder):
         pass
     assert recorder.calls == [] and len(server.requests) == 1
+
+
+@pytest.mark.parametrize("library", ["httpx", http.__name__])
+def test_a_body_streamed_from_an_iterator_is_sent_untouched_in_a_rollout_and_outside(
+    server: MockLLMServer, library: str
+) -> None:
+    """Capture reads a request's body to record it; one streamed from an iterator only the transport may read
+    (httpx raised RequestNotRead from inside the patched ``send``, failing the user's upload)."""
+    module = importlib.import_module(library)
+    agl.instrument(library)
+    chunks = [b'{"model": "qwen", ', b'"messages": [{"role": "user", "content": "hi"}]}']
+    recorder = RolloutRecorder("ro")
+    with module.Client(base_url=server.base_url) as client:
+        outside = client.post("/chat/completions", content=iter(chunks))
+        with recording(recorder):
+            inside = client.post("/chat/completions", content=iter(chunks))
+    assert outside.status_code == inside.status_code == 200
+    assert [request.last_user_text for request in server.requests] == ["hi", "hi"]
+    assert recorder.calls == []  # a streamed body is not read, so not recorded

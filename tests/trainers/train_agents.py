@@ -30,6 +30,17 @@ def reply_length_agent(task: dict, llm: agl.LLM) -> float:
     return len(reply.choices[0].message.content or "") / 50.0
 
 
+@agl.rollout
+def reply_text_agent(task: dict, llm: agl.LLM) -> float:
+    """One chat call rewarded by the reply's characters (their code points' sum mod 101): a tiny random model's
+    replies all run to max_tokens and often tie in length, but two sampled replies seldom tie in text."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=0)
+    reply = client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task["question"]}], max_tokens=8
+    )
+    return sum(map(ord, reply.choices[0].message.content or "")) % 101 / 100.0
+
+
 COUNTED_SYSTEM = "You are a careful assistant. Think about the question, then answer with one number only."
 
 
