@@ -28,8 +28,8 @@ def chat_request(body: dict[str, Any], history: Sequence[dict[str, Any]] = ()) -
     """The chat completions request (not streamed) asking what the Responses request ``body`` asks, after the chat
     messages ``history`` (the conversation of its ``previous_response_id``): ``instructions`` as a system message
     after the history, ``developer`` messages as system messages (chat
-    templates know no developer role), function-call items as tool calls, their outputs as tool messages, function
-    tools as chat functions; other tools (web search, namespaces, custom tools) are not offered to a chat backend.
+    templates know no developer role), function-call items as tool calls, their outputs as tool messages, reasoning
+    items as the ``reasoning_content`` of the assistant message after them, function tools as chat functions; other tools (web search, namespaces, custom tools) are not offered to a chat backend.
     Raises ``ValueError`` when ``input`` is neither a string nor a list of items."""
     input_ = body.get("input")
     if not isinstance(input_, (str, list)):

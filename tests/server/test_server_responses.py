@@ -224,6 +224,49 @@ def test_chat_request_unit() -> None:
     assert history[-1] == {"role": "assistant", "content": None, "tool_calls": [{"id": 1}]}
 
 
+def test_reasoning_items_go_to_the_assistant_message_after_them() -> None:
+    """Reasoning items (their ``content``, else their ``summary``; several joined by a blank line) become the
+    ``reasoning_content`` of the assistant message they preceded; encrypted-only items, and reasoning no assistant
+    message follows, have nothing to send."""
+
+    def reasoning(*texts: str, summary: bool = False) -> dict:
+        parts = [{"type": "summary_text" if summary else "reasoning_text", "text": text} for text in texts]
+        return {
+            "type": "reasoning",
+            "id": "rs_1",
+            "summary": parts if summary else [],
+            "content": [] if summary else parts,
+        }
+
+    def call(call_id: str) -> dict:
+        return {"type": "function_call", "call_id": call_id, "name": "add", "arguments": "{}"}
+
+    both = {**reasoning("raw"), "summary": [{"type": "summary_text", "text": "summed up"}]}
+    items = [
+        {"role": "user", "content": "q"},
+        reasoning("a", "b"),
+        call("c1"),
+        reasoning("c", summary=True),  # interleaved: the same turn's second call
+        call("c2"),
+        {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": "opaque"},
+        both,
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+        reasoning("dangling"),
+        {"role": "user", "content": "next"},
+    ]
+    messages = responses.chat_request({"input": items})["messages"]
+    assert [(m["role"], m.get("reasoning_content")) for m in messages] == [
+        ("user", None),
+        ("assistant", "a\n\nb\n\nc"),
+        ("tool", None),
+        ("assistant", "raw"),  # its own reasoning, not the summary
+        ("user", None),
+    ]
+    assert [entry["id"] for entry in messages[1]["tool_calls"]] == ["c1", "c2"]
+    assert "tool_calls" not in messages[3] and messages[3]["content"] == "done"
+
+
 def test_agl_server_option(tmp_path: Path, mock: MockLLMServer) -> None:
     parser = argparse.ArgumentParser()
     add_server_arguments(parser)
