@@ -166,12 +166,13 @@ class ResponseStream:
         self.usage: dict[str, Any] = {}
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events one chat chunk makes."""
+        """The events one chat chunk makes. The proxy sends them after feeding the other chunks of the same read, so
+        they carry copies, not the items and parts that later deltas fill in."""
         events: list[dict[str, Any]] = []
         if not self.started:
             self.started = True
             self.model = self.model or chunk.get("model")
-            pending = {**self._final(), "status": "in_progress", "usage": None}
+            pending = {**self._final(), "status": "in_progress", "output": [], "usage": None}
             events += [self._event("response.created", response=pending)]
             events += [self._event("response.in_progress", response=pending)]
         self.usage = chunk.get("usage") or self.usage
@@ -232,7 +233,7 @@ class ResponseStream:
                 item = {"type": "reasoning", "id": new_id("rs"), "status": "in_progress", "summary": []}
                 part = {"type": "reasoning_text", "text": ""}
             events += self._add({**item, "content": []})
-            events.append(self._event("response.content_part.added", **self._where(), content_index=0, part=part))
+            events.append(self._event("response.content_part.added", **self._where(), content_index=0, part=dict(part)))
             self.output[-1]["content"] = [part]
         part = self.output[-1]["content"][0]
         part["text"] += text

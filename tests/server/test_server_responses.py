@@ -173,6 +173,7 @@ def test_reasoning_streamed_before_the_answer(server: LightningServer, mock: Moc
     ]
     assert "".join(event.delta for event in of_reasoning if event.type == "response.reasoning_text.delta") == "Think."
     assert of_reasoning[2].text == "Think." and of_reasoning[3].part.type == "reasoning_text"
+    assert of_reasoning[0].part.text == "" and events[0].response.output == []  # as they were when sent
     assert {event.output_index for event in of_reasoning} == {0}
     done = item_events[1].item
     assert done.status == "completed" and [part.text for part in done.content or []] == ["Think."]
