@@ -57,6 +57,11 @@ def message_text(content: Any) -> str:
     return str(content)
 
 
+# Several pieces of reasoning (thinking blocks, reasoning items or their parts: interleaved thinking) join with a blank
+# line into one reasoning text, as a chat message has one.
+_THINKING_SEPARATOR = "\n\n"
+
+
 def reasoning_text(message: dict[str, Any]) -> str:
     """The reasoning text of a chat message or stream delta: ``reasoning`` (vLLM 0.31's reasoning parsers) or
     ``reasoning_content`` (older vLLM, SGLang, DeepSeek's API); '' when there is none."""
@@ -66,35 +71,54 @@ def reasoning_text(message: dict[str, Any]) -> str:
 def responses_input_to_messages(input_: Any, instructions: Any = None) -> list[dict[str, Any]]:
     """A Responses API ``input`` (string or item list) and ``instructions`` as chat messages.
 
-    Function-call items become assistant ``tool_calls``, function-call outputs ``tool`` messages; other item kinds
-    (reasoning, web search, ...) are skipped.
+    Function-call items become assistant ``tool_calls`` (of the assistant message just before them, the turn they
+    were generated in), function-call outputs ``tool`` messages; reasoning items become the ``reasoning_content`` of
+    the assistant message after them (see :func:`reasoning_item_text`; not sent when a user or tool message comes
+    first); other item kinds (web search, ...) are skipped.
     """
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": message_text(as_plain(instructions))})
     if isinstance(input_, str):
         return [*messages, {"role": "user", "content": input_}]
+    reasoning: list[str] = []  # the text of the reasoning items since the last message
     for item in as_plain(input_) or []:
         if not isinstance(item, dict):
             continue
         kind = item.get("type", "message")
+        if kind == "reasoning":
+            reasoning += [text] if (text := reasoning_item_text(item)) else []
+            continue
         if kind == "function_call":
             call = tool_call(item.get("call_id"), item.get("name"), item.get("arguments"))
-            if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
-                messages[-1]["tool_calls"].append(call)
+            if messages and messages[-1]["role"] == "assistant":
+                messages[-1].setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": str(item.get("output"))})
         elif kind == "message" or "role" in item:
             messages.append({"role": item.get("role", "user"), "content": message_text(item.get("content"))})
+        else:
+            continue
+        if reasoning and messages[-1]["role"] == "assistant":  # interleaved: joined to the turn's earlier reasoning
+            earlier = [messages[-1]["reasoning_content"]] if messages[-1].get("reasoning_content") else []
+            messages[-1]["reasoning_content"] = _THINKING_SEPARATOR.join([*earlier, *reasoning])
+        reasoning = []
     return messages
 
 
-# Assistant blocks that carry the model's reasoning; several thinking blocks (interleaved thinking) join with a blank
-# line into one reasoning text, as chat messages have one.
+def reasoning_item_text(item: dict[str, Any]) -> str:
+    """The text of a Responses reasoning item: its ``content`` (the model's own reasoning, ``reasoning_text``
+    parts, as open-weight models and this proxy's translation give it), else its ``summary`` (OpenAI's models give
+    only a summary); parts joined by a blank line. '' for an item with neither (``encrypted_content`` only)."""
+    parts = [part for part in item.get("content") or [] if isinstance(part, dict)]
+    parts = parts or [part for part in item.get("summary") or [] if isinstance(part, dict)]
+    return _THINKING_SEPARATOR.join(str(part["text"]) for part in parts if part.get("text"))
+
+
+# Assistant blocks that carry the model's reasoning.
 _THINKING_BLOCKS = ("thinking", "redacted_thinking")
-_THINKING_SEPARATOR = "\n\n"
 
 
 def anthropic_to_messages(messages: Any, system: Any = None) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agentlightning._wire.messages import responses_input_to_messages
+from agentlightning._wire.messages import reasoning_text, responses_input_to_messages
 from agentlightning.types import new_id
 
 logger = logging.getLogger(__name__)
@@ -73,12 +73,24 @@ def _function(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def response_from_chat(chat: dict[str, Any], model: Any, response_id: str) -> dict[str, Any]:
-    """The Responses ``response`` (id ``response_id``) a chat completion (first choice) answers: its text as an
-    output message, its tool calls as ``function_call`` items, ``incomplete`` when it stopped at its token limit."""
+    """The Responses ``response`` (id ``response_id``) a chat completion (first choice) answers: its reasoning
+    (``reasoning`` or ``reasoning_content``) as a ``reasoning`` item with the text as ``reasoning_text`` content, its
+    text as an output message, its tool calls as ``function_call`` items, ``incomplete`` when it stopped at its token
+    limit."""
     choices = chat.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     message = choice.get("message") or {}
     output: list[dict[str, Any]] = []
+    if reasoning_text(message):
+        output.append(
+            {
+                "type": "reasoning",
+                "id": new_id("rs"),
+                "status": "completed",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": reasoning_text(message)}],
+            }
+        )
     if message.get("content"):
         output.append(
             {
@@ -135,7 +147,9 @@ def _response(
 
 class ResponseStream:
     """Responses API stream events for a chat completion's stream, as its chunks arrive (:meth:`feed` each parsed
-    chunk, then :meth:`close`): text as an output message with ``response.output_text.delta`` events, each tool call
+    chunk, then :meth:`close`): reasoning text (``reasoning``, as vLLM's reasoning parsers send it, or
+    ``reasoning_content``) as a ``reasoning`` item with ``response.reasoning_text.delta`` events, text as an output
+    message with ``response.output_text.delta`` events, each tool call
     as a ``function_call`` item with ``response.function_call_arguments.delta`` events, then ``response.completed``
     (``response.incomplete`` at the token limit) carrying the whole response."""
 
@@ -152,12 +166,13 @@ class ResponseStream:
         self.usage: dict[str, Any] = {}
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        """The events one chat chunk makes."""
+        """The events one chat chunk makes. The proxy sends them after feeding the other chunks of the same read, so
+        they carry copies, not the items and parts that later deltas fill in."""
         events: list[dict[str, Any]] = []
         if not self.started:
             self.started = True
             self.model = self.model or chunk.get("model")
-            pending = {**self._final(), "status": "in_progress", "usage": None}
+            pending = {**self._final(), "status": "in_progress", "output": [], "usage": None}
             events += [self._event("response.created", response=pending)]
             events += [self._event("response.in_progress", response=pending)]
         self.usage = chunk.get("usage") or self.usage
@@ -167,18 +182,10 @@ class ResponseStream:
             return events
         self.finish = choice.get("finish_reason") or self.finish
         delta = choice.get("delta") or {}
+        if reasoning_text(delta):
+            events += self._text("reasoning", reasoning_text(delta))
         if delta.get("content"):
-            if not (self.open and self.output[-1]["type"] == "message"):
-                part = {"type": "output_text", "text": "", "annotations": []}
-                message = {"type": "message", "id": new_id("msg"), "status": "in_progress", "role": "assistant"}
-                events += self._add({**message, "content": []})
-                events.append(self._event("response.content_part.added", **self._where(), content_index=0, part=part))
-                self.output[-1]["content"] = [part]
-            self.output[-1]["content"][0]["text"] += delta["content"]
-            where = self._where()
-            events.append(
-                self._event("response.output_text.delta", **where, content_index=0, delta=delta["content"], logprobs=[])
-            )
+            events += self._text("message", delta["content"])
         for entry in delta.get("tool_calls") or []:
             function = entry.get("function") or {}
             calling = self.open and self.output[-1]["type"] == "function_call"
@@ -212,6 +219,28 @@ class ResponseStream:
     def _final(self) -> dict[str, Any]:
         return _response(self.response_id, self.model, self.created, self.output, self.usage, self.finish)
 
+    def _text(self, kind: str, text: str) -> list[dict[str, Any]]:
+        """The events adding ``text`` to the open item of type ``kind`` (``message`` or ``reasoning``: one content
+        part, ``output_text`` or ``reasoning_text``), opening one when another item is open."""
+        events: list[dict[str, Any]] = []
+        if not (self.open and self.output[-1]["type"] == kind):
+            item: dict[str, Any]
+            part: dict[str, Any]
+            if kind == "message":
+                item = {"type": "message", "id": new_id("msg"), "status": "in_progress", "role": "assistant"}
+                part = {"type": "output_text", "text": "", "annotations": []}
+            else:
+                item = {"type": "reasoning", "id": new_id("rs"), "status": "in_progress", "summary": []}
+                part = {"type": "reasoning_text", "text": ""}
+            events += self._add({**item, "content": []})
+            events.append(self._event("response.content_part.added", **self._where(), content_index=0, part=dict(part)))
+            self.output[-1]["content"] = [part]
+        part = self.output[-1]["content"][0]
+        part["text"] += text
+        logprobs: dict[str, Any] = {"logprobs": []} if kind == "message" else {}  # output text only
+        where = {**self._where(), "content_index": 0}
+        return [*events, self._event(f"response.{part['type']}.delta", **where, delta=text, **logprobs)]
+
     def _add(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         """Close the open item, open ``item``."""
         events = self._done()
@@ -227,9 +256,9 @@ class ResponseStream:
         item, where = self.output[-1], self._where()
         item["status"] = "completed"
         events = []
-        if item["type"] == "message":
+        if item["type"] in ("message", "reasoning"):
             part = item["content"][0]
-            events.append(self._event("response.output_text.done", **where, content_index=0, text=part["text"]))
+            events.append(self._event(f"response.{part['type']}.done", **where, content_index=0, text=part["text"]))
             events.append(self._event("response.content_part.done", **where, content_index=0, part=part))
         else:
             item["arguments"] = item["arguments"] or "{}"
@@ -251,8 +280,10 @@ def conversation(
 ) -> list[dict[str, Any]]:
     """The chat messages a request with ``previous_response_id`` continues: the recorded call's input ``messages``
     (less the system message its ``instructions`` made: instructions do not carry over to the next response) and
-    its answer (a recorded ``output``: content and tool calls) as the assistant's message."""
+    its answer (a recorded ``output``: content, tool calls, reasoning) as the assistant's message."""
     answer: dict[str, Any] = {"role": "assistant", "content": output.get("content")}
+    if output.get("reasoning_content"):
+        answer["reasoning_content"] = output["reasoning_content"]
     if output.get("tool_calls"):
         answer["tool_calls"] = list(output["tool_calls"])
     return [*messages[1 if instructions else 0 :], answer]

@@ -110,6 +110,79 @@ def test_tool_loop_translated_to_chat(server: LightningServer, mock: MockLLMServ
     assert first.metadata["response_id"] == answers[0].id and second.metadata["response_id"] == answers[1].id
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_round_trip(server: LightningServer, mock: MockLLMServer, stream: bool) -> None:
+    """The upstream's reasoning comes back as a ``reasoning`` item before the answer's items, and goes upstream again,
+    sent back as Codex does, as the ``reasoning_content`` of the assistant message it preceded."""
+    call = MockToolCall(name="add", arguments={"a": 2, "b": 3})
+    mock.set_replies([MockReply(reasoning="Use add.", content="Adding.", tool_calls=[call]), "It is 5."])
+    rid, client = _running(server)
+    items: list = [{"role": "user", "content": "2+3?"}]
+    if stream:
+        events = list(client.responses.create(model="any", input=items, tools=[ADD], stream=True))
+        answer = events[-1].response
+    else:
+        answer = client.responses.create(model="any", input=items, tools=[ADD])
+    assert [item.type for item in answer.output] == ["reasoning", "message", "function_call"]
+    reasoning = answer.output[0]
+    assert reasoning.id.startswith("rs") and reasoning.status == "completed" and reasoning.summary == []
+    assert [(part.type, part.text) for part in reasoning.content or []] == [("reasoning_text", "Use add.")]
+    items += [item.model_dump(exclude_none=True) for item in answer.output]
+    items.append({"type": "function_call_output", "call_id": answer.output[2].call_id, "output": "5"})
+    assert client.responses.create(model="any", input=items, tools=[ADD]).output_text == "It is 5."
+    assert mock.requests[1].body["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": "Adding.",
+            "reasoning_content": "Use add.",
+            "tool_calls": [
+                {"id": call.id, "type": "function", "function": {"name": "add", "arguments": call.arguments_json()}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": "5"},
+    ]
+    first, second = _finish(server, rid).calls
+    assert first.output["reasoning_content"] == "Use add."  # what the model thought, recorded
+    assert second.input[1]["reasoning_content"] == "Use add."
+
+
+def test_reasoning_streamed_before_the_answer(server: LightningServer, mock: MockLLMServer) -> None:
+    """A streamed answer's reasoning is its first output item: added, its text as ``response.reasoning_text`` deltas,
+    done, before the message and the tool call, each at its ``output_index``, all events in sequence."""
+    call = MockToolCall(name="add", arguments={"a": 1, "b": 2})
+    mock.set_replies([MockReply(reasoning="Think.", content="Hi.", tool_calls=[call])])
+    rid, client = _running(server)
+    events = list(client.responses.create(model="any", input="1+2?", tools=[ADD], stream=True))
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    item_events = [event for event in events if event.type.startswith("response.output_item.")]
+    assert [(event.type, event.output_index, event.item.type) for event in item_events] == [
+        ("response.output_item.added", 0, "reasoning"),
+        ("response.output_item.done", 0, "reasoning"),
+        ("response.output_item.added", 1, "message"),
+        ("response.output_item.done", 1, "message"),
+        ("response.output_item.added", 2, "function_call"),
+        ("response.output_item.done", 2, "function_call"),
+    ]
+    reasoning_id = item_events[0].item.id
+    of_reasoning = [event for event in events if getattr(event, "item_id", None) == reasoning_id]
+    assert [event.type for event in of_reasoning] == [
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+    ]
+    assert "".join(event.delta for event in of_reasoning if event.type == "response.reasoning_text.delta") == "Think."
+    assert of_reasoning[2].text == "Think." and of_reasoning[3].part.type == "reasoning_text"
+    assert of_reasoning[0].part.text == "" and events[0].response.output == []  # as they were when sent
+    assert {event.output_index for event in of_reasoning} == {0}
+    done = item_events[1].item
+    assert done.status == "completed" and [part.text for part in done.content or []] == ["Think."]
+    final = events[-1].response
+    assert final.output[0].id == reasoning_id and final.output_text == "Hi."
+    [recorded] = _finish(server, rid).calls
+    assert recorded.output["reasoning_content"] == "Think." and recorded.output["content"] == "Hi."
+
+
 def test_previous_response_id_continues_the_conversation(server: LightningServer, mock: MockLLMServer) -> None:
     rid, client = _running(server)
     first = client.responses.create(model="any", input="My name is Ada.", instructions="Be brief.")
@@ -222,6 +295,51 @@ def test_chat_request_unit() -> None:
     assert "parallel_tool_calls" not in responses.chat_request({"input": "x", "parallel_tool_calls": True})
     history = responses.conversation([{"role": "user", "content": "a"}], {"content": None, "tool_calls": [{"id": 1}]})
     assert history[-1] == {"role": "assistant", "content": None, "tool_calls": [{"id": 1}]}
+    history = responses.conversation([], {"content": "b", "tool_calls": [], "reasoning_content": "r"})
+    assert history == [{"role": "assistant", "content": "b", "reasoning_content": "r"}]
+
+
+def test_reasoning_items_go_to_the_assistant_message_after_them() -> None:
+    """Reasoning items (their ``content``, else their ``summary``; several joined by a blank line) become the
+    ``reasoning_content`` of the assistant message they preceded; encrypted-only items, and reasoning no assistant
+    message follows, have nothing to send."""
+
+    def reasoning(*texts: str, summary: bool = False) -> dict:
+        parts = [{"type": "summary_text" if summary else "reasoning_text", "text": text} for text in texts]
+        return {
+            "type": "reasoning",
+            "id": "rs_1",
+            "summary": parts if summary else [],
+            "content": [] if summary else parts,
+        }
+
+    def call(call_id: str) -> dict:
+        return {"type": "function_call", "call_id": call_id, "name": "add", "arguments": "{}"}
+
+    both = {**reasoning("raw"), "summary": [{"type": "summary_text", "text": "summed up"}]}
+    items = [
+        {"role": "user", "content": "q"},
+        reasoning("a", "b"),
+        call("c1"),
+        reasoning("c", summary=True),  # interleaved: the same turn's second call
+        call("c2"),
+        {"type": "function_call_output", "call_id": "c1", "output": "1"},
+        {"type": "reasoning", "id": "rs_2", "summary": [], "encrypted_content": "opaque"},
+        both,
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+        reasoning("dangling"),
+        {"role": "user", "content": "next"},
+    ]
+    messages = responses.chat_request({"input": items})["messages"]
+    assert [(m["role"], m.get("reasoning_content")) for m in messages] == [
+        ("user", None),
+        ("assistant", "a\n\nb\n\nc"),
+        ("tool", None),
+        ("assistant", "raw"),  # its own reasoning, not the summary
+        ("user", None),
+    ]
+    assert [entry["id"] for entry in messages[1]["tool_calls"]] == ["c1", "c2"]
+    assert "tool_calls" not in messages[3] and messages[3]["content"] == "done"
 
 
 def test_agl_server_option(tmp_path: Path, mock: MockLLMServer) -> None:
