@@ -115,13 +115,14 @@ def _shadows_framework(module: ModuleType) -> bool:
     origin = getattr(module, "__file__", None)
     if origin is None or {"site-packages", "dist-packages"} & set(Path(origin).parts):
         return False  # installed, or a namespace package (only distributions make those)
+    here = Path(origin).resolve()
     parts = module.__name__.split(".")
     candidates = ["/".join(parts) + ".py", "/".join([*parts, "__init__.py"])]
     held_elsewhere = False
     for distribution in _distributions().get(parts[0], []):
         for candidate in candidates:
             path = Path(str(importlib.metadata.distribution(distribution).locate_file(candidate)))
-            if path.resolve() == Path(origin).resolve():
+            if path.resolve() == here:
                 return False
             held_elsewhere = held_elsewhere or path.exists()
     return held_elsewhere or parts[0] not in _distributions()
