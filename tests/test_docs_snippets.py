@@ -10,6 +10,8 @@ below). The info string after ``python`` says otherwise, visibly in the page:
   is not run.
 - ``python heavy: <reason>``: it needs what a test machine lacks (a GPU, vLLM, a cluster, a long training run); it
   is reported as skipped with that reason.
+- ``python data``: it reads the examples' data (``../shared/data``, see the examples' README); it runs where that
+  directory exists and is reported as skipped where it does not, as the example tests are.
 
 A block whose first line is ``# <name>.py`` is a script or module the page says to save: it is written to that file
 in the page's working directory and run with ``python <name>.py``; later blocks of the page can import it. The
@@ -33,6 +35,7 @@ import pytest
 from frameworks_venv import FRAMEWORKS_PYTHON, require_frameworks_venv
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA_DIR = ROOT.parent / "shared" / "data"  # examples.common.DEFAULT_DATA_DIR
 BLOCK = re.compile(r"```python([^\n]*)\n(.*?)```", flags=re.S)
 PAGES = sorted(
     str(path.relative_to(ROOT))
@@ -50,7 +53,7 @@ page, results = sys.argv[1], sys.argv[2]
 blocks = re.findall(r"```python([^\\n]*)\\n(.*?)```", open(page).read(), flags=re.S)
 with open(results, "w") as out:
     for number, (info, block) in enumerate(blocks):
-        if info.strip():
+        if info.strip() not in ("", "data"):
             continue
         namespace = {"__name__": "__main__"}
         name = f"{page}[python block {number}]"
@@ -132,9 +135,11 @@ def test_doc_snippet_runs_and_prints_what_it_says(page: str, number: int) -> Non
         reason = info.partition(":")[2].strip()
         assert reason, f"{where}: 'python heavy' needs a reason ('python heavy: needs a GPU')"
         pytest.skip(f"{where} is marked heavy: {reason}")
-    assert info == "", (
-        f"{where}: unknown info string {info!r} (fragment, heavy: <reason>; a block runs on its own: code it shares "
-        "with other blocks goes in a '# name.py' block they import)"
+    if info == "data" and not DATA_DIR.is_dir():
+        pytest.skip(f"{where} reads the example data directory {DATA_DIR}, which is missing (see the examples' README)")
+    assert info in ("", "data"), (
+        f"{where}: unknown info string {info!r} (fragment, heavy: <reason>, data; a block runs on its own: code it "
+        "shares with other blocks goes in a '# name.py' block they import)"
     )
     results, stderr = run_page(page)
     assert number in results, f"{where} did not run (the page's interpreter died before it):\n{stderr[-3000:]}"
