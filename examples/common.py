@@ -314,6 +314,11 @@ def add_training_arguments(
     group.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --output-dir")
     group.add_argument("--overwrite", action="store_true", help="replace the run already in --output-dir")
     group.add_argument(
+        "--allow-no-update",
+        action="store_true",
+        help="accept a run in which no step updated the model (every group's rewards equal)",
+    )
+    group.add_argument(
         "--config",
         type=Path,
         help="JSON/YAML file of agl.train settings (TrainConfig fields, e.g. configs/gpu.json: model, backend='vllm', "
@@ -339,6 +344,7 @@ def training_kwargs(arguments: argparse.Namespace) -> dict[str, Any]:
         "output_dir": arguments.output_dir,
         "resume": arguments.resume,
         "overwrite": arguments.overwrite,
+        "allow_no_update": arguments.allow_no_update,
         **(config_options(arguments.config) if arguments.config else {}),
     }
 

@@ -67,3 +67,11 @@ def test_gpu_config_reaches_agl_train(example, data_dir: Path) -> None:
     assert plan["backend"] == "vllm" and plan["model"].startswith("Qwen/Qwen2.5-")
     bound = _bind({key: value for key, value in plan.items() if key != "model"})
     assert bound["max_steps"] > 10 and bound["vllm"]["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("example", [spider_train, rag_train, calc_train], ids=["spider", "rag", "calc_x"])
+def test_the_flag_a_run_that_trained_nothing_names_is_there(example, data_dir: Path) -> None:
+    """A run in which no step updated the model ends with agl.NothingTrainedError, whose message says to pass
+    --allow-no-update: each example takes that flag (they refused it as an unknown argument)."""
+    arguments = example.parser().parse_args(["--data-dir", str(data_dir), "--allow-no-update"])
+    assert _bind(example.training_plan(arguments))["allow_no_update"] is True
