@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo svamp test test-lowest lint dist bench browser clean
+.PHONY: install demo svamp test test-lowest lint dist bench browser bubblewrap clean
 
 install: $(STAMP)
 
@@ -90,6 +90,11 @@ $(LOWEST)/.installed: pyproject.toml Makefile
 browser:
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver)
+
+# bubblewrap (Debian's package, as root) for agl.CommandAgent(isolated=True) and its tests (tests/command).
+bubblewrap:
+	command -v bwrap >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap)
 
 bench: install
 	$(BIN)/python -m pytest -q -s tests/benchmarks

@@ -311,6 +311,12 @@ def _train_arguments(parser: argparse.ArgumentParser) -> None:
         help='train a command-line agent instead: the command each rollout runs, e.g. "python agent.py {task[q]}" '
         "(agl.CommandAgent: the rollout's OPENAI_/ANTHROPIC_BASE_URL in its environment, reward its last stdout line)",
     )
+    parser.add_argument(
+        "--isolated",
+        action="store_true",
+        help="run the --command under bubblewrap: read-only file system but for its rollout's directories, "
+        "its own processes (agl.CommandAgent(isolated=True))",
+    )
     parser.add_argument("--dataset", required=True, help="JSONL or JSON file of training tasks")
     parser.add_argument("--val-dataset", help="JSONL or JSON file of held-out tasks")
     add_train_arguments(parser)
@@ -326,10 +332,15 @@ def _train(args: argparse.Namespace) -> int:
 
     if (args.agent is None) == (args.command_line is None):
         raise ValueError("give the agent as 'package.module:function' or a --command, one of them")
+    if args.isolated and args.command_line is None:
+        raise ValueError("--isolated applies to a --command agent (for an agl.CommandAgent: isolated=True)")
     sys.path.insert(0, os.getcwd())  # agents named relative to the working directory, as `python -m` would
     config = TrainConfig.from_options(None, options_from_args(args))
     val = load_records(args.val_dataset) if args.val_dataset else None
-    agent = load_agent(args.agent) if args.command_line is None else command_line_agent(args.command_line)
+    if args.command_line is None:
+        agent = load_agent(args.agent)
+    else:
+        agent = command_line_agent(args.command_line, isolated=args.isolated)
     try:
         result = train(agent, load_records(args.dataset), val_dataset=val, config=config)
     except ModuleNotFoundError as exc:

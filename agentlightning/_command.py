@@ -31,6 +31,7 @@ _PLACEHOLDER = re.compile(r"\{(?P<name>task|workdir|model|base_url)(?P<keys>(?:\
 TAIL_BYTES = 8192  # how much of stdout / stderr each rollout keeps
 _POLL_SECONDS = 0.05  # how often a running command is checked for its deadline and for an abandoned rollout
 _COMMAND_VARIABLE = "AGL_COMMAND"  # the command of `agl train --command`, for its worker processes
+_ISOLATED_VARIABLE = "AGL_COMMAND_ISOLATED"  # "1" with `agl train --command ... --isolated`
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,11 @@ class CommandAgent(RolloutAgent):
     - ``timeout``: seconds before the whole process group is killed (the rollout fails with a ``CommandError``);
       a rollout timeout of ``agl.run`` / the server kills it too;
     - ``workdir_root``: where rollout directories are made (default: the system temp dir); ``keep_workdirs``: leave
-      them there after the rollout (default: removed once the reward is computed).
+      them there after the rollout (default: removed once the reward is computed);
+    - ``isolated``: run the command under bubblewrap (``bwrap``, Linux): the whole file system read-only but for the
+      rollout's working directory, a private ``/tmp`` and a fresh ``HOME`` (empty, per rollout), in a PID namespace
+      of its own (it sees and signals only its own processes, and all of them end with it, even those that left
+      its process group). The network is shared: the rollout's proxy is on this machine's loopback.
 
     A non-zero exit fails the rollout with the tail of stderr in its error; the tails of stdout and stderr are kept
     in the rollout's logs either way.
@@ -82,8 +87,15 @@ class CommandAgent(RolloutAgent):
         name: str | None = None,
         workdir_root: str | os.PathLike[str] | None = None,
         keep_workdirs: bool = False,
+        isolated: bool = False,
     ) -> None:
         self.argv = _checked_argv(argv)
+        if isolated and shutil.which("bwrap") is None:
+            raise CommandError(
+                "agl.CommandAgent(isolated=True) runs the command under bubblewrap, and there is no `bwrap` on PATH: "
+                "install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)"
+            )
+        self.isolated = isolated
         self.env = _checked_env(env)
         self.template = None if template is None else Path(template)
         if self.template is not None and not self.template.is_dir():
@@ -114,7 +126,14 @@ class CommandAgent(RolloutAgent):
             else:
                 workdir.mkdir()
             argv = self._filled_argv(task, workdir, llm)
-            result, timed_out = _run(argv, self._environment(task, workdir, llm), workdir, root, self.timeout, rollout)
+            env = self._environment(task, workdir, llm)
+            sandbox: list[str] = []
+            if self.isolated:
+                home = root / "home"
+                home.mkdir()
+                env.update(HOME=str(home), TMPDIR="/tmp")
+                sandbox = _bubblewrap(workdir, home)
+            result, timed_out = _run(argv, env, workdir, root, self.timeout, rollout, sandbox)
             rollout.logs.append(f"command {shlex.join(argv)} in {workdir}: exit {result.returncode}")
             rollout.logs += [f"stdout (tail): {result.stdout}", f"stderr (tail): {result.stderr}"]
             if timed_out:
@@ -179,11 +198,12 @@ class CommandAgent(RolloutAgent):
         }
 
 
-def command_line_agent(command: str) -> CommandAgent:
-    """The agent of ``agl train --command COMMAND``. Worker processes import agents by reference, so the command
-    travels in ``AGL_COMMAND`` (set here, inherited by the workers) and ``agentlightning._command:cli_agent`` names
-    the agent built from it."""
+def command_line_agent(command: str, isolated: bool = False) -> CommandAgent:
+    """The agent of ``agl train --command COMMAND [--isolated]``. Worker processes import agents by reference, so
+    the command travels in ``AGL_COMMAND`` (and ``AGL_COMMAND_ISOLATED``; set here, inherited by the workers) and
+    ``agentlightning._command:cli_agent`` names the agent built from it."""
     os.environ[_COMMAND_VARIABLE] = command
+    os.environ[_ISOLATED_VARIABLE] = "1" if isolated else "0"
     globals().pop("cli_agent", None)
     agent: CommandAgent = __getattr__("cli_agent")
     return agent
@@ -196,21 +216,37 @@ def __getattr__(name: str) -> Any:
     command = os.environ.get(_COMMAND_VARIABLE)
     if not command:
         raise AttributeError(f"{__name__}.cli_agent: {_COMMAND_VARIABLE} is not set (agl train --command sets it)")
-    agent = globals()["cli_agent"] = CommandAgent(command)
+    isolated = os.environ.get(_ISOLATED_VARIABLE) == "1"
+    agent = globals()["cli_agent"] = CommandAgent(command, isolated=isolated)
     return agent
 
 
+def _bubblewrap(workdir: Path, home: Path) -> list[str]:
+    """The bubblewrap command a command runs under when isolated: only ``workdir``, ``home`` and a private /tmp
+    writable, a PID namespace of its own (whose processes all end when its first one does)."""
+    sandbox = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    sandbox += ["--bind", str(workdir), str(workdir), "--bind", str(home), str(home)]
+    return sandbox + ["--unshare-pid", "--die-with-parent", "--chdir", str(workdir), "--"]
+
+
 def _run(
-    argv: list[str], env: dict[str, str], workdir: Path, root: Path, timeout: float | None, rollout: Rollout
+    argv: list[str],
+    env: dict[str, str],
+    workdir: Path,
+    root: Path,
+    timeout: float | None,
+    rollout: Rollout,
+    sandbox: Sequence[str] = (),
 ) -> tuple[CommandResult, bool]:
-    """Run ``argv`` to its end in a new session (its own process group) with output to files under ``root``; kill the
-    whole group at ``timeout``, when the rollout stops running (timed out or taken away), and after it exits (so
-    nothing it started outlives the rollout). Returns how it ended and whether ``timeout`` ended it."""
+    """Run ``argv`` (under the ``sandbox`` command, if any) to its end in a new session (its own process group) with
+    output to files under ``root``; kill the whole group at ``timeout``, when the rollout stops running (timed out or
+    taken away), and after it exits (so nothing it started outlives the rollout). Returns how it ended and whether
+    ``timeout`` ended it."""
     started, timed_out = time.monotonic(), False
     with open(root / "stdout", "wb") as stdout, open(root / "stderr", "wb") as stderr:
         try:
             process = subprocess.Popen(
-                argv,
+                [*sandbox, *argv],
                 cwd=workdir,
                 env=env,
                 stdin=subprocess.DEVNULL,

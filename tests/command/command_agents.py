@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -131,6 +132,21 @@ MINI_ARGV = [
     "{task[prompt]}",
 ]
 mini_agent = agl.CommandAgent(MINI_ARGV, env=MINI_OFFLINE, reward=answer_reward, timeout=120, name="mini")
+
+# The same three under bubblewrap (isolated=True), where it is installed (`make bubblewrap`).
+if shutil.which("bwrap") is not None:
+    claude_isolated_agent = agl.CommandAgent(
+        CLAUDE_ARGV, env=CLAUDE_OFFLINE, reward=answer_reward, timeout=120, name="claude_isolated", isolated=True
+    )
+    # Codex's own sandbox cannot start inside this one (its helper binary is not created under a temporary
+    # directory, where the rollout's HOME is), and the rollout is sandboxed already: its tools run unconfined.
+    CODEX_ISOLATED_ARGV = [("danger-full-access" if word == "workspace-write" else word) for word in CODEX_ARGV]
+    codex_isolated_agent = agl.CommandAgent(
+        CODEX_ISOLATED_ARGV, reward=answer_reward, timeout=120, name="codex_isolated", isolated=True
+    )
+    mini_isolated_agent = agl.CommandAgent(
+        MINI_ARGV, env=MINI_OFFLINE, reward=answer_reward, timeout=120, name="mini_isolated", isolated=True
+    )
 mini_hung_agent = agl.CommandAgent(
     MINI_ARGV, env={**MINI_OFFLINE, "AGL_CLI_TEST": "mini-hung"}, timeout=8, name="mini_hung"
 )

@@ -157,6 +157,18 @@ def test_cli_agent_tool_loop_through_the_proxy(cli: str, tmp_path: Path, offline
     assert {request.path for request in forwarded} == {expected}
 
 
+def test_cli_agent_tool_loop_isolated(
+    cli: str, tmp_path: Path, offline: Sink, bubblewrap: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same loop under ``isolated=True``: each agent runs in bubblewrap with a fresh HOME of its rollout (Codex's
+    state goes to its default, ~/.codex, there) and the rest of the file system read-only."""
+    monkeypatch.delenv("CODEX_HOME")
+    with MockLLMServer(handler=coding_model) as mock:
+        rollouts = _serve(getattr(command_agents, f"{cli}_isolated_agent"), tmp_path, mock, TASKS)
+        forwarded = mock.requests
+    _check_tool_loop(cli, rollouts, forwarded, offline)
+
+
 def test_codex_on_a_chat_only_backend(tmp_path: Path, offline: Sink) -> None:
     """Codex speaks only the Responses API; the training backends serve chat completions: the proxy translates."""
     if not EXECUTABLES["codex"].exists():

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -223,3 +225,63 @@ def test_training_without_the_server_is_refused(tmp_path: Path) -> None:
         agl.train(agent, [{"q": 1}], model="tiny", use_server=False, output_dir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()  # refused before a model loaded or a rollout ran
     assert time.perf_counter() - started < 60
+
+
+@pytest.mark.usefixtures("bubblewrap")
+def test_an_isolated_command_writes_only_its_own_directories_and_sees_only_its_processes(tmp_path: Path) -> None:
+    """Outside its directories the file system is read-only (a directory under /var/tmp) or, under /tmp, not there."""
+    runs, hidden = tmp_path / "runs", tmp_path / "hidden"
+    runs.mkdir()
+    hidden.mkdir()
+    outside = Path(tempfile.mkdtemp(dir="/var/tmp"))
+    agent = agl.CommandAgent(
+        [sys.executable, str(SCRIPTS / "sandbox_probe.py")],
+        env={"OUTSIDE": str(outside), "HIDDEN": str(hidden), "WATCHER_PID": str(os.getpid())},
+        isolated=True,
+        workdir_root=runs,
+        keep_workdirs=True,
+    )
+    try:
+        [rollout] = agl.run(agent, [{"n": 1}], agl.LLM(base_url="http://127.0.0.1:9/v1", model="m"))
+        assert not list(outside.iterdir()) and not list(hidden.iterdir())
+    finally:
+        shutil.rmtree(outside)
+    assert rollout.status == "succeeded" and rollout.final_reward == 1.0, rollout.error
+    [workdir] = runs.glob("*/work")
+    report = json.loads((workdir / "report.json").read_text())
+    assert report["cwd"] == str(workdir)
+    assert report["outside"] == "OSError: Read-only file system"
+    assert report["hidden"] == "FileNotFoundError: No such file or directory"
+    assert not Path(report["tmp_file"]).exists()  # its /tmp was its own
+    assert report["home"] == str(workdir.parent / "home") and (workdir.parent / "home" / ".config" / "agent").is_dir()
+    assert report["watcher"] == "not visible" and len(report["processes"]) < 5
+
+
+@pytest.mark.usefixtures("bubblewrap")
+def test_an_isolated_command_timing_out_takes_even_its_escaped_processes_with_it(tmp_path: Path) -> None:
+    marker = f"agl-escape-{os.getpid()}-{time.monotonic_ns()}"
+    agent = _misbehaving("escape", marker, isolated=True, timeout=1.5)
+    [rollout] = agl.run(agent, [{"n": 1}], agl.LLM(base_url="http://127.0.0.1:9/v1", model="m"))
+    assert rollout.status == "failed" and "did not finish within 1.5 s" in rollout.error.message
+    assert any(line == "stdout (tail): escaped\n" for line in rollout.logs)
+
+    def escaped() -> list[str]:
+        return [path.parent.name for path in Path("/proc").glob("[0-9]*/cmdline") if marker in _read(path)]
+
+    deadline = time.monotonic() + 5
+    while escaped() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert escaped() == []
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except OSError:  # the process ended meanwhile
+        return ""
+
+
+def test_isolation_without_bubblewrap_is_refused_naming_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(agl.CommandError, match="apt-get install bubblewrap"):
+        agl.CommandAgent(["true"], isolated=True)

@@ -101,6 +101,34 @@ def test_agl_train_command_from_the_shell(tmp_path):
     assert "agl train: error: give the agent as 'package.module:function' or a --command" in neither.stderr
 
 
+@pytest.mark.usefixtures("bubblewrap")
+def test_agl_train_command_isolated_reaches_the_workers_agent(tmp_path, monkeypatch):
+    """`agl train --command C --isolated`: the agent its worker processes import by reference is isolated too."""
+    from agentlightning._command import command_line_agent
+
+    for name in ("AGL_COMMAND", "AGL_COMMAND_ISOLATED"):  # set by command_line_agent for the workers: restored after
+        monkeypatch.setenv(name, "")
+    assert command_line_agent("python agent.py", isolated=True).isolated
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from agentlightning._command import cli_agent; print(cli_agent.argv, cli_agent.isolated)",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert imported.stdout.strip() == "['python', 'agent.py'] True", imported.stderr[-2000:]
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"q": 1}\n')
+    misused = subprocess.run(
+        [sys.executable, "-m", "agentlightning._cli", "train", "pkg:agent", "--isolated", "--dataset", str(tasks)],
+        capture_output=True,
+        text=True,
+    )
+    assert misused.returncode == 2 and "--isolated applies to a --command agent" in misused.stderr
+
+
 @pytest.mark.slow
 def test_two_steps_of_a_command_agent_on_vllm(tmp_path):
     """agl.train(backend="vllm") starts vLLM's CPU build and reloads the full weights from disk after each update:
