@@ -112,7 +112,9 @@ class LightningServer:
         return self
 
     def stop(self) -> None:
-        """Stop serving and close the store (everything written stays on disk)."""
+        """Stop serving and close the store (everything written stays on disk). Proxied calls still awaiting their
+        upstream answer are given up (recorded, answered 503) rather than cut by the shutdown."""
+        self.runtime.shutting_down = True
         self._http.stop()
         self.store.close()
 

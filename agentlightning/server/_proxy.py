@@ -220,7 +220,8 @@ class Proxy:
                     agent, call["rollout_id"], attempt, _answer(client, request, stream)
                 )
             except _GivenUp as exc:
-                message = f"upstream answer given up: {exc} after {settings.late_answer_grace:g} s"
+                waited = "" if self.runtime.shutting_down else f" after {settings.late_answer_grace:g} s"
+                message = f"upstream answer given up: {exc}{waited}"
                 return self._failed(call, attempt, exc.status, message, "answer_given_up"), tries
             except httpx.TimeoutException as exc:
                 if not isinstance(exc, httpx.ConnectTimeout):
@@ -265,6 +266,8 @@ class Proxy:
                 if done:
                     return task.result()
                 gone = await self._gone(agent, rollout_id, attempt)
+            if self.runtime.shutting_down:  # no grace: the shutdown would cut it
+                raise gone
             logger.info("proxy for rollout %s: %s; awaiting its upstream answer a while longer", rollout_id, gone)
             done, _ = await asyncio.wait({task}, timeout=self.runtime.settings.late_answer_grace)
             if done:
@@ -277,6 +280,8 @@ class Proxy:
 
     async def _gone(self, agent: Request, rollout_id: str, attempt: int) -> _GivenUp | None:
         """Why nobody waits for this attempt's answer any more, or None while someone may."""
+        if self.runtime.shutting_down:
+            return _GivenUp("the server is stopping", 503)
         if await agent.is_disconnected():
             return _GivenUp("the agent closed its connection", 499)
         state = self.runtime.store.attempt_state(rollout_id, attempt)

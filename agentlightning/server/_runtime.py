@@ -81,6 +81,7 @@ class Runtime:
     upstream: Upstream | None = None
     metrics: Metrics = field(default_factory=Metrics)
     stop_requested: bool = False
+    shutting_down: bool = False  # the server stops serving: upstream answers still awaited are given up at once
     upstream_paused: bool = False
     attached: list[str] = field(default_factory=list)
     _loop: asyncio.AbstractEventLoop | None = None

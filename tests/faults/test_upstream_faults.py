@@ -174,3 +174,32 @@ def test_a_failing_upstream_is_not_retried_for_an_agent_that_left(tmp_path: Path
     assert call.status == "error" and call.error is not None, call.error
     assert call.error.startswith("upstream answer given up: the agent closed its connection, not re-sent after ")
     assert call.error.endswith(" tries (the last: 500 (injected HTTP 500))"), call.error
+
+
+def test_stopping_the_server_gives_up_awaited_answers_at_once_and_records_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server stops while an agent's call awaits a hung upstream: the call is answered 503 and recorded as given
+    up within a second or so, instead of being cut by uvicorn's shutdown (which logged a traceback and no record)."""
+    answers: list[httpx.Response] = []
+    with MockLLMServer(handler=lambda request: MockReply(hang=True)) as mock:
+        server = LightningServer(tmp_path / "s.db", upstream_url=mock.base_url).start()
+        [rid] = server.enqueue([{"question": "q"}])
+        assert server.store.dequeue("w", 30.0) is not None
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        url = f"{server.url}/rollouts/{rid}/v1/chat/completions"
+        agent = threading.Thread(target=lambda: answers.append(httpx.post(url, json=body, timeout=30)))
+        agent.start()
+        wait_for(lambda: mock.hanging == 1, 10, "the agent's call to reach the upstream")
+        started = time.monotonic()
+        server.stop()
+        stopped = time.monotonic() - started
+        agent.join(10)
+        assert mock.hanging == 0  # the upstream request was closed
+    assert stopped < 2.5, stopped  # uvicorn's graceful shutdown (3 s) was not waited out
+    [answer] = answers
+    assert answer.status_code == 503 and "the server is stopping" in answer.text
+    with LightningServer(tmp_path / "s.db") as reopened:
+        [call] = reopened.store.proxy_calls(rid, 1)
+    assert call.status == "error" and call.error == "upstream answer given up: the server is stopping", call.error
+    assert "Exception in ASGI application" not in caplog.text
