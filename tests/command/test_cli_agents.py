@@ -19,6 +19,8 @@ import dataclasses
 import json
 import os
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,7 +88,9 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sink]:
     worker processes and so by the agents; loopback (the rollout's proxy) is reached directly."""
     sink = Sink()
     server = BackgroundServer(sink, name="network sink").start()
-    home = tmp_path / "home"
+    # Not under /tmp: where a system bubblewrap is installed, Codex's workspace-write sandbox runs its helper through
+    # an alias in CODEX_HOME, which it refuses to create under the temporary directory (its shell tool then fails).
+    home = Path(tempfile.mkdtemp(prefix="agl-cli-home-", dir="/var/tmp"))
     (home / ".codex").mkdir(parents=True)
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("CODEX_HOME", str(home / ".codex"))
@@ -98,6 +102,7 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sink]:
         yield sink
     finally:
         server.stop()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def coding_model(request: MockRequest) -> MockReply:
