@@ -220,7 +220,7 @@ class Proxy:
                     agent, call["rollout_id"], attempt, _answer(client, request, stream)
                 )
             except _GivenUp as exc:
-                waited = "" if self.runtime.shutting_down else f" after {settings.late_answer_grace:g} s"
+                waited = "" if exc.waited is None else f" after {exc.waited:g} s"
                 message = f"upstream answer given up: {exc}{waited}"
                 return self._failed(call, attempt, exc.status, message, "answer_given_up"), tries
             except httpx.TimeoutException as exc:
@@ -256,8 +256,8 @@ class Proxy:
         self, agent: Request, rollout_id: str, attempt: int, work: Coroutine[Any, Any, httpx.Response]
     ) -> httpx.Response:
         """``work``'s result, checking every :data:`WATCH_SECONDS` that someone still waits for it. Once nobody does,
-        it is given ``Settings.late_answer_grace`` seconds more, then cancelled (closing its upstream connection: vLLM
-        then aborts the generation and frees its slot) and :class:`_GivenUp` says why."""
+        it is given ``Settings.late_answer_grace`` seconds more (none when the server stops), then cancelled (closing
+        its upstream connection: vLLM then aborts the generation and frees its slot) and :class:`_GivenUp` says why."""
         task = asyncio.create_task(work)
         try:
             gone = None
@@ -269,7 +269,8 @@ class Proxy:
             if self.runtime.shutting_down:  # no grace: the shutdown would cut it
                 raise gone
             logger.info("proxy for rollout %s: %s; awaiting its upstream answer a while longer", rollout_id, gone)
-            done, _ = await asyncio.wait({task}, timeout=self.runtime.settings.late_answer_grace)
+            gone.waited = self.runtime.settings.late_answer_grace
+            done, _ = await asyncio.wait({task}, timeout=gone.waited)
             if done:
                 return task.result()
             raise gone
@@ -409,6 +410,7 @@ class _GivenUp(Exception):
     def __init__(self, reason: str, status: int) -> None:
         super().__init__(reason)
         self.status = status
+        self.waited: float | None = None  # the grace its answer was awaited for after that, if any
 
 
 async def _answer(client: httpx.AsyncClient, request: httpx.Request, stream: bool) -> httpx.Response:
