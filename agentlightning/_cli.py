@@ -125,6 +125,12 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=int, default=3, help="attempts per rollout (retries + 1)")
     parser.add_argument("--max-body-mb", type=float, default=64.0, help="largest request body accepted")
     parser.add_argument(
+        "--max-prompt-mb",
+        type=float,
+        default=4.0,
+        help="largest proxied LLM request, image and audio data not counted",
+    )
+    parser.add_argument(
         "--upstream-retry-window",
         type=float,
         default=120.0,
@@ -169,6 +175,7 @@ def server_from_args(args: argparse.Namespace) -> Any:
         rollout_timeout=args.timeout,
         max_attempts=args.max_attempts,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+        max_prompt_bytes=int(args.max_prompt_mb * 1024 * 1024),
         upstream_retry_window=args.upstream_retry_window,
         late_answer_grace=args.late_answer_grace,
         requeue_delay=args.requeue_delay,

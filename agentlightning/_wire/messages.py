@@ -4,6 +4,7 @@ data."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pydantic
@@ -35,6 +36,25 @@ def _models_dumped(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_models_dumped(item) for item in value]
     return value
+
+
+_BASE64_DATA_URL = re.compile(r"data:[\w.+-]+/[\w.+-]+(;[\w.+-]+=[^;,]*)*;base64,")
+
+
+def media_size(value: Any) -> int:
+    """Characters of image and audio data inlined in a request body (plain JSON data): base64 ``data:`` URLs and base64
+    ``data`` fields (Anthropic image sources, OpenAI ``input_audio``). A model reads such data as a few hundred tokens
+    per image, not as text, so it says little about the size of the call's token ids."""
+    if isinstance(value, str):
+        return len(value) if _BASE64_DATA_URL.match(value) else 0
+    if isinstance(value, list):
+        return sum(media_size(item) for item in value)
+    if not isinstance(value, dict):
+        return 0
+    data = value.get("data")
+    if isinstance(data, str) and (value.get("type") == "base64" or "format" in value):
+        return len(data) + sum(media_size(item) for key, item in value.items() if key != "data")
+    return sum(media_size(item) for item in value.values())
 
 
 def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ recorded.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import random
@@ -31,8 +32,10 @@ import httpx
 import pydantic_core
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 
 from agentlightning._wire import anthropic, responses
+from agentlightning._wire.messages import media_size
 from agentlightning._wire.payloads import sse_event
 from agentlightning._wire.read import ENDPOINTS, StreamFold, build_call, fill_answer, read_response, request_fields
 from agentlightning.protocol import ROLE_HEADER
@@ -97,12 +100,20 @@ class Proxy:
                 "no_upstream",
                 "server_error",
             )
+        raw = await request.body()
         try:
-            body = await parse_json(await request.body(), "request body")
+            body = await parse_json(raw, "request body")
         except ValueError as exc:
             return openai_error(400, str(exc), "invalid_json")
         if not isinstance(body, dict):
             return openai_error(400, f"request body must be a JSON object, got {type(body).__name__}", "invalid_json")
+        limit = self.runtime.settings.max_prompt_bytes
+        if len(raw) > limit and (text := len(raw) - media_size(body)) > limit:
+            message = (
+                f"LLM request of {text} bytes of text (image and audio data not counted) is larger than the proxy's "
+                f"limit of {limit} bytes (Settings.max_prompt_bytes, agl server --max-prompt-mb)"
+            )
+            return openai_error(413, message, "prompt_too_large")
         asked = body
         # Anthropic Messages always, Responses when the upstream asks for it: served as chat completions
         api = "messages" if path in ("messages", "messages/count_tokens") else None
@@ -178,16 +189,22 @@ class Proxy:
                 media_type=media_type or "text/event-stream",
             )
         call["end_time"] = time.time()  # read whole by _send; recorded before the agent gets it
+        # httpx's response and its stream refer to each other, so a large answer would stay in memory until the next
+        # full collection (hundreds of MB after a few large calls): collected once the agent has it.
+        collect = None
         if len(response.content) > LARGE:
             await asyncio.to_thread(self._record_answer, call, attempt, response.status_code, response.content)
+            collect = BackgroundTask(gc.collect)
         else:
             self._record_answer(call, attempt, response.status_code, response.content)
         if api is not None and response.status_code < 400:  # a whole answer (streams were translated as they came)
             chat = json.loads(response.content)
             if api == "messages":
-                return JSONResponse(anthropic.message_from_chat(chat, asked.get("model")))
-            return JSONResponse(responses.response_from_chat(chat, asked.get("model"), response_id))
-        return Response(response.content, response.status_code, media_type=media_type or "application/json")
+                return JSONResponse(anthropic.message_from_chat(chat, asked.get("model")), background=collect)
+            return JSONResponse(responses.response_from_chat(chat, asked.get("model"), response_id), background=collect)
+        return Response(
+            response.content, response.status_code, media_type=media_type or "application/json", background=collect
+        )
 
     async def _send(
         self,

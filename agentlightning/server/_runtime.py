@@ -53,12 +53,17 @@ class Settings:
     ``upstream_retry_window``, waiting ``retry_backoff`` doubling to ``retry_backoff_max`` (jittered) or what
     ``Retry-After`` asks, and re-sends nothing once its agent left or its attempt ended; an upstream answer nobody
     waits for any more is awaited ``late_answer_grace`` more (recorded if it lands), then given up; a failed attempt
-    is leased again after ``requeue_delay``, doubling up to ``requeue_delay_max``."""
+    is leased again after ``requeue_delay``, doubling up to ``requeue_delay_max``. A body over ``max_body_bytes`` is
+    refused (413) before it is read; a proxied LLM request whose text (its body less the image and audio data inlined
+    in it) is over ``max_prompt_bytes`` is refused (413) before it goes upstream: the server's work on a call grows
+    with its token ids, up to one per byte of text, and 4 MiB of text is about a million tokens, more than the context
+    window of the models one serves."""
 
     lease_seconds: float = 30.0
     rollout_timeout: float | None = 600.0
     max_attempts: int = 3
     max_body_bytes: int = 64 * 1024 * 1024
+    max_prompt_bytes: int = 4 * 1024 * 1024  # a proxied LLM request, image and audio data not counted
     upstream_timeout: float = 600.0
     upstream_retry_window: float = 120.0
     late_answer_grace: float = 30.0

@@ -222,9 +222,10 @@ def test_unknown_rollouts_and_bounds(server: LightningServer) -> None:
     assert server.store.rollout_state(rid) == ("running", 1) and server.store.counts() == {"running": 1}
 
 
-def test_a_large_prompt_does_not_stall_other_requests(tmp_path: Path) -> None:
-    """A 4 MB prompt (4 million ids from the mock's byte tokenizer) goes through the proxy while /health and
-    heartbeats are probed: the server keeps answering through the upload, the upstream's work and the download."""
+@pytest.fixture
+def proxied(tmp_path: Path) -> Iterator[tuple[AglServer, str, dict]]:
+    """``agl server`` (a real process) with the mock upstream (its byte tokenizer: one token id per byte of the
+    prompt, and the prompt echoed back) and one rollout leased: (server, rollout id, lease)."""
     port = free_port()
     upstream = subprocess.Popen(
         [sys.executable, "-m", "agentlightning.testing", "--port", str(port)],
@@ -235,39 +236,78 @@ def test_a_large_prompt_does_not_stall_other_requests(tmp_path: Path) -> None:
         with AglServer(tmp_path / "s.db", f"http://127.0.0.1:{port}/v1") as server:
             wait_for(lambda: _up(f"http://127.0.0.1:{port}/v1/models"), 30, "the mock upstream")
             [rid] = server.http.post("/rollouts", json={"tasks": [{"q": 1}]}).json()["rollout_ids"]
-            lease = server.http.post("/workers/w1/dequeue").json()["lease"]
-            delays: list[float] = []
-            done = threading.Event()
-
-            def probe() -> None:
-                with httpx.Client(base_url=server.url, timeout=60) as http:
-                    while not done.is_set():
-                        started = time.monotonic()
-                        http.get("/health")
-                        http.post(f"/rollouts/{rid}/heartbeat", json={"attempt": 1, "worker_id": "w1"})
-                        delays.append(time.monotonic() - started)
-                        time.sleep(0.02)
-
-            prober = threading.Thread(target=probe)
-            prober.start()
-            time.sleep(0.3)
-            big = {"model": "m", "messages": [{"role": "user", "content": "x" * 4_000_000}]}
-            started = time.monotonic()
-            answer = httpx.post(f"{lease['llm']['base_url']}/chat/completions", json=big, timeout=120)
-            took = time.monotonic() - started
-            time.sleep(0.3)
-            done.set()
-            prober.join()
-            assert answer.status_code == 200
-        print(f"large request {took:.1f} s; slowest probes (s):", sorted(delays)[-5:])
-        # Reading the 35 MB answer into a call record (parse, validate, serialise, ~1 s) holds the GIL in a few long
-        # C calls, so the probes wait for about that long whether it runs on a thread or on the event loop: measured
-        # at 0.28-0.43 of the call (2.4-3.0 s), 0.37-0.50 with the record made on the loop. What the server must not
-        # do is block for the whole call (upload, upstream, download: a ratio near 1).
-        assert len(delays) > 10 and max(delays) < 0.6 * took, (took, sorted(delays)[-5:])
+            yield server, rid, server.http.post("/workers/w1/dequeue").json()["lease"]
     finally:
         upstream.kill()
         upstream.wait()
+
+
+def _prompt(characters: int) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": "x" * characters}]}
+
+
+def test_a_large_prompt_does_not_stall_other_requests(proxied: tuple[AglServer, str, dict]) -> None:
+    """A 4 MB prompt (4 million ids from the mock's byte tokenizer) goes through the proxy while /health and
+    heartbeats are probed: the server keeps answering through the upload, the upstream's work and the download."""
+    server, rid, lease = proxied
+    delays: list[float] = []
+    done = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            while not done.is_set():
+                started = time.monotonic()
+                http.get("/health")
+                http.post(f"/rollouts/{rid}/heartbeat", json={"attempt": 1, "worker_id": "w1"})
+                delays.append(time.monotonic() - started)
+                time.sleep(0.02)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    time.sleep(0.3)
+    started = time.monotonic()
+    answer = httpx.post(f"{lease['llm']['base_url']}/chat/completions", json=_prompt(4_000_000), timeout=120)
+    took = time.monotonic() - started
+    time.sleep(0.3)
+    done.set()
+    prober.join()
+    assert answer.status_code == 200
+    print(f"large request {took:.1f} s; slowest probes (s):", sorted(delays)[-5:])
+    # Reading the 35 MB answer into a call record (parse, validate, serialise, ~1 s) holds the GIL in a few long
+    # C calls, so the probes wait for about that long whether it runs on a thread or on the event loop: measured
+    # at 0.28-0.43 of the call (2.4-3.0 s), 0.37-0.50 with the record made on the loop. What the server must not
+    # do is block for the whole call (upload, upstream, download: a ratio near 1).
+    assert len(delays) > 10 and max(delays) < 0.6 * took, (took, sorted(delays)[-5:])
+
+
+def test_large_prompts_leave_no_memory_behind_and_one_over_the_limit_is_refused_at_once(
+    proxied: tuple[AglServer, str, dict],
+) -> None:
+    """Issue 36: a 20 MB prompt took 14 s through the proxy, held /health for seconds and left the server's memory
+    at 610 MB; each 4 MB prompt left ~40 MB more (httpx's answer, 36 MB here, waited in a reference cycle for the
+    next full collection). Now a prompt over ``--max-prompt-mb`` (4 MiB) is refused at once, and prompts under it
+    leave the server's memory where the first ones did."""
+    server, _, lease = proxied
+    assert server.process is not None
+    memory = []
+    for _ in range(4):
+        answer = httpx.post(f"{lease['llm']['base_url']}/chat/completions", json=_prompt(4_000_000), timeout=120)
+        assert answer.status_code == 200
+        memory.append(_rss_mb(server.process.pid))
+    print("server RSS after each 4 MB prompt (MB):", memory)
+    assert memory[-1] - memory[1] < 25, memory  # the first prompt sets the allocator's pools up
+    started = time.monotonic()
+    refused = httpx.post(f"{lease['llm']['base_url']}/chat/completions", json=_prompt(20_000_000), timeout=120)
+    took = time.monotonic() - started
+    assert refused.status_code == 413, refused.text
+    message = refused.json()["error"]["message"]
+    assert "limit of 4194304 bytes (Settings.max_prompt_bytes, agl server --max-prompt-mb)" in message, message
+    assert took < 3 and _rss_mb(server.process.pid) - memory[-1] < 50, (took, memory, _rss_mb(server.process.pid))
+
+
+def _rss_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 1024
 
 
 def test_a_large_result_upload_leaves_health_answering_and_an_oversized_body_gets_413(tmp_path: Path) -> None:

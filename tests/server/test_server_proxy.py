@@ -23,6 +23,7 @@ from starlette.routing import Route
 
 import agentlightning as agl
 from agentlightning._uvicorn import BackgroundServer
+from agentlightning._wire.messages import media_size
 from agentlightning._wire.read import json_text
 from agentlightning.server import LightningServer, Settings
 from agentlightning.server._proxy import _upstream_body
@@ -230,6 +231,47 @@ def test_upstream_errors_retried_then_reported_faithfully(
     assert failed.status == "error" and "model exploded" in failed.error
     retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
     assert any("upstream answered 500 (model exploded) on chat.completions" in line for line in retries), retries
+
+
+def test_a_prompt_over_the_limit_is_refused_before_it_goes_upstream_and_inline_media_does_not_count(
+    tmp_path: Path, mock: MockLLMServer
+) -> None:
+    """Issue 36: the server's work on a call grows with its token ids (a 20 MB prompt held /health for seconds), so a
+    proxied request with more text than ``Settings.max_prompt_bytes`` gets a 413 naming the setting; inline image and
+    audio data (a few hundred tokens each to the model) does not count."""
+    with LightningServer(
+        tmp_path / "s.db", upstream_url=mock.base_url, settings=Settings(max_prompt_bytes=100_000)
+    ) as server:
+        rid, base_url = _running(server)
+        client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 150_000}])
+        assert refused.value.status_code == 413
+        message = refused.value.response.json()["error"]["message"]
+        assert "bytes of text (image and audio data not counted)" in message, message
+        assert "limit of 100000 bytes (Settings.max_prompt_bytes, agl server --max-prompt-mb)" in message, message
+        assert mock.requests == []
+        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 300_000}}
+        audio = {"type": "input_audio", "input_audio": {"data": "B" * 300_000, "format": "wav"}}
+        parts = [{"type": "text", "text": "what is in this picture and this sound?"}, image, audio]
+        reply = client.chat.completions.create(model="m", messages=[{"role": "user", "content": parts}])
+        assert reply.choices[0].message.content
+        assert len(mock.requests) == 1
+        [call] = _finish(server, rid).calls
+        assert call.status == "ok" and call.input[0]["content"][1] == image
+
+
+def test_media_size_counts_inline_image_and_audio_data_of_each_api() -> None:
+    text = {"type": "text", "text": "data: not an image, since it does not start the string" * 3}
+    chat_image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    chat_audio = {"type": "input_audio", "input_audio": {"data": "BBBBBB", "format": "wav"}}
+    responses_image = {"type": "input_image", "image_url": "data:image/jpeg;base64,CC"}
+    anthropic_image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "DDD"}}
+    plain_data = {"type": "text", "data": "a tool's own field called data"}
+    body = {"messages": [{"role": "user", "content": [text, chat_image, chat_audio, responses_image, plain_data]}]}
+    body["input"] = [{"role": "user", "content": [anthropic_image]}]
+    expected = len("data:image/png;base64,AAAA") + 6 + len("data:image/jpeg;base64,CC") + 3
+    assert media_size(body) == expected
 
 
 def test_unreachable_upstream_gives_502(server: LightningServer) -> None:
