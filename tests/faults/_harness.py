@@ -3,6 +3,7 @@ upstream and a relay in front of the server that can drop heartbeats, on loopbac
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -12,14 +13,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
 from polling import wait_for
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from agentlightning._uvicorn import BackgroundServer
@@ -130,13 +131,15 @@ class AglServer:
 class FaultyUpstream:
     """An OpenAI-compatible upstream on a fixed loopback port that forwards to a :class:`MockLLMServer` unless told to
     fail: :meth:`refuse_for` closes the port (connection refused) for some seconds; ``status`` answers every request
-    with that HTTP status (and ``retry_after`` as ``Retry-After``) until set back to None. ``arrivals`` keeps when
-    each request arrived and how it was answered."""
+    with that HTTP status (and ``retry_after`` as ``Retry-After``) until set back to None; ``cut`` answers 200 and
+    closes the connection halfway through the body (recorded as status 0). ``arrivals`` keeps when each request
+    arrived and how it was answered."""
 
     def __init__(self) -> None:
         self.backend = MockLLMServer().start()
         self.status: int | None = None
         self.retry_after: str | None = None
+        self.cut = False
         self.arrivals: list[tuple[float, int]] = []
         self._lock = threading.Lock()
         self._http: BackgroundServer | None = None
@@ -167,9 +170,11 @@ class FaultyUpstream:
         self.backend.stop()
 
     async def _serve(self, request: Request) -> Response:
-        status = self.status
+        status, cut = self.status, self.cut
         with self._lock:
-            self.arrivals.append((time.monotonic(), status or 200))
+            self.arrivals.append((time.monotonic(), 0 if cut else status or 200))
+        if cut:
+            return StreamingResponse(_cut_body(), 200, media_type="application/json")
         if status is not None:
             headers = {"retry-after": self.retry_after} if self.retry_after else None
             return JSONResponse(
@@ -182,6 +187,12 @@ class FaultyUpstream:
                 headers={"content-type": "application/json"},
             )
         return Response(answer.content, answer.status_code, media_type=answer.headers.get("content-type"))
+
+
+async def _cut_body() -> AsyncIterator[bytes]:
+    yield b'{"id": "chatcmpl-cut", "object": "chat.completion", "choices": [{"index": 0, "message": '
+    await asyncio.sleep(0.05)
+    raise ConnectionAbortedError("injected: the connection is cut halfway through the answer")
 
 
 @contextlib.contextmanager

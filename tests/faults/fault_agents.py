@@ -13,6 +13,7 @@
 - "thread-local": keeps in a ``threading.local`` an object whose finalizer takes 0.5 s, so that the agent's thread
   ends that long after the agent returned (as a thread-local HTTP session closing its connections would), then
   returns as "ok" does;
+- "stream": its LLM call is streamed, and read to its end;
 - "script": runs the steps ``task["script"][str(attempt)]`` of its attempt in order instead of the calls: "call" (an
   LLM call whose message names the attempt and step, ``"<question> attempt <n> step <i>"``) or "wait:<path>" (until
   that file exists), then returns as "ok" does.
@@ -60,14 +61,17 @@ def fault_agent(task: dict, llm: agl.LLM, rollout: agl.Rollout) -> float:
                 time.sleep(0.02)
             continue
         message = f"{task['question']} attempt {rollout.attempt} step {index}" if mode == "script" else None
-        reply = client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": message or f"{task['question']} #{index}"}]
-        )
+        messages = [{"role": "user", "content": message or f"{task['question']} #{index}"}]
+        if mode == "stream":
+            chunks = client.chat.completions.create(model=llm.model, messages=messages, stream=True)
+            content = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+            continue
+        reply = client.chat.completions.create(model=llm.model, messages=messages)
         content = reply.choices[0].message.content or ""
     if mode == "surrogate":
         logger.warning("agent line with a lone surrogate \ud83d on %s", task["question"])
         print("printed \ud83d", flush=True)
-    elif mode not in ("ok", "script"):
+    elif mode not in ("ok", "script", "stream"):
         logger.warning("agent line before %s on %s", mode, task["question"])
         print(f"printed before {mode}", flush=True)
     if mode == "exit":

@@ -3,9 +3,11 @@ real worker processes run rollouts through the proxy. Issue 21, defect 2."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 
 import fault_agents
@@ -13,7 +15,12 @@ import httpx
 import pytest
 from _harness import FaultyUpstream
 from polling import wait_for
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
 
+from agentlightning._uvicorn import BackgroundServer
 from agentlightning.client import start_workers
 from agentlightning.server import LightningServer, Settings
 from agentlightning.testing import MockLLMServer, MockReply
@@ -132,6 +139,51 @@ def test_a_timed_out_rollout_leaves_no_upstream_request_open(tmp_path: Path) -> 
     assert len(mock.requests) == 1  # not re-sent
 
 
+def test_a_stream_passing_through_when_its_rollout_times_out_is_closed_upstream(tmp_path: Path) -> None:
+    """Issue 36, item 4, for streams: the agent (in a worker process) reads a stream the model makes slowly, and its
+    rollout times out meanwhile. The worker stops the agent and its connection closes, so the proxy closes the
+    upstream stream (the model stops generating for nobody) and records the call as interrupted."""
+    open_streams: list[int] = []
+
+    async def events() -> AsyncIterator[bytes]:
+        open_streams.append(1)
+        try:
+            for _ in range(300):  # a minute of tokens
+                yield b'data: {"id": "c1", "choices": [{"index": 0, "delta": {"content": "x"}}]}\n\n'
+                await asyncio.sleep(0.2)
+        finally:
+            open_streams.pop()
+
+    async def chat(_request: Request) -> StreamingResponse:
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    upstream = BackgroundServer(Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])).start()
+    settings = Settings(lease_seconds=6.0, max_attempts=1)
+    try:
+        with LightningServer(tmp_path / "s.db", upstream_url=f"{upstream.url}/v1", settings=settings) as server:
+            pool = start_workers(
+                fault_agents.fault_agent, server.url, nworkers=1, timeout=2.0, spool_dir=str(tmp_path / "spool")
+            )
+            try:
+                [rid] = server.enqueue([{"id": "t", "question": "q", "mode": "stream"}])
+                wait_for(lambda: open_streams, 30, "the agent's stream to start")
+                [rollout] = server.wait([rid], timeout=60)
+                timed_out = time.monotonic()
+                wait_for(lambda: not open_streams, 15, "the proxy to close the upstream stream")
+                closed = time.monotonic() - timed_out
+                [call] = wait_for(lambda: server.store.proxy_calls(rid, 1), 5, "the call to be recorded")
+            finally:
+                server.request_stop()
+                pool.wait(20)
+                pool.stop()
+    finally:
+        upstream.stop()
+    assert rollout.status == "timeout", rollout.error
+    print(f"upstream stream closed {closed:.1f} s after the rollout timed out")
+    assert call.status == "error" and "interrupted" in (call.error or ""), call.error
+    assert call.output["content"].startswith("xx"), call.output
+
+
 def test_an_agent_that_leaves_mid_call_frees_the_upstream_request_after_the_grace(tmp_path: Path) -> None:
     """The agent's own client times out and closes its connection: the upstream request stays open for the grace
     (an answer landing then would still be recorded), then closes, recorded as given up because the agent left."""
@@ -174,6 +226,42 @@ def test_a_failing_upstream_is_not_retried_for_an_agent_that_left(tmp_path: Path
     assert call.status == "error" and call.error is not None, call.error
     assert call.error.startswith("upstream answer given up: the agent closed its connection, not re-sent after ")
     assert call.error.endswith(" tries (the last: 500 (injected HTTP 500))"), call.error
+
+
+def test_an_answer_cut_halfway_is_retried_recorded_and_never_re_sent_for_an_agent_that_left(
+    tmp_path: Path, upstream: FaultyUpstream
+) -> None:
+    """Issue 36, item 4: the upstream closes its connection halfway through each answer. An agent that waits gets a
+    502 once the retry window is over, its call recorded with the cause; for an agent that left, the cut answer was
+    re-sent upstream 12-14 times, and now is not re-sent at all (the retry window is long here: only the agent's
+    leaving can stop the retries)."""
+    upstream.cut = True
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    for window, timeout in ((1.0, 30.0), (30.0, 1.0)):
+        settings = Settings(retry_backoff=0.05, retry_backoff_max=0.1, upstream_retry_window=window)
+        with LightningServer(
+            tmp_path / f"{window}.db", upstream_url=upstream.base_url, model_name="mock-model", settings=settings
+        ) as server:
+            [rid] = server.enqueue([{"question": "q"}])
+            assert server.store.dequeue("w", 30.0) is not None
+            tries = len(upstream.arrivals)
+            url = f"{server.url}/rollouts/{rid}/v1/chat/completions"
+            if timeout > window:  # the agent waits: the proxy's own answer after the window
+                answer = httpx.post(url, json=body, timeout=timeout)
+                assert answer.status_code == 502, answer.text
+                assert len(upstream.arrivals) - tries > 2  # retried within the window
+            else:
+                with pytest.raises(httpx.ReadTimeout):
+                    httpx.post(url, json=body, timeout=timeout)
+                left = time.monotonic()
+                time.sleep(1.5)
+                late = [arrived for arrived, _ in upstream.arrivals if arrived > left + 0.5]
+                assert late == [], f"{len(late)} tries after the agent left"
+            [call] = wait_for(partial(server.store.proxy_calls, rid, 1), 5, "the call to be recorded")
+        error = call.error or ""
+        assert call.status == "error" and "RemoteProtocolError" in error, error
+        expected = "upstream http://127.0.0.1:" if timeout > window else "upstream answer given up: the agent closed"
+        assert error.startswith(expected), error
 
 
 def test_stopping_the_server_gives_up_awaited_answers_at_once_and_records_them(
