@@ -128,7 +128,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-prompt-mb",
         type=float,
         default=4.0,
-        help="largest proxied LLM request, image and audio data not counted",
+        help="most text in one proxied LLM request, in MiB (image and audio data not counted); more gets a 413",
     )
     parser.add_argument(
         "--upstream-retry-window",
