@@ -290,12 +290,15 @@ def test_large_prompts_leave_no_memory_behind_and_one_over_the_limit_is_refused_
     server, _, lease = proxied
     assert server.process is not None
     memory = []
-    for _ in range(4):
+    for _ in range(5):
         answer = httpx.post(f"{lease['llm']['base_url']}/chat/completions", json=_prompt(4_000_000), timeout=120)
         assert answer.status_code == 200
+        time.sleep(0.5)  # the answer's memory is collected after it was sent
         memory.append(_rss_mb(server.process.pid))
     print("server RSS after each 4 MB prompt (MB):", memory)
-    assert memory[-1] - memory[1] < 25, memory  # the first prompt sets the allocator's pools up
+    # The first prompt sets the allocator's pools up, and a thread that large work reaches for the first time may add
+    # a pool of its own (~35 MB, once); each answer kept until a full collection added ~38 MB, prompt after prompt.
+    assert memory[-1] - memory[1] < 60, memory
     started = time.monotonic()
     refused = httpx.post(f"{lease['llm']['base_url']}/chat/completions", json=_prompt(20_000_000), timeout=120)
     took = time.monotonic() - started
