@@ -223,8 +223,13 @@ def __getattr__(name: str) -> Any:
 
 def _bubblewrap(workdir: Path, home: Path) -> list[str]:
     """The bubblewrap command a command runs under when isolated: only ``workdir``, ``home`` and a private /tmp
-    writable, a PID namespace of its own (whose processes all end when its first one does)."""
+    writable, a PID namespace of its own (whose processes all end when its first one does). The directory the run
+    was started from stays visible (read-only, as the rest of the file system) when it is under /tmp, so that a
+    project checked out there, its virtual environment included, still runs."""
     sandbox = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    started_in = Path.cwd()
+    if started_in.is_relative_to("/tmp") and started_in != Path("/tmp"):
+        sandbox += ["--ro-bind", str(started_in), str(started_in)]
     sandbox += ["--bind", str(workdir), str(workdir), "--bind", str(home), str(home)]
     return sandbox + ["--unshare-pid", "--die-with-parent", "--chdir", str(workdir), "--"]
 

@@ -258,6 +258,34 @@ def test_an_isolated_command_writes_only_its_own_directories_and_sees_only_its_p
 
 
 @pytest.mark.usefixtures("bubblewrap")
+def test_an_isolated_command_of_a_project_under_tmp_runs_and_cannot_write_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The private /tmp hid a project checked out under /tmp, and with it the command's own script (a clone in /tmp
+    failed every isolated test with 'bwrap: execvp ...: No such file or directory'). The directory the run started
+    from is visible, read-only."""
+    project = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        (project / "agent.py").write_text(
+            "import pathlib\n"
+            "try:\n"
+            "    (pathlib.Path(__file__).parent / 'written').write_text('x')\n"
+            "    print('wrote its project')\n"
+            "except OSError as exc:\n"
+            "    print(exc.strerror)\n"
+            "print(1)\n"
+        )
+        monkeypatch.chdir(project)
+        agent = agl.CommandAgent([sys.executable, str(project / "agent.py")], isolated=True, workdir_root=tmp_path)
+        [rollout] = agl.run(agent, [{"n": 1}], agl.LLM(base_url="http://127.0.0.1:9/v1", model="m"))
+        assert rollout.status == "succeeded" and rollout.final_reward == 1.0, rollout.error
+        assert "stdout (tail): Read-only file system\n1\n" in rollout.logs, rollout.logs
+        assert not (project / "written").exists()
+    finally:
+        shutil.rmtree(project)
+
+
+@pytest.mark.usefixtures("bubblewrap")
 def test_an_isolated_command_timing_out_takes_even_its_escaped_processes_with_it(tmp_path: Path) -> None:
     marker = f"agl-escape-{os.getpid()}-{time.monotonic_ns()}"
     agent = _misbehaving("escape", marker, isolated=True, timeout=1.5)
