@@ -276,7 +276,8 @@ def test_an_isolated_command_of_a_project_under_tmp_runs_and_cannot_write_it(
             "print(1)\n"
         )
         monkeypatch.chdir(project)
-        agent = agl.CommandAgent([sys.executable, str(project / "agent.py")], isolated=True, workdir_root=tmp_path)
+        python = Path(sys.executable).resolve()  # the interpreter itself: a virtual environment may be under /tmp too
+        agent = agl.CommandAgent([str(python), str(project / "agent.py")], isolated=True, workdir_root=tmp_path)
         [rollout] = agl.run(agent, [{"n": 1}], agl.LLM(base_url="http://127.0.0.1:9/v1", model="m"))
         assert rollout.status == "succeeded" and rollout.final_reward == 1.0, rollout.error
         assert "stdout (tail): Read-only file system\n1\n" in rollout.logs, rollout.logs
