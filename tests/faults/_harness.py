@@ -170,7 +170,8 @@ class FaultyUpstream:
         self.backend.stop()
 
     async def _serve(self, request: Request) -> Response:
-        status, cut = self.status, self.cut
+        status = self.status
+        cut = self.cut
         with self._lock:
             self.arrivals.append((time.monotonic(), 0 if cut else status or 200))
         if cut:
